@@ -1,0 +1,102 @@
+//! The atomic cell: the second layer, and the only code that touches a limiter's state word.
+//!
+//! # Implementation notes
+//!
+//! A cell is one `AtomicU64` holding the theoretical arrival time (TAT) in nanoseconds since
+//! the limiter's creation. Every update is a compare-and-swap from the value this thread
+//! last observed to the value [`gcra::admit`] computed from it, so each admission is judged
+//! against exactly the state it replaces: two threads can never both spend the same room.
+//!
+//! * **The deny path only loads.** A request that does not fit returns after the load (or
+//!   after the failed CAS that showed it a newer value); it never writes, so a flood of
+//!   denials leaves the cache line shared in every core's cache.
+//! * **A failed CAS reuses the value it observed** and the caller's `now`: no second load,
+//!   no second clock read. A short exponential backoff (`crate::sync::Backoff`) spreads out
+//!   threads that keep colliding.
+//! * **Memory ordering is `Relaxed` everywhere.** The TAT is a single word that publishes
+//!   no other data: a decision depends only on the word's own modification order, which
+//!   is total for any ordering. The waiter list that sits beside a cell is guarded by its
+//!   own mutex, which supplies every happens-before edge the list needs.
+//!
+//! The direct limiter wraps its cell in `CachePadded` so nothing else shares its line; the
+//! keyed limiter stores bare cells in its map, one word per key, and runs the same code.
+
+use crate::gcra;
+use crate::sync::{AtomicU64, Backoff, Ordering};
+
+/// One GCRA state word. See the module docs.
+#[derive(Debug)]
+pub(crate) struct Cell {
+    /// The theoretical arrival time, in nanoseconds since the limiter's creation.
+    tat: AtomicU64,
+}
+
+impl Cell {
+    /// A fresh cell: TAT 0, so a full burst is admissible at once.
+    pub(crate) fn new() -> Cell {
+        Cell::with_tat(0)
+    }
+
+    pub(crate) fn with_tat(tat: u64) -> Cell {
+        Cell {
+            tat: AtomicU64::new(tat),
+        }
+    }
+
+    /// The current TAT.
+    #[inline]
+    pub(crate) fn tat(&self) -> u64 {
+        // Relaxed: a snapshot of one word that guards no other data (module docs).
+        self.tat.load(Ordering::Relaxed)
+    }
+
+    /// Spends `cost` at `now` if it fits within `tolerance`; otherwise returns the wait in
+    /// nanoseconds and writes nothing. Returns the TAT the admission produced.
+    #[inline]
+    pub(crate) fn acquire(&self, now: u64, cost: u64, tolerance: u64) -> Result<u64, u64> {
+        // Relaxed: see the module docs; the CAS below re-validates whatever we read.
+        let mut current = self.tat.load(Ordering::Relaxed);
+        let mut backoff = Backoff::new();
+        loop {
+            let next = gcra::admit(current, now, cost, tolerance)?;
+            if next == current {
+                // Zero cells at a TAT already in the future: nothing to write.
+                return Ok(next);
+            }
+            // Relaxed on success and failure: the word publishes nothing else, and the
+            // failure value is only fed back into the arithmetic (module docs).
+            match self.tat.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(next),
+                Err(observed) => {
+                    current = observed;
+                    backoff.spin();
+                }
+            }
+        }
+    }
+
+    /// Gives back `cost` nanoseconds that a cancelled booking took, saturating at 0.
+    ///
+    /// Only exact while the cancelled booking's instant is still in the future: the
+    /// waiter module calls it only then (see `crate::wait`).
+    pub(crate) fn refund(&self, cost: u64) {
+        // Relaxed: the same single-word argument as `acquire`; the waiter list's mutex
+        // orders this against bookings.
+        let _ = self
+            .tat
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                Some(tat.saturating_sub(cost))
+            });
+    }
+}
+
+impl Default for Cell {
+    fn default() -> Self {
+        Cell::new()
+    }
+}

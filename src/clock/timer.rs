@@ -1,0 +1,123 @@
+//! The process-wide timer thread behind [`DefaultClock::wake_at`](super::DefaultClock).
+//!
+//! One heap of `(instant, waker)` entries and one thread that sleeps until the earliest.
+//! Limiters register one entry for their first waiter (not one per waiter), so the heap
+//! stays as small as the number of limiters with sleepers.
+//!
+//! This module uses `std::sync` directly rather than the `crate::sync` shim: it is a real
+//! OS thread parked with `park_timeout`, which loom cannot model, and loom builds leave it
+//! out (the default clock's timer is stubbed there; models use `ManualClock`).
+
+use core::cmp::Ordering;
+use core::task::Waker;
+use core::time::Duration;
+use std::collections::BinaryHeap;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::thread::{self, Thread};
+
+use super::{Clock, DefaultClock};
+use crate::wake_list::WakeList;
+
+struct Entry {
+    at: u64,
+    seq: u64,
+    waker: Waker,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    /// Reversed, so that `BinaryHeap` (a max-heap) pops the earliest entry first; `seq`
+    /// keeps entries with equal instants in registration order.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+#[derive(Default)]
+struct Heap {
+    entries: BinaryHeap<Entry>,
+    seq: u64,
+}
+
+struct Timer {
+    heap: Mutex<Heap>,
+    thread: Thread,
+}
+
+static TIMER: OnceLock<Timer> = OnceLock::new();
+
+fn timer() -> &'static Timer {
+    TIMER.get_or_init(|| {
+        let handle = thread::Builder::new()
+            .name("pacer-timer".into())
+            .spawn(run)
+            .expect("pacer: cannot spawn the timer thread");
+        Timer {
+            heap: Mutex::new(Heap::default()),
+            thread: handle.thread().clone(),
+        }
+    })
+}
+
+/// Wakes `waker` once the default clock reads at least `at`.
+pub(super) fn wake_at(at: u64, waker: Waker) {
+    if at <= DefaultClock::default().now() {
+        waker.wake();
+        return;
+    }
+    let timer = timer();
+    let earliest = {
+        let mut heap = timer.heap.lock().unwrap_or_else(PoisonError::into_inner);
+        let seq = heap.seq;
+        heap.seq = seq.wrapping_add(1);
+        let earliest = heap.entries.peek().is_none_or(|e| at < e.at);
+        heap.entries.push(Entry { at, seq, waker });
+        earliest
+    };
+    if earliest {
+        // The thread may be sleeping until a later instant: make it look again.
+        timer.thread.unpark();
+    }
+}
+
+fn run() {
+    // The spawning thread is still inside `get_or_init`; this blocks until it finishes.
+    let timer = timer();
+    let clock = DefaultClock::default();
+    let mut due = WakeList::new();
+    loop {
+        let now = clock.now();
+        let next = {
+            let mut heap = timer.heap.lock().unwrap_or_else(PoisonError::into_inner);
+            while !due.is_full() && heap.entries.peek().is_some_and(|e| e.at <= now) {
+                if let Some(entry) = heap.entries.pop() {
+                    due.push(entry.waker);
+                }
+            }
+            heap.entries.peek().map(|e| e.at)
+        };
+        let more = due.is_full();
+        due.wake_all();
+        if more {
+            continue;
+        }
+        match next {
+            Some(at) if at > now => thread::park_timeout(Duration::from_nanos(at - now)),
+            Some(_) => {}
+            None => thread::park(),
+        }
+    }
+}

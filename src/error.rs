@@ -1,0 +1,166 @@
+//! What a denied request learns.
+
+use core::fmt;
+use core::time::Duration;
+
+/// A request that cannot go now, and how long until it could.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::{clock::ManualClock, Limiter, Quota};
+/// use std::time::Duration;
+///
+/// let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), ManualClock::new());
+/// limiter.check().unwrap();
+/// let denied = limiter.check().unwrap_err();
+/// assert_eq!(denied.wait_time(), Duration::from_millis(100));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NotUntil {
+    wait: Duration,
+}
+
+impl NotUntil {
+    pub(crate) fn from_nanos(wait: u64) -> NotUntil {
+        NotUntil {
+            wait: Duration::from_nanos(wait),
+        }
+    }
+
+    /// How long after the check the same request would have been admitted (assuming no one
+    /// else takes the room first).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use pacer::{clock::ManualClock, Limiter, Quota};
+    /// let limiter = Limiter::with_clock(Quota::per_minute(1), ManualClock::new());
+    /// limiter.check().unwrap();
+    /// assert_eq!(limiter.check().unwrap_err().wait_time().as_secs(), 60);
+    /// ```
+    pub fn wait_time(&self) -> Duration {
+        self.wait
+    }
+}
+
+impl fmt::Display for NotUntil {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rate limited: try again in {:?}", self.wait)
+    }
+}
+
+impl std::error::Error for NotUntil {}
+
+/// A request for more cells than the burst: no amount of waiting can admit it.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::{Denied, Limiter, Quota};
+///
+/// let limiter = Limiter::new(Quota::per_second(5));
+/// match limiter.check_n(6) {
+///     Err(Denied::InsufficientCapacity(e)) => assert_eq!((e.requested(), e.burst()), (6, 5)),
+///     other => panic!("{other:?}"),
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InsufficientCapacity {
+    requested: u32,
+    burst: u32,
+}
+
+impl InsufficientCapacity {
+    pub(crate) fn new(requested: u32, burst: u32) -> InsufficientCapacity {
+        InsufficientCapacity { requested, burst }
+    }
+
+    /// The number of cells asked for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use pacer::{Limiter, Quota};
+    /// let err = Limiter::new(Quota::per_second(1)).wait_n(2).unwrap_err();
+    /// assert_eq!(err.requested(), 2);
+    /// ```
+    pub fn requested(&self) -> u32 {
+        self.requested
+    }
+
+    /// The quota's burst, the most that can ever be admitted at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use pacer::{Limiter, Quota};
+    /// let err = Limiter::new(Quota::per_second(1)).wait_n(2).unwrap_err();
+    /// assert_eq!(err.burst(), 1);
+    /// ```
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+}
+
+impl fmt::Display for InsufficientCapacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} cells requested but the burst is {}: the request can never be admitted",
+            self.requested, self.burst
+        )
+    }
+}
+
+impl std::error::Error for InsufficientCapacity {}
+
+/// Why `check_n` said no.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::{clock::ManualClock, Denied, Limiter, Quota};
+///
+/// let limiter = Limiter::with_clock(Quota::per_second(2), ManualClock::new());
+/// assert!(limiter.check_n(2).is_ok());
+/// assert!(matches!(limiter.check_n(1), Err(Denied::NotUntil(_))));
+/// assert!(matches!(limiter.check_n(3), Err(Denied::InsufficientCapacity(_))));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Denied {
+    /// Not now; the request fits the burst and will be admissible after the wait.
+    NotUntil(NotUntil),
+    /// Never: the request is larger than the burst.
+    InsufficientCapacity(InsufficientCapacity),
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denied::NotUntil(e) => e.fmt(f),
+            Denied::InsufficientCapacity(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Denied {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Denied::NotUntil(e) => Some(e),
+            Denied::InsufficientCapacity(e) => Some(e),
+        }
+    }
+}
+
+impl From<NotUntil> for Denied {
+    fn from(e: NotUntil) -> Self {
+        Denied::NotUntil(e)
+    }
+}
+
+impl From<InsufficientCapacity> for Denied {
+    fn from(e: InsufficientCapacity) -> Self {
+        Denied::InsufficientCapacity(e)
+    }
+}

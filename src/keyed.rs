@@ -1,0 +1,549 @@
+//! The keyed limiter: one GCRA cell per key, bounded memory, the same cell code.
+//!
+//! # Implementation notes
+//!
+//! Keys live in a fixed number of shards, each a `hashbrown::HashTable<(K, Cell)>` behind a
+//! reader-writer lock: one word of state per key, the same `Cell` (and so the same
+//! compare-and-swap loop) as the direct limiter. The key's hash is computed once, its top
+//! bits pick the shard and the whole hash probes the table. A key already present is
+//! checked under the shard's *read* lock; only a new key takes the write lock.
+//!
+//! **Lossless eviction.** A key whose TAT is at or before now is indistinguishable from a
+//! new key (TAT 0): both admit a full burst and nothing else. Forgetting it therefore
+//! changes no decision. Shards forget such keys on their own as they grow (a sweep whenever
+//! a shard has doubled since its last sweep, amortised O(1) per insert, no background
+//! thread) and on [`KeyedLimiter::retain_recent`].
+//!
+//! **Bounded under a flood.** With [`KeyedLimiter::with_max_keys`], each shard holds at
+//! most its share of the bound. A new key arriving at a full shard first sweeps it; if every
+//! key there is still limited, the new key is *refused*: the check is denied with the time
+//! until the shard's earliest key is replenished (when a slot will free). Keys already
+//! present keep working. Sweeps of a full shard are skipped until that time, so a flood of
+//! new keys costs O(1) each. Refusing, rather than evicting a limited key, is the only
+//! choice that never lets a client escape its limit by flooding the table.
+//!
+//! **Per-key quotas** come from a function of the key ([`KeyedLimiter::with_quota_for`]),
+//! so overrides cost no memory per key and no second map.
+//!
+//! **Waiting** uses the same booked FIFO queue as the direct limiter, one queue per key
+//! that has waiters, kept in a small side table and dropped once empty. A waiting key is
+//! always stored (the waiter itself already costs memory), even past the bound.
+
+use core::future::Future;
+use core::hash::{BuildHasher, Hash};
+use core::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use hashbrown::{DefaultHashBuilder, HashTable};
+
+use crate::cell::Cell;
+use crate::clock::{Clock, DefaultClock};
+use crate::error::{Denied, InsufficientCapacity, NotUntil};
+use crate::gcra::Params;
+use crate::limiter::{duration_nanos, never};
+use crate::quota::Quota;
+use crate::sync::{Mutex, RwLock};
+use crate::wait::future::{Acquire, Target};
+use crate::wait::queue::Waiters;
+
+type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
+
+/// Rate limits per key: every key behaves exactly like its own [`Limiter`](crate::Limiter).
+///
+/// # Examples
+///
+/// ```
+/// use pacer::{KeyedLimiter, Quota};
+///
+/// let per_ip = KeyedLimiter::new(Quota::per_second(2)).with_max_keys(100_000);
+/// assert!(per_ip.check_key(&"10.0.0.1").is_ok());
+/// assert!(per_ip.check_key(&"10.0.0.1").is_ok());
+/// assert!(per_ip.check_key(&"10.0.0.1").is_err());
+/// assert!(per_ip.check_key(&"10.0.0.2").is_ok()); // its own budget
+/// assert_eq!(per_ip.len(), 2);
+/// ```
+pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
+    shards: Box<[CachePadded<RwLock<Shard<K>>>]>,
+    /// `64 - log2(shards.len())`: the hash's top bits select the shard.
+    shift: u32,
+    hasher: DefaultHashBuilder,
+    params: Params,
+    quota_for: Option<QuotaFor<K>>,
+    /// Most keys per shard; `usize::MAX` when unbounded.
+    shard_cap: usize,
+    clock: C,
+    origin: u64,
+    /// Queues of the keys that have waiters. Locked only on the waiting path.
+    waiters: Mutex<Queues<K, C>>,
+}
+
+/// The side table of per-key waiter queues.
+struct Queues<K, C> {
+    map: HashMap<K, Arc<Waiters<C>>>,
+    /// The map's length after its last clean-up; it is cleaned again once doubled.
+    cleaned_len: usize,
+}
+
+impl<K: Hash + Eq, C: Clock> Queues<K, C> {
+    /// Drops the queues that nobody waits on and no future holds.
+    fn clean(&mut self) {
+        self.map
+            .retain(|_, queue| Arc::strong_count(queue) > 1 || !queue.is_empty());
+        self.cleaned_len = self.map.len();
+    }
+}
+
+struct Shard<K> {
+    table: HashTable<(K, Cell)>,
+    /// The table's length after its last sweep; the next automatic sweep waits until the
+    /// table has doubled.
+    swept_len: usize,
+    /// When full and nothing was evictable: the limiter time at which the earliest key
+    /// becomes evictable. No sweep is attempted before.
+    full_until: u64,
+}
+
+/// Shards sweep automatically from this size on; smaller ones are not worth it.
+const MIN_SWEEP_LEN: usize = 64;
+
+impl<K> Shard<K> {
+    fn new() -> Shard<K> {
+        Shard {
+            table: HashTable::new(),
+            swept_len: 0,
+            full_until: 0,
+        }
+    }
+
+    /// Forgets every key whose TAT is at or before `now`; returns the earliest TAT left.
+    fn sweep(&mut self, now: u64) -> Option<u64> {
+        let mut earliest = None::<u64>;
+        self.table.retain(|(_, cell)| {
+            let tat = cell.tat();
+            let keep = tat > now;
+            if keep {
+                earliest = Some(earliest.map_or(tat, |e| e.min(tat)));
+            }
+            keep
+        });
+        self.table.shrink_to(self.table.len() * 2, |_| 0);
+        self.swept_len = self.table.len();
+        earliest
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> core::fmt::Debug for KeyedLimiter<K, C> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("quota", &Quota::from_params(self.params))
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq + Clone> KeyedLimiter<K> {
+    /// A keyed limiter on the default clock, unbounded until [`KeyedLimiter::with_max_keys`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = pacer::KeyedLimiter::<u64>::new(pacer::Quota::per_minute(10));
+    /// assert!(limiter.is_empty());
+    /// ```
+    pub fn new(quota: Quota) -> KeyedLimiter<K> {
+        KeyedLimiter::with_clock(quota, DefaultClock::default())
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
+    /// A keyed limiter on the given clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{clock::ManualClock, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::with_clock(Quota::per_second(1), ManualClock::new());
+    /// assert!(limiter.check_key(&1u32).is_ok());
+    /// assert!(limiter.check_key(&1u32).is_err());
+    /// ```
+    pub fn with_clock(quota: Quota, clock: C) -> KeyedLimiter<K, C> {
+        let threads = std::thread::available_parallelism().map_or(4, usize::from);
+        let shards = (threads * 4).next_power_of_two().clamp(4, 256);
+        let origin = clock.now();
+        KeyedLimiter {
+            shards: (0..shards)
+                .map(|_| CachePadded::new(RwLock::new(Shard::new())))
+                .collect(),
+            shift: 64 - shards.trailing_zeros(),
+            hasher: DefaultHashBuilder::default(),
+            params: *quota.params(),
+            quota_for: None,
+            shard_cap: usize::MAX,
+            clock,
+            origin,
+            waiters: Mutex::new(Queues {
+                map: HashMap::new(),
+                cleaned_len: 0,
+            }),
+        }
+    }
+
+    /// Bounds the number of stored keys to about `max` (rounded up to a multiple of the
+    /// shard count, at most a few hundred more). See the module docs for what happens at the
+    /// bound: fully replenished keys are forgotten first; if none is, new keys are refused
+    /// (denied with the time until a slot frees) rather than evicting a limited key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{clock::ManualClock, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::with_clock(Quota::per_hour(1), ManualClock::new())
+    ///     .with_max_keys(1_000);
+    /// let admitted = (0..100_000u32).filter(|k| limiter.check_key(k).is_ok()).count();
+    /// assert!(admitted >= 1_000 && admitted <= 1_000 + 256);
+    /// assert!(limiter.len() <= 1_000 + 256);
+    /// ```
+    pub fn with_max_keys(mut self, max: usize) -> KeyedLimiter<K, C> {
+        self.shard_cap = max.div_ceil(self.shards.len()).max(1);
+        self
+    }
+
+    /// Gives some keys a quota of their own: `quota_for(key)` returns `Some(quota)` for
+    /// those, `None` for the default. Called on every check of a key, so keep it cheap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_second(1))
+    ///     .with_quota_for(|user: &&str| (*user == "premium").then(|| Quota::per_second(100)));
+    /// assert!(limiter.check_key_n(&"premium", 50).is_ok());
+    /// assert!(limiter.check_key_n(&"free", 2).is_err());
+    /// ```
+    pub fn with_quota_for(
+        mut self,
+        quota_for: impl Fn(&K) -> Option<Quota> + Send + Sync + 'static,
+    ) -> KeyedLimiter<K, C> {
+        self.quota_for = Some(Box::new(quota_for));
+        self
+    }
+
+    #[inline]
+    fn now(&self) -> u64 {
+        self.clock.now().saturating_sub(self.origin)
+    }
+
+    #[inline]
+    fn params_for(&self, key: &K) -> Params {
+        match &self.quota_for {
+            Some(quota_for) => quota_for(key).map_or(self.params, |q| *q.params()),
+            None => self.params,
+        }
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &RwLock<Shard<K>> {
+        // `shift` is 62..=56, so the index is below `shards.len()`.
+        &self.shards[(hash >> self.shift) as usize]
+    }
+
+    /// Runs `f` on `key`'s cell, storing a fresh one first if the key is new. `None` when
+    /// the key is new and its shard is full of limited keys (`Err` carries the wait until a
+    /// slot frees), unless `force`.
+    fn with_cell<R>(
+        &self,
+        key: &K,
+        now: u64,
+        force: bool,
+        f: impl FnOnce(&Cell) -> R,
+    ) -> Result<R, u64> {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let shard = shard.read();
+            if let Some((_, cell)) = shard.table.find(hash, |(k, _)| k == key) {
+                return Ok(f(cell));
+            }
+        }
+        let mut shard = shard.write();
+        if shard.table.find(hash, |(k, _)| k == key).is_none() {
+            let len = shard.table.len();
+            if len >= self.shard_cap && !force {
+                if now < shard.full_until {
+                    return Err(shard.full_until - now);
+                }
+                if let Some(earliest) = shard.sweep(now) {
+                    if shard.table.len() >= self.shard_cap {
+                        shard.full_until = earliest;
+                        return Err(earliest - now);
+                    }
+                }
+            } else if len >= MIN_SWEEP_LEN && len >= 2 * shard.swept_len {
+                shard.sweep(now);
+            }
+            let hasher = &self.hasher;
+            shard
+                .table
+                .insert_unique(hash, (key.clone(), Cell::new()), |(k, _)| {
+                    hasher.hash_one(k)
+                });
+        }
+        match shard.table.find(hash, |(k, _)| k == key) {
+            Some((_, cell)) => Ok(f(cell)),
+            None => unreachable!("the key was just found or inserted under this lock"),
+        }
+    }
+
+    /// Admits one cell for `key` now, or says how long until one would be admitted.
+    ///
+    /// # Errors
+    ///
+    /// [`NotUntil`] with the wait. A new key refused by a full table (see
+    /// [`KeyedLimiter::with_max_keys`]) also gets `NotUntil`: the time until a slot frees.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = pacer::KeyedLimiter::new(pacer::Quota::per_hour(1));
+    /// assert!(limiter.check_key(&"alice").is_ok());
+    /// assert!(limiter.check_key(&"alice").unwrap_err().wait_time().as_secs() > 3500);
+    /// ```
+    #[inline]
+    pub fn check_key(&self, key: &K) -> Result<(), NotUntil> {
+        let params = self.params_for(key);
+        let now = self.now();
+        self.with_cell(key, now, false, |cell| {
+            cell.acquire(now, params.interval(), params.tau())
+        })
+        .and_then(|admitted| admitted.map(drop))
+        .map_err(NotUntil::from_nanos)
+    }
+
+    /// Admits `n` cells for `key` at once, or none.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] when they fit the key's burst but not now (or the table is full);
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the key's burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{Denied, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_second(5));
+    /// assert!(limiter.check_key_n(&7, 5).is_ok());
+    /// assert!(matches!(limiter.check_key_n(&7, 6), Err(Denied::InsufficientCapacity(_))));
+    /// ```
+    pub fn check_key_n(&self, key: &K, n: u32) -> Result<(), Denied> {
+        let params = self.params_for(key);
+        let Some(cost) = params.cost(n) else {
+            return Err(InsufficientCapacity::new(n, params.burst()).into());
+        };
+        if cost == 0 {
+            return Ok(());
+        }
+        let now = self.now();
+        self.with_cell(key, now, false, |cell| {
+            cell.acquire(now, cost, params.tau())
+        })
+        .and_then(|admitted| admitted.map(drop))
+        .map_err(|wait| NotUntil::from_nanos(wait).into())
+    }
+
+    /// Waits `key`'s booked turn for one cell (the same FIFO promises as
+    /// [`Limiter::until_ready`](crate::Limiter::until_ready)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_second(1000).with_burst(1));
+    /// futures::executor::block_on(async {
+    ///     limiter.until_key_ready(&"job").await;
+    ///     limiter.until_key_ready(&"job").await; // about 1 ms later
+    /// });
+    /// ```
+    pub fn until_key_ready(&self, key: &K) -> impl Future<Output = ()> + Send + '_
+    where
+        K: Send + Sync,
+    {
+        let acquire = Acquire::new(self.target(key), 1, u64::MAX);
+        async move {
+            if acquire.await.is_err() {
+                never::<()>().await;
+            }
+        }
+    }
+
+    /// Waits `key`'s booked turn for `n` cells at once.
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] at once when `n` exceeds the key's burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_second(10));
+    /// futures::executor::block_on(async {
+    ///     assert!(limiter.until_key_n_ready(&1, 10).await.is_ok());
+    ///     assert!(limiter.until_key_n_ready(&1, 11).await.is_err());
+    /// });
+    /// ```
+    pub fn until_key_n_ready(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> impl Future<Output = Result<(), InsufficientCapacity>> + Send + '_
+    where
+        K: Send + Sync,
+    {
+        let acquire = Acquire::new(self.target(key), n, u64::MAX);
+        async move {
+            match acquire.await {
+                Ok(()) => Ok(()),
+                Err(Denied::InsufficientCapacity(e)) => Err(e),
+                Err(Denied::NotUntil(_)) => never().await,
+            }
+        }
+    }
+
+    /// Waits for one cell for `key` only if it can be had within `max`; otherwise books
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`NotUntil`] when the cell cannot be had within `max`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{KeyedLimiter, Quota};
+    /// use std::time::Duration;
+    /// let limiter = KeyedLimiter::new(Quota::per_hour(1));
+    /// futures::executor::block_on(async {
+    ///     assert!(limiter.until_key_ready_within(&1, Duration::ZERO).await.is_ok());
+    ///     assert!(limiter.until_key_ready_within(&1, Duration::from_secs(1)).await.is_err());
+    /// });
+    /// ```
+    pub fn until_key_ready_within(
+        &self,
+        key: &K,
+        max: Duration,
+    ) -> impl Future<Output = Result<(), NotUntil>> + Send + '_
+    where
+        K: Send + Sync,
+    {
+        let acquire = Acquire::new(self.target(key), 1, duration_nanos(max));
+        async move {
+            match acquire.await {
+                Ok(()) => Ok(()),
+                Err(Denied::NotUntil(e)) => Err(e),
+                Err(Denied::InsufficientCapacity(_)) => {
+                    unreachable!("one cell always fits a burst of at least one")
+                }
+            }
+        }
+    }
+
+    fn target(&self, key: &K) -> KeyTarget<'_, K, C> {
+        KeyTarget {
+            limiter: self,
+            key: key.clone(),
+        }
+    }
+
+    /// How many keys are stored now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = pacer::KeyedLimiter::new(pacer::Quota::per_second(1));
+    /// limiter.check_key(&1).unwrap();
+    /// limiter.check_key(&2).unwrap();
+    /// assert_eq!(limiter.len(), 2);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().table.len()).sum()
+    }
+
+    /// Whether no key is stored.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(pacer::KeyedLimiter::<u8>::new(pacer::Quota::per_second(1)).is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(|s| s.read().table.is_empty())
+    }
+
+    /// Forgets every key that is indistinguishable from a new one (fully replenished), and
+    /// the queues of keys nobody waits on. Changes no decision.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{clock::ManualClock, KeyedLimiter, Quota};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let limiter = KeyedLimiter::with_clock(Quota::per_second(1), clock.clone());
+    /// limiter.check_key(&"a").unwrap();
+    /// limiter.retain_recent();
+    /// assert_eq!(limiter.len(), 1); // still limited
+    /// clock.advance(Duration::from_secs(1));
+    /// limiter.retain_recent();
+    /// assert!(limiter.is_empty());
+    /// ```
+    pub fn retain_recent(&self) {
+        let now = self.now();
+        for shard in self.shards.iter() {
+            let mut shard = shard.write();
+            shard.sweep(now);
+            shard.full_until = 0;
+        }
+        self.waiters.lock().clean();
+    }
+}
+
+/// A waiting future's view of one key.
+struct KeyTarget<'a, K: Hash + Eq + Clone, C: Clock> {
+    limiter: &'a KeyedLimiter<K, C>,
+    key: K,
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> Target for KeyTarget<'_, K, C> {
+    type Clock = C;
+
+    fn params(&self) -> Params {
+        self.limiter.params_for(&self.key)
+    }
+
+    fn waiters(&self) -> Arc<Waiters<C>> {
+        let limiter = self.limiter;
+        let mut queues = limiter.waiters.lock();
+        if queues.map.len() >= MIN_SWEEP_LEN && queues.map.len() >= 2 * queues.cleaned_len {
+            queues.clean();
+        }
+        Arc::clone(
+            queues
+                .map
+                .entry(self.key.clone())
+                .or_insert_with(|| Arc::new(Waiters::new(limiter.clock.clone(), limiter.origin))),
+        )
+    }
+
+    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> R {
+        // `force`: a waiting key is always stored (module docs), so this cannot be refused.
+        match self
+            .limiter
+            .with_cell(&self.key, self.limiter.now(), true, f)
+        {
+            Ok(r) => r,
+            Err(_) => unreachable!("a forced insert is never refused"),
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! How many cells per period, and how many at once.
+
+use core::fmt;
+use core::time::Duration;
+
+use crate::gcra::Params;
+
+/// A rate limit: a number of cells per period, plus a burst (by default equal to the count).
+///
+/// Cells are spaced by the *emission interval* `period / count` (truncated to whole
+/// nanoseconds); the burst is how many may go at once after the limiter has been idle.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::Quota;
+/// use std::time::Duration;
+///
+/// // 100 per second, at most 10 at once.
+/// let q = Quota::per_second(100).with_burst(10);
+/// assert_eq!(q.burst(), 10);
+/// assert_eq!(q.emission_interval(), Duration::from_millis(10));
+///
+/// // From runtime values, with an error instead of a panic.
+/// assert!(Quota::try_new(0, Duration::from_secs(1)).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quota {
+    params: Params,
+}
+
+/// Why a [`Quota`] could not be built.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::{Quota, QuotaError};
+/// use std::time::Duration;
+///
+/// assert_eq!(Quota::try_new(5, Duration::ZERO), Err(QuotaError::ZeroPeriod));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// The count of cells per period was 0.
+    ZeroCount,
+    /// The period was zero.
+    ZeroPeriod,
+    /// The burst was 0.
+    ZeroBurst,
+    /// `period / count` is below one nanosecond.
+    IntervalTooShort,
+    /// `period / count` is longer than `u64::MAX` nanoseconds (about 584 years).
+    IntervalTooLong,
+    /// `burst * emission interval` is longer than `u64::MAX` nanoseconds (about 584 years).
+    BurstTooLarge,
+}
+
+impl fmt::Display for QuotaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QuotaError::ZeroCount => "a quota needs a count of at least 1 cell per period",
+            QuotaError::ZeroPeriod => "a quota needs a period longer than zero",
+            QuotaError::ZeroBurst => "a quota needs a burst of at least 1 cell",
+            QuotaError::IntervalTooShort => {
+                "period / count is below one nanosecond, the finest interval pacer keeps"
+            }
+            QuotaError::IntervalTooLong => {
+                "period / count exceeds u64::MAX nanoseconds (about 584 years)"
+            }
+            QuotaError::BurstTooLarge => {
+                "burst * emission interval exceeds u64::MAX nanoseconds (about 584 years)"
+            }
+        })
+    }
+}
+
+impl std::error::Error for QuotaError {}
+
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+impl Quota {
+    /// `n` cells per `period_nanos`, burst `n`; the interval is clamped to at least 1 ns.
+    const fn per_nanos(n: u32, period_nanos: u64) -> Quota {
+        assert!(n > 0, "a quota needs a count of at least 1 cell per period");
+        let interval = period_nanos / n as u64;
+        let interval = if interval == 0 { 1 } else { interval };
+        // burst * interval <= period_nanos (or <= n when clamped), so `new` cannot fail.
+        match Params::new(interval, n) {
+            Some(params) => Quota { params },
+            None => panic!("unreachable: burst * interval fits by construction"),
+        }
+    }
+
+    /// `n` cells per second, burst `n`.
+    ///
+    /// An interval below 1 ns (more than a billion per second) is clamped to 1 ns.
+    ///
+    /// # Panics
+    ///
+    /// If `n == 0`. Use [`Quota::try_new`] for runtime values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::Quota;
+    /// const API: Quota = Quota::per_second(100);
+    /// assert_eq!(API.emission_interval().as_millis(), 10);
+    /// ```
+    pub const fn per_second(n: u32) -> Quota {
+        Quota::per_nanos(n, NANOS_PER_SECOND)
+    }
+
+    /// `n` cells per minute, burst `n`.
+    ///
+    /// # Panics
+    ///
+    /// If `n == 0`. Use [`Quota::try_new`] for runtime values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::Quota;
+    /// assert_eq!(Quota::per_minute(60).emission_interval().as_secs(), 1);
+    /// ```
+    pub const fn per_minute(n: u32) -> Quota {
+        Quota::per_nanos(n, 60 * NANOS_PER_SECOND)
+    }
+
+    /// `n` cells per hour, burst `n`.
+    ///
+    /// # Panics
+    ///
+    /// If `n == 0`. Use [`Quota::try_new`] for runtime values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::Quota;
+    /// assert_eq!(Quota::per_hour(3600).emission_interval().as_secs(), 1);
+    /// ```
+    pub const fn per_hour(n: u32) -> Quota {
+        Quota::per_nanos(n, 3600 * NANOS_PER_SECOND)
+    }
+
+    /// `count` cells per `period`, burst `count`.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroCount`], [`QuotaError::ZeroPeriod`], [`QuotaError::IntervalTooShort`]
+    /// when `period / count` is below 1 ns, [`QuotaError::IntervalTooLong`] or
+    /// [`QuotaError::BurstTooLarge`] beyond 584 years.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{Quota, QuotaError};
+    /// use std::time::Duration;
+    ///
+    /// let q = Quota::try_new(3, Duration::from_millis(30))?;
+    /// assert_eq!(q.emission_interval(), Duration::from_millis(10));
+    /// assert_eq!(Quota::try_new(10, Duration::from_nanos(5)), Err(QuotaError::IntervalTooShort));
+    /// # Ok::<(), QuotaError>(())
+    /// ```
+    pub fn try_new(count: u32, period: Duration) -> Result<Quota, QuotaError> {
+        if count == 0 {
+            return Err(QuotaError::ZeroCount);
+        }
+        if period.is_zero() {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        let interval = period.as_nanos() / u128::from(count);
+        if interval == 0 {
+            return Err(QuotaError::IntervalTooShort);
+        }
+        let interval = u64::try_from(interval).map_err(|_| QuotaError::IntervalTooLong)?;
+        Params::new(interval, count)
+            .map(|params| Quota { params })
+            .ok_or(QuotaError::BurstTooLarge)
+    }
+
+    /// The same rate with a different burst.
+    ///
+    /// # Panics
+    ///
+    /// If `burst == 0` or `burst * emission interval` exceeds 584 years; use
+    /// [`Quota::try_with_burst`] for runtime values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::Quota;
+    /// assert_eq!(Quota::per_second(100).with_burst(1).burst(), 1);
+    /// ```
+    pub fn with_burst(self, burst: u32) -> Quota {
+        match self.try_with_burst(burst) {
+            Ok(quota) => quota,
+            Err(err) => panic!("Quota::with_burst({burst}): {err}"),
+        }
+    }
+
+    /// The same rate with a different burst, or an error.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroBurst`] for 0, [`QuotaError::BurstTooLarge`] when
+    /// `burst * emission interval` exceeds `u64::MAX` nanoseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{Quota, QuotaError};
+    /// assert_eq!(Quota::per_second(1).try_with_burst(0), Err(QuotaError::ZeroBurst));
+    /// assert_eq!(Quota::per_second(1).try_with_burst(40).unwrap().burst(), 40);
+    /// ```
+    pub fn try_with_burst(self, burst: u32) -> Result<Quota, QuotaError> {
+        if burst == 0 {
+            return Err(QuotaError::ZeroBurst);
+        }
+        Params::new(self.params.interval(), burst)
+            .map(|params| Quota { params })
+            .ok_or(QuotaError::BurstTooLarge)
+    }
+
+    /// How many cells may go at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(pacer::Quota::per_minute(30).burst(), 30);
+    /// ```
+    pub const fn burst(&self) -> u32 {
+        self.params.burst()
+    }
+
+    /// The spacing between cells at the sustained rate: `period / count`, truncated to whole
+    /// nanoseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert_eq!(pacer::Quota::per_second(3).emission_interval(), Duration::from_nanos(333_333_333));
+    /// ```
+    pub const fn emission_interval(&self) -> Duration {
+        Duration::from_nanos(self.params.interval())
+    }
+
+    pub(crate) const fn params(&self) -> &Params {
+        &self.params
+    }
+
+    pub(crate) const fn from_params(params: Params) -> Quota {
+        Quota { params }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn const_constructors_clamp_sub_nanosecond_intervals() {
+        let q = Quota::per_second(u32::MAX);
+        assert_eq!(q.emission_interval(), Duration::from_nanos(1));
+        assert_eq!(q.burst(), u32::MAX);
+        assert_eq!(Quota::per_hour(u32::MAX).burst(), u32::MAX);
+    }
+
+    #[test]
+    #[should_panic(expected = "at least 1 cell")]
+    fn per_second_zero_panics() {
+        let _ = Quota::per_second(0);
+    }
+
+    #[test]
+    #[should_panic(expected = "with_burst(0)")]
+    fn with_burst_zero_panics() {
+        let _ = Quota::per_second(1).with_burst(0);
+    }
+
+    #[test]
+    fn try_new_reports_every_bad_input() {
+        let s = Duration::from_secs(1);
+        assert_eq!(Quota::try_new(0, s), Err(QuotaError::ZeroCount));
+        assert_eq!(
+            Quota::try_new(1, Duration::ZERO),
+            Err(QuotaError::ZeroPeriod)
+        );
+        assert_eq!(
+            Quota::try_new(u32::MAX, Duration::from_nanos(1)),
+            Err(QuotaError::IntervalTooShort)
+        );
+        assert_eq!(
+            Quota::try_new(1, Duration::MAX),
+            Err(QuotaError::IntervalTooLong)
+        );
+        assert_eq!(
+            Quota::try_new(u32::MAX, Duration::MAX),
+            Err(QuotaError::BurstTooLarge)
+        );
+        let q = Quota::try_new(1, Duration::from_nanos(u64::MAX)).unwrap();
+        assert_eq!(q.try_with_burst(2), Err(QuotaError::BurstTooLarge));
+        assert_eq!(q.try_with_burst(0), Err(QuotaError::ZeroBurst));
+        for e in [QuotaError::ZeroCount, QuotaError::BurstTooLarge] {
+            assert!(!e.to_string().is_empty());
+        }
+    }
+}

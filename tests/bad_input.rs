@@ -1,0 +1,162 @@
+//! Every case of the spec's "Bad input": a clear error, no panic, nothing changed.
+
+use std::time::Duration;
+
+use pacer::clock::{Clock, ManualClock};
+use pacer::{Denied, KeyedLimiter, Limiter, Quota, QuotaError};
+
+#[test]
+fn fallible_constructors_name_the_problem() {
+    let s = Duration::from_secs(1);
+    assert_eq!(Quota::try_new(0, s), Err(QuotaError::ZeroCount));
+    assert_eq!(Quota::try_new(1, Duration::ZERO), Err(QuotaError::ZeroPeriod));
+    assert_eq!(
+        Quota::try_new(u32::MAX, Duration::from_nanos(10)),
+        Err(QuotaError::IntervalTooShort)
+    );
+    assert_eq!(Quota::try_new(1, Duration::MAX), Err(QuotaError::IntervalTooLong));
+    assert_eq!(Quota::try_new(u32::MAX, Duration::MAX), Err(QuotaError::BurstTooLarge));
+    assert_eq!(Quota::per_second(1).try_with_burst(0), Err(QuotaError::ZeroBurst));
+    let err: Box<dyn std::error::Error + Send + Sync> = Box::new(QuotaError::ZeroBurst);
+    assert!(err.to_string().contains("burst"));
+}
+
+#[test]
+fn zero_cells_are_granted_and_change_nothing() {
+    let limiter = Limiter::with_clock(Quota::per_second(2), ManualClock::new());
+    limiter.check_n(2).unwrap();
+    assert!(limiter.check_n(0).is_ok());
+    assert_eq!(limiter.remaining(), 0);
+    let wait = limiter.check().unwrap_err().wait_time();
+    assert!(limiter.check_n(0).is_ok());
+    assert_eq!(limiter.check().unwrap_err().wait_time(), wait);
+}
+
+#[test]
+fn more_than_the_burst_is_its_own_error_and_changes_nothing() {
+    let limiter = Limiter::with_clock(Quota::per_second(3), ManualClock::new());
+    for n in [4, 1_000, u32::MAX] {
+        match limiter.check_n(n) {
+            Err(Denied::InsufficientCapacity(e)) => {
+                assert_eq!((e.requested(), e.burst()), (n, 3));
+                assert!(e.to_string().contains("burst is 3"));
+            }
+            other => panic!("check_n({n}) gave {other:?}"),
+        }
+        assert!(limiter.wait_n(n).is_err());
+        let err = futures::executor::block_on(limiter.until_n_ready(n)).unwrap_err();
+        assert_eq!(err.requested(), n);
+    }
+    assert_eq!(limiter.remaining(), 3);
+}
+
+#[test]
+fn u32_max_cells_with_a_u32_max_burst_fit_exactly() {
+    let limiter = Limiter::with_clock(Quota::per_second(u32::MAX), ManualClock::new());
+    assert!(limiter.check_n(u32::MAX).is_ok());
+    assert!(matches!(limiter.check_n(1), Err(Denied::NotUntil(_))));
+}
+
+#[test]
+fn extreme_durations_saturate_and_deny_past_the_end_of_time() {
+    let clock = ManualClock::new();
+    let quarter = u64::MAX / 4;
+    let limiter = Limiter::with_clock(
+        Quota::try_new(1, Duration::from_nanos(quarter)).unwrap(),
+        clock.clone(),
+    );
+    limiter.check().unwrap();
+    assert_eq!(limiter.check().unwrap_err().wait_time(), Duration::from_nanos(quarter));
+    clock.advance(Duration::from_nanos(quarter));
+    assert!(limiter.check().is_ok());
+    // Past the end of representable time (584 years), nothing more is admitted, and
+    // nothing panics or wraps around.
+    clock.advance(Duration::MAX);
+    assert_eq!(clock.now(), u64::MAX);
+    for _ in 0..3 {
+        assert!(limiter.check().is_err());
+        assert!(limiter.check_n(1).is_err());
+    }
+    assert_eq!(limiter.remaining(), 1, "remaining() is the room, which is there");
+    let late = futures::executor::block_on(limiter.until_ready_within(Duration::MAX));
+    assert!(late.is_err(), "a booking past the end of time is refused");
+}
+
+#[test]
+fn a_limiter_near_the_end_of_time_denies_rather_than_wraps() {
+    let clock = ManualClock::new();
+    let limiter = Limiter::with_clock(Quota::per_second(10), clock.clone());
+    clock.advance(Duration::from_nanos(u64::MAX - 550_000_000));
+    // Only the cells whose TAT is still representable: 5 of the burst of 10.
+    let admitted = (0..20).filter(|_| limiter.check().is_ok()).count();
+    assert_eq!(admitted, 5);
+    clock.advance(Duration::MAX);
+    assert!(limiter.check().is_err());
+}
+
+/// A clock that steps backwards on every other read, like TSCs of two cores that disagree.
+#[derive(Clone, Default)]
+struct Jittery(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl Clock for Jittery {
+    fn now(&self) -> u64 {
+        let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // 0, 1000, 2, 3000, ...: back and forth by up to a microsecond, moving on slowly.
+        if n % 2 == 0 {
+            n
+        } else {
+            n * 1000
+        }
+    }
+
+    fn wake_at(&self, _at: u64, waker: std::task::Waker) {
+        waker.wake();
+    }
+}
+
+#[test]
+fn a_clock_stepping_backwards_never_panics_nor_admits_more_than_the_quota() {
+    // One cell per 10 us, burst 1: over the clock's largest reading, the admitted count is
+    // bounded by the quota over that span.
+    let clock = Jittery::default();
+    let limiter = Limiter::with_clock(
+        Quota::try_new(1, Duration::from_micros(10)).unwrap(),
+        clock.clone(),
+    );
+    let mut admitted = 0u64;
+    for _ in 0..100_000 {
+        if limiter.check().is_ok() {
+            admitted += 1;
+        }
+        let _ = limiter.remaining();
+    }
+    let max_now = clock.now();
+    assert!(admitted <= 1 + max_now / 10_000, "{admitted} cells in {max_now} ns");
+    assert!(admitted > 0);
+}
+
+#[test]
+fn keyed_bad_input_is_handled_the_same_way() {
+    let keyed = KeyedLimiter::with_clock(Quota::per_second(2), ManualClock::new());
+    assert!(keyed.check_key_n(&1, 0).is_ok());
+    assert!(keyed.is_empty(), "asking for nothing stores nothing");
+    assert!(matches!(
+        keyed.check_key_n(&1, u32::MAX),
+        Err(Denied::InsufficientCapacity(_))
+    ));
+    assert!(keyed.is_empty());
+    let keyed = KeyedLimiter::with_clock(Quota::per_second(2), ManualClock::new()).with_max_keys(0);
+    assert!(keyed.check_key(&1).is_ok(), "a bound of 0 still keeps one key per shard");
+}
+
+#[test]
+fn errors_are_send_sync_static_and_displayable() {
+    fn assert_error<E: std::error::Error + Send + Sync + 'static>(e: E) -> String {
+        e.to_string()
+    }
+    let limiter = Limiter::with_clock(Quota::per_second(1), ManualClock::new());
+    limiter.check().unwrap();
+    assert!(assert_error(limiter.check().unwrap_err()).contains("try again"));
+    assert!(!assert_error(limiter.check_n(5).unwrap_err()).is_empty());
+    assert!(!assert_error(QuotaError::ZeroCount).is_empty());
+}
