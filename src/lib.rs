@@ -56,3 +56,8 @@ pub use error::{Denied, InsufficientCapacity, NotUntil};
 pub use keyed::KeyedLimiter;
 pub use limiter::Limiter;
 pub use quota::{Quota, QuotaError};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -368,7 +368,7 @@ impl<C: Clock> Limiter<C> {
     ///
     /// ```
     /// use pacer::{clock::{Clock, ManualClock}, Limiter, Quota};
-    /// use std::{pin::pin, task::{Context, Waker}, time::Duration};
+    /// use std::{future::Future, pin::pin, task::{Context, Waker}};
     ///
     /// let clock = ManualClock::new();
     /// let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), clock.clone());

@@ -9,14 +9,26 @@ use pacer::{Denied, KeyedLimiter, Limiter, Quota, QuotaError};
 fn fallible_constructors_name_the_problem() {
     let s = Duration::from_secs(1);
     assert_eq!(Quota::try_new(0, s), Err(QuotaError::ZeroCount));
-    assert_eq!(Quota::try_new(1, Duration::ZERO), Err(QuotaError::ZeroPeriod));
+    assert_eq!(
+        Quota::try_new(1, Duration::ZERO),
+        Err(QuotaError::ZeroPeriod)
+    );
     assert_eq!(
         Quota::try_new(u32::MAX, Duration::from_nanos(10)),
         Err(QuotaError::IntervalTooShort)
     );
-    assert_eq!(Quota::try_new(1, Duration::MAX), Err(QuotaError::IntervalTooLong));
-    assert_eq!(Quota::try_new(u32::MAX, Duration::MAX), Err(QuotaError::BurstTooLarge));
-    assert_eq!(Quota::per_second(1).try_with_burst(0), Err(QuotaError::ZeroBurst));
+    assert_eq!(
+        Quota::try_new(1, Duration::MAX),
+        Err(QuotaError::IntervalTooLong)
+    );
+    assert_eq!(
+        Quota::try_new(u32::MAX, Duration::MAX),
+        Err(QuotaError::BurstTooLarge)
+    );
+    assert_eq!(
+        Quota::per_second(1).try_with_burst(0),
+        Err(QuotaError::ZeroBurst)
+    );
     let err: Box<dyn std::error::Error + Send + Sync> = Box::new(QuotaError::ZeroBurst);
     assert!(err.to_string().contains("burst"));
 }
@@ -66,7 +78,10 @@ fn extreme_durations_saturate_and_deny_past_the_end_of_time() {
         clock.clone(),
     );
     limiter.check().unwrap();
-    assert_eq!(limiter.check().unwrap_err().wait_time(), Duration::from_nanos(quarter));
+    assert_eq!(
+        limiter.check().unwrap_err().wait_time(),
+        Duration::from_nanos(quarter)
+    );
     clock.advance(Duration::from_nanos(quarter));
     assert!(limiter.check().is_ok());
     // Past the end of representable time (584 years), nothing more is admitted, and
@@ -77,7 +92,11 @@ fn extreme_durations_saturate_and_deny_past_the_end_of_time() {
         assert!(limiter.check().is_err());
         assert!(limiter.check_n(1).is_err());
     }
-    assert_eq!(limiter.remaining(), 1, "remaining() is the room, which is there");
+    assert_eq!(
+        limiter.remaining(),
+        1,
+        "remaining() is the room, which is there"
+    );
     let late = futures::executor::block_on(limiter.until_ready_within(Duration::MAX));
     assert!(late.is_err(), "a booking past the end of time is refused");
 }
@@ -102,7 +121,7 @@ impl Clock for Jittery {
     fn now(&self) -> u64 {
         let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // 0, 1000, 2, 3000, ...: back and forth by up to a microsecond, moving on slowly.
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             n
         } else {
             n * 1000
@@ -131,7 +150,10 @@ fn a_clock_stepping_backwards_never_panics_nor_admits_more_than_the_quota() {
         let _ = limiter.remaining();
     }
     let max_now = clock.now();
-    assert!(admitted <= 1 + max_now / 10_000, "{admitted} cells in {max_now} ns");
+    assert!(
+        admitted <= 1 + max_now / 10_000,
+        "{admitted} cells in {max_now} ns"
+    );
     assert!(admitted > 0);
 }
 
@@ -146,7 +168,10 @@ fn keyed_bad_input_is_handled_the_same_way() {
     ));
     assert!(keyed.is_empty());
     let keyed = KeyedLimiter::with_clock(Quota::per_second(2), ManualClock::new()).with_max_keys(0);
-    assert!(keyed.check_key(&1).is_ok(), "a bound of 0 still keeps one key per shard");
+    assert!(
+        keyed.check_key(&1).is_ok(),
+        "a bound of 0 still keeps one key per shard"
+    );
 }
 
 #[test]

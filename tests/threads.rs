@@ -6,7 +6,11 @@ use std::thread;
 use pacer::clock::ManualClock;
 use pacer::{Limiter, Quota};
 
-fn hammer(threads: usize, burst: u32, work: impl Fn(&Limiter<ManualClock>) -> u64 + Send + Sync + 'static) -> (u64, Arc<Limiter<ManualClock>>) {
+fn hammer(
+    threads: usize,
+    burst: u32,
+    work: impl Fn(&Limiter<ManualClock>) -> u64 + Send + Sync + 'static,
+) -> (u64, Arc<Limiter<ManualClock>>) {
     let limiter = Arc::new(Limiter::with_clock(
         Quota::per_second(1000).with_burst(burst),
         ManualClock::new(),
@@ -53,6 +57,9 @@ fn mixed_weights_never_exceed_the_burst() {
         assert!(admitted <= 1_000, "{threads} threads admitted {admitted}");
         // Whatever is left is too little for the smallest request they kept making.
         assert_eq!(u64::from(limiter.remaining()), 1_000 - admitted);
-        assert!(limiter.remaining() < 1, "single cells were asked for until the end");
+        assert!(
+            limiter.remaining() < 1,
+            "single cells were asked for until the end"
+        );
     }
 }

@@ -1,0 +1,237 @@
+//! Per-key limiting: independent keys, exact bursts across threads, lossless eviction,
+//! a hard bound under a key flood, and keyed waiting.
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use pacer::clock::ManualClock;
+use pacer::{Denied, KeyedLimiter, Limiter, Quota};
+use proptest::prelude::*;
+
+const T: Duration = Duration::from_millis(100);
+
+fn quota(burst: u32) -> Quota {
+    Quota::try_new(1, T).unwrap().with_burst(burst)
+}
+
+#[test]
+fn keys_are_independent() {
+    let keyed = KeyedLimiter::with_clock(quota(2), ManualClock::new());
+    assert!(keyed.check_key(&"a").is_ok());
+    assert!(keyed.check_key(&"a").is_ok());
+    assert!(keyed.check_key(&"a").is_err());
+    assert!(keyed.check_key_n(&"b", 2).is_ok());
+    assert!(keyed.check_key(&"c").is_ok());
+    assert_eq!(keyed.len(), 3);
+}
+
+#[test]
+fn each_key_admits_exactly_its_burst_from_four_threads_on_a_frozen_clock() {
+    let keyed = Arc::new(KeyedLimiter::with_clock(quota(100), ManualClock::new()));
+    let barrier = Arc::new(Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (keyed, barrier) = (keyed.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let mut admitted = [0u32; 16];
+                for i in 0..20_000u32 {
+                    let key = i % 16;
+                    if keyed.check_key(&key).is_ok() {
+                        admitted[key as usize] += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut total = [0u32; 16];
+    for t in threads {
+        for (sum, n) in total.iter_mut().zip(t.join().unwrap()) {
+            *sum += n;
+        }
+    }
+    assert_eq!(total, [100; 16]);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Advance(u64),
+    Check(u8),
+    CheckN(u8, u32),
+    Retain,
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => (0u64..400_000_000).prop_map(Op::Advance),
+            5 => (0u8..8).prop_map(Op::Check),
+            3 => (0u8..8, 0u32..6).prop_map(|(k, n)| Op::CheckN(k, n)),
+            2 => Just(Op::Retain),
+        ],
+        1..300,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The same operations with and without `retain_recent` (and with a bound small enough
+    /// to force automatic sweeps) give identical results, and each key behaves exactly like
+    /// a `Limiter` of its own.
+    #[test]
+    fn eviction_changes_no_decision(ops in ops()) {
+        let clock = ManualClock::new();
+        let evicting = KeyedLimiter::with_clock(quota(4), clock.clone());
+        let keeping = KeyedLimiter::with_clock(quota(4), clock.clone());
+        let singles: Vec<_> = (0..8).map(|_| Limiter::with_clock(quota(4), clock.clone())).collect();
+        for op in ops {
+            match op {
+                Op::Advance(d) => clock.advance(Duration::from_nanos(d)),
+                Op::Check(k) => {
+                    let a = evicting.check_key(&k);
+                    prop_assert_eq!(a, keeping.check_key(&k));
+                    prop_assert_eq!(a, singles[k as usize].check());
+                }
+                Op::CheckN(k, n) => {
+                    let a = evicting.check_key_n(&k, n);
+                    prop_assert_eq!(a, keeping.check_key_n(&k, n));
+                    prop_assert_eq!(a, singles[k as usize].check_n(n));
+                }
+                Op::Retain => evicting.retain_recent(),
+            }
+        }
+    }
+}
+
+#[test]
+fn retain_recent_forgets_only_replenished_keys() {
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(quota(1), clock.clone());
+    keyed.check_key(&1).unwrap();
+    clock.advance(T / 2);
+    keyed.check_key(&2).unwrap();
+    clock.advance(T / 2);
+    keyed.retain_recent();
+    assert_eq!(keyed.len(), 1, "key 1 is replenished, key 2 is not");
+    assert!(keyed.check_key(&2).is_err());
+}
+
+#[test]
+fn keys_are_forgotten_on_their_own_as_the_map_grows() {
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(quota(1), clock.clone());
+    for round in 0..20u64 {
+        for k in 0..10_000u64 {
+            keyed.check_key(&(round * 10_000 + k)).unwrap();
+        }
+        clock.advance(T);
+    }
+    // 200 000 keys went through, but never more than a few rounds' worth stayed stored.
+    assert!(keyed.len() <= 60_000, "{} keys stored", keyed.len());
+}
+
+#[test]
+fn a_flood_of_a_million_new_keys_stays_within_the_bound() {
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(Quota::per_hour(1), clock.clone()).with_max_keys(10_000);
+    let mut refused = 0u32;
+    for k in 0..1_000_000u64 {
+        match keyed.check_key(&k) {
+            Ok(()) => {}
+            Err(e) => {
+                refused += 1;
+                // Refused new keys are told when a slot frees: when the oldest key is
+                // replenished, an hour after it arrived.
+                assert!(e.wait_time() <= Duration::from_secs(3600));
+            }
+        }
+        assert!(keyed.len() <= 10_000 + 256);
+    }
+    assert!(refused >= 1_000_000 - 10_256);
+    // Keys already stored still work: the first key is limited, not forgotten.
+    assert!(keyed.check_key(&0).is_err());
+    // An hour later every slot is free again and new keys get in.
+    clock.advance(Duration::from_secs(3600));
+    assert!(keyed.check_key(&2_000_000).is_ok());
+    assert!(keyed.len() <= 10_000 + 256);
+}
+
+#[test]
+fn per_key_quota_overrides() {
+    let keyed = KeyedLimiter::with_clock(quota(1), ManualClock::new())
+        .with_quota_for(|k: &u32| (*k >= 1000).then(|| quota(10)));
+    assert!(keyed.check_key_n(&1, 2).is_err());
+    assert!(keyed.check_key_n(&1000, 10).is_ok());
+    assert!(matches!(
+        keyed.check_key_n(&1, 2),
+        Err(Denied::InsufficientCapacity(_))
+    ));
+}
+
+#[test]
+fn keyed_waiting_is_booked_and_fifo_per_key() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Waker};
+
+    type Waiting<'a> = Vec<(&'static str, usize, Pin<Box<dyn Future<Output = ()> + 'a>>)>;
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(quota(1), clock.clone());
+    keyed.check_key(&"a").unwrap();
+    let mut waiting: Waiting<'_> = (0..5)
+        .map(|i| {
+            (
+                "a",
+                i,
+                Box::pin(keyed.until_key_ready(&"a")) as Pin<Box<dyn Future<Output = ()>>>,
+            )
+        })
+        .collect();
+    waiting.push(("b", 0, Box::pin(keyed.until_key_ready(&"b"))));
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut order = Vec::new();
+    let mut poll_all = |waiting: &mut Waiting<'_>| {
+        waiting.retain_mut(|(k, i, f)| {
+            let ready = f.as_mut().poll(&mut cx).is_ready();
+            if ready {
+                order.push((*k, *i));
+            }
+            !ready
+        });
+    };
+    poll_all(&mut waiting);
+    assert_eq!(
+        waiting.len(),
+        5,
+        "b went at once; the five a waiters booked"
+    );
+    // Booked places: a plain check of "a" sees all five.
+    assert_eq!(keyed.check_key(&"a").unwrap_err().wait_time(), 6 * T);
+    for step in 1..=5 {
+        clock.advance(T);
+        poll_all(&mut waiting);
+        assert_eq!(waiting.len(), 5 - step);
+    }
+    assert_eq!(
+        order,
+        vec![("b", 0), ("a", 0), ("a", 1), ("a", 2), ("a", 3), ("a", 4)]
+    );
+    clock.advance(T);
+    assert!(keyed.check_key(&"a").is_ok());
+}
+
+#[test]
+fn a_cancelled_keyed_waiter_gives_its_cell_back() {
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(quota(1), clock.clone());
+    keyed.check_key(&7).unwrap();
+    let before = keyed.check_key(&7).unwrap_err().wait_time();
+    let mut f = Box::pin(keyed.until_key_ready(&7));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(std::future::Future::poll(f.as_mut(), &mut cx).is_pending());
+    assert_eq!(keyed.check_key(&7).unwrap_err().wait_time(), before + T);
+    drop(f);
+    assert_eq!(keyed.check_key(&7).unwrap_err().wait_time(), before);
+}

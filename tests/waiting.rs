@@ -1,0 +1,472 @@
+//! Booked, FIFO, cancel-safe waiting: deterministic on a `ManualClock`, and on real
+//! executors with generous bounds.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use pacer::clock::{Clock, ManualClock};
+use pacer::{Denied, Limiter, Quota};
+
+const T: Duration = Duration::from_millis(100);
+
+/// A future polled by hand, with a waker that counts its wake-ups.
+struct Probe<'a> {
+    future: Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
+    wakes: Arc<Wakes>,
+    done: bool,
+}
+
+#[derive(Default)]
+struct Wakes(AtomicUsize);
+
+impl Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl<'a> Probe<'a> {
+    fn new(future: impl Future<Output = ()> + Send + 'a) -> Probe<'a> {
+        Probe {
+            future: Box::pin(future),
+            wakes: Arc::default(),
+            done: false,
+        }
+    }
+
+    fn woken(&self) -> usize {
+        self.wakes.0.load(Ordering::SeqCst)
+    }
+
+    /// Polls once (unless finished); returns whether the future is finished.
+    fn poll(&mut self) -> bool {
+        if !self.done {
+            let waker = Waker::from(self.wakes.clone());
+            self.done = self
+                .future
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_ready();
+        }
+        self.done
+    }
+}
+
+/// A limiter of one cell per 100 ms, burst `burst`, with the burst already spent.
+fn spent(burst: u32) -> (ManualClock, Limiter<ManualClock>) {
+    let clock = ManualClock::new();
+    let limiter = Limiter::with_clock(
+        Quota::try_new(1, T).unwrap().with_burst(burst),
+        clock.clone(),
+    );
+    limiter.check_n(burst).unwrap();
+    (clock, limiter)
+}
+
+#[test]
+fn a_hundred_waiters_finish_in_booking_order_each_at_its_instant() {
+    let (clock, limiter) = spent(1);
+    let order = Mutex::new(Vec::new());
+    let mut probes: Vec<_> = (0..100)
+        .map(|i| {
+            let (limiter, order) = (&limiter, &order);
+            Probe::new(async move {
+                limiter.until_ready().await;
+                order.lock().unwrap().push(i);
+            })
+        })
+        .collect();
+    for p in &mut probes {
+        assert!(
+            !p.poll(),
+            "the burst is spent: every waiter books and waits"
+        );
+    }
+    for step in 1..=100 {
+        clock.advance(T);
+        // The advance woke exactly the waiter that came due, and nobody else.
+        let woken: Vec<usize> = (0..100).filter(|&i| probes[i].woken() > 0).collect();
+        assert_eq!(woken, (0..step).collect::<Vec<_>>());
+        for p in &mut probes {
+            p.poll();
+        }
+        assert_eq!(order.lock().unwrap().len(), step);
+    }
+    assert_eq!(*order.lock().unwrap(), (0..100).collect::<Vec<_>>());
+}
+
+#[test]
+fn heavy_requests_are_not_overtaken_by_later_light_ones() {
+    let (clock, limiter) = spent(5);
+    let done = Mutex::new(Vec::new());
+    let mut probes: Vec<_> = [(5u32, "heavy"), (1, "light-1"), (1, "light-2")]
+        .into_iter()
+        .map(|(n, name)| {
+            let (limiter, done) = (&limiter, &done);
+            Probe::new(async move {
+                limiter.until_n_ready(n).await.unwrap();
+                done.lock().unwrap().push(name);
+            })
+        })
+        .collect();
+    for p in &mut probes {
+        assert!(!p.poll());
+    }
+    let mut at = Vec::new();
+    for step in 1..=7 {
+        clock.advance(T);
+        for p in &mut probes {
+            p.poll();
+        }
+        at.push((step, done.lock().unwrap().clone()));
+    }
+    // The heavy one needs 5 intervals; the light ones queue behind it.
+    assert!(at[3].1.is_empty());
+    assert_eq!(at[4].1, vec!["heavy"]);
+    assert_eq!(at[5].1, vec!["heavy", "light-1"]);
+    assert_eq!(at[6].1, vec!["heavy", "light-1", "light-2"]);
+}
+
+#[test]
+fn cancelling_a_middle_waiter_moves_the_next_up_and_check_sees_the_refund() {
+    let (clock, limiter) = spent(1);
+    let mut a = Probe::new(limiter.until_ready());
+    let mut b = Probe::new(limiter.until_ready());
+    let mut c = Probe::new(limiter.until_ready());
+    assert!(!a.poll() && !b.poll() && !c.poll());
+    // Booked: a at 100 ms, b at 200 ms, c at 300 ms; a check would wait 400 ms.
+    assert_eq!(limiter.check().unwrap_err().wait_time(), 4 * T);
+    drop(b);
+    assert_eq!(limiter.check().unwrap_err().wait_time(), 3 * T);
+    clock.advance(T);
+    assert!(a.poll());
+    assert!(!c.poll());
+    clock.advance(T);
+    assert!(c.woken() > 0, "c moved up to 200 ms");
+    assert!(c.poll());
+    // Nothing is booked beyond now + T: a plain check gets the next cell at 300 ms.
+    assert_eq!(limiter.check().unwrap_err().wait_time(), T);
+}
+
+#[test]
+fn cancelling_the_front_waiter_rearms_the_timer_for_the_next() {
+    let (clock, limiter) = spent(5);
+    let mut heavy = Probe::new(async { limiter.until_n_ready(5).await.unwrap() });
+    let mut light = Probe::new(limiter.until_ready());
+    assert!(!heavy.poll() && !light.poll());
+    drop(heavy);
+    // light was due at 600 ms; with the heavy booking gone it is due at 100 ms.
+    clock.advance(T);
+    assert!(light.woken() > 0);
+    assert!(light.poll());
+}
+
+#[test]
+fn five_hundred_dropped_waiters_give_all_capacity_back() {
+    let (clock, limiter) = spent(10);
+    let before = limiter.check().unwrap_err().wait_time();
+    let mut probes: Vec<_> = (0..500)
+        .map(|i| {
+            let limiter = &limiter;
+            Probe::new(async move {
+                limiter.until_n_ready(1 + i % 3).await.unwrap();
+            })
+        })
+        .collect();
+    for p in &mut probes {
+        assert!(!p.poll());
+    }
+    // About 1000 cells booked at 100 ms each.
+    assert!(limiter.check().unwrap_err().wait_time() > Duration::from_secs(99));
+    // Drop in a scattered order: odd ones, then the rest from the back.
+    let mut i = 0;
+    probes.retain(|_| {
+        i += 1;
+        i % 2 == 0
+    });
+    while probes.pop().is_some() {}
+    assert_eq!(limiter.check().unwrap_err().wait_time(), before);
+    clock.advance(10 * T);
+    assert_eq!(limiter.remaining(), 10);
+    assert!(limiter.check_n(10).is_ok());
+}
+
+#[test]
+fn futures_never_polled_book_nothing() {
+    let (clock, limiter) = spent(3);
+    let futures: Vec<_> = (0..100).map(|_| limiter.until_n_ready(3)).collect();
+    let within: Vec<_> = (0..100)
+        .map(|_| limiter.until_ready_within(Duration::from_secs(1)))
+        .collect();
+    drop(futures);
+    drop(within);
+    clock.advance(3 * T);
+    assert_eq!(limiter.remaining(), 3);
+    assert_eq!(limiter.next_deadline(), None);
+}
+
+#[test]
+fn a_deadline_that_cannot_be_met_books_nothing_and_says_when() {
+    let (clock, limiter) = spent(1);
+    let before = limiter.check().unwrap_err().wait_time();
+    let mut late = None;
+    let mut probe = Probe::new(async {
+        late = Some(limiter.until_ready_within(T / 2).await);
+    });
+    assert!(probe.poll());
+    drop(probe);
+    let late = late.unwrap().unwrap_err();
+    assert_eq!(late.wait_time(), T);
+    assert_eq!(limiter.check().unwrap_err().wait_time(), before);
+    // Within a long enough deadline it books and waits.
+    let mut ok = Probe::new(async { limiter.until_ready_within(T).await.unwrap() });
+    assert!(!ok.poll());
+    clock.advance(T);
+    assert!(ok.poll());
+    let mut too_big = None;
+    let mut probe = Probe::new(async {
+        too_big = Some(limiter.until_n_ready_within(2, Duration::MAX).await);
+    });
+    assert!(probe.poll());
+    drop(probe);
+    assert!(matches!(
+        too_big,
+        Some(Err(Denied::InsufficientCapacity(_)))
+    ));
+}
+
+#[test]
+fn more_than_the_burst_is_an_error_not_a_hang() {
+    let (_clock, limiter) = spent(2);
+    let mut result = None;
+    let mut probe = Probe::new(async {
+        result = Some(limiter.until_n_ready(3).await);
+    });
+    assert!(probe.poll(), "answered on the first poll");
+    drop(probe);
+    assert_eq!(result.unwrap().unwrap_err().requested(), 3);
+}
+
+#[test]
+fn blocked_threads_take_booked_places_and_wake_on_advance() {
+    let (clock, limiter) = spent(1);
+    let limiter = Arc::new(limiter);
+    let finished = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (limiter, finished) = (limiter.clone(), finished.clone());
+            std::thread::spawn(move || {
+                limiter.wait();
+                finished.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    // Wait (really) until all four have booked: a check then waits 5 intervals.
+    let start = Instant::now();
+    while limiter.check().unwrap_err().wait_time() < 5 * T {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "threads never booked"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(finished.load(Ordering::SeqCst), 0);
+    for _ in 0..4 {
+        clock.advance(T);
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(finished.load(Ordering::SeqCst), 4);
+}
+
+/// A clock for a runtime that drives waiters itself: `wake_at` does nothing.
+#[derive(Clone, Default)]
+struct Driven(Arc<std::sync::atomic::AtomicU64>);
+
+impl Clock for Driven {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    fn wake_at(&self, _at: u64, _waker: Waker) {}
+}
+
+#[test]
+fn an_embedding_runtime_drives_waiters_with_next_deadline_and_fire_due() {
+    let clock = Driven::default();
+    let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), clock.clone());
+    limiter.check().unwrap();
+    let mut a = Probe::new(limiter.until_ready());
+    let mut b = Probe::new(limiter.until_ready());
+    assert!(!a.poll() && !b.poll());
+    let deadline = limiter.next_deadline().unwrap();
+    assert_eq!(deadline, 100_000_000);
+    clock.0.store(deadline, Ordering::SeqCst);
+    limiter.fire_due();
+    assert_eq!((a.woken(), b.woken()), (1, 0));
+    assert!(a.poll());
+    assert_eq!(limiter.next_deadline(), Some(200_000_000));
+}
+
+// ---- real executors, real time: generous bounds, never flaky --------------------------
+
+/// 50 waiters at 500/s, burst 1: the last is due 49 * 2 ms = 98 ms after the first.
+const WAITERS: usize = 50;
+const IDEAL: Duration = Duration::from_millis(98);
+/// Upper bound on a loaded 2-core CI machine; the lower bound is exact.
+const SLACK: Duration = Duration::from_secs(3);
+
+fn rate_limiter() -> Arc<Limiter> {
+    Arc::new(Limiter::new(Quota::per_second(500).with_burst(1)))
+}
+
+fn assert_paced(elapsed: Duration, what: &str) {
+    // quanta and std::time may disagree by a hair: allow 1 ms on the low side.
+    assert!(
+        elapsed + Duration::from_millis(1) >= IDEAL,
+        "{what}: finished early, {elapsed:?}"
+    );
+    assert!(elapsed <= IDEAL + SLACK, "{what}: too slow, {elapsed:?}");
+}
+
+async fn run_waiters<S, F>(spawn: S) -> Duration
+where
+    S: Fn(Pin<Box<dyn Future<Output = ()> + Send>>) -> F,
+    F: Future<Output = ()>,
+{
+    let limiter = rate_limiter();
+    let start = Instant::now();
+    let tasks: Vec<F> = (0..WAITERS)
+        .map(|_| {
+            let limiter = limiter.clone();
+            spawn(Box::pin(async move { limiter.until_ready().await }))
+        })
+        .collect();
+    futures::future::join_all(tasks).await;
+    start.elapsed()
+}
+
+#[test]
+fn tokio_current_thread() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let elapsed = rt.block_on(run_waiters(|f| async { tokio::spawn(f).await.unwrap() }));
+    assert_paced(elapsed, "tokio current-thread");
+}
+
+#[test]
+fn tokio_multi_thread() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let elapsed = rt.block_on(run_waiters(|f| async { tokio::spawn(f).await.unwrap() }));
+    assert_paced(elapsed, "tokio multi-thread");
+}
+
+#[test]
+fn smol_async_executor() {
+    let ex = Arc::new(async_executor::Executor::new());
+    let spawner = ex.clone();
+    let elapsed = smol::block_on(ex.run(run_waiters(move |f| spawner.spawn(f))));
+    assert_paced(elapsed, "async-executor");
+}
+
+#[test]
+fn futures_block_on() {
+    let elapsed = futures::executor::block_on(run_waiters(|f| f));
+    assert_paced(elapsed, "futures::executor::block_on");
+}
+
+#[test]
+fn timeouts_racing_wake_ups_lose_no_cells() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // 1000/s, burst 1: waiter i is due at about i ms; its timeout lands within a
+        // millisecond of that, on either side.
+        let limiter = Arc::new(Limiter::new(Quota::per_second(1_000).with_burst(1)));
+        for round in 0..5u64 {
+            let tasks: Vec<_> = (0..200u64)
+                .map(|i| {
+                    let limiter = limiter.clone();
+                    let jitter = (i * 7 + round * 13) % 2_000;
+                    let timeout = Duration::from_micros(i * 1_000 + jitter);
+                    tokio::spawn(async move {
+                        tokio::time::timeout(timeout, limiter.until_ready())
+                            .await
+                            .is_ok()
+                    })
+                })
+                .collect();
+            for t in tasks {
+                let _ = t.await.unwrap();
+            }
+            // Whatever raced, nothing is left booked beyond the burst window: after one
+            // more interval the whole burst is back, and no waiter is left in the queue.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            assert_eq!(
+                limiter.next_deadline(),
+                None,
+                "round {round}: a node leaked"
+            );
+            assert_eq!(limiter.remaining(), 1, "round {round}: capacity lost");
+            limiter.check().unwrap();
+        }
+    });
+}
+
+#[test]
+fn async_waiters_are_not_starved_by_a_thread_hammering_check() {
+    let limiter = Arc::new(Limiter::new(Quota::per_second(1_000).with_burst(1)));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammer_start = Instant::now();
+    let hammer = {
+        let (limiter, stop) = (limiter.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut admitted = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if limiter.check().is_ok() {
+                    admitted += 1;
+                }
+            }
+            admitted
+        })
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move { limiter.until_ready().await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let hammered = hammer.join().unwrap();
+    let span = hammer_start.elapsed();
+    // 50 waiters at 1 ms each, shared with the hammer: far below the slack even if the
+    // hammer took every gap.
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "waiters starved: {elapsed:?}"
+    );
+    // The hammer and the waiters share one quota: together at most burst + span / T.
+    assert!(hammered + 50 <= 1 + span.as_millis() as u64 + 1);
+}
