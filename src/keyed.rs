@@ -532,7 +532,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Target for KeyTarget<'_, K, C> {
             queues
                 .map
                 .entry(self.key.clone())
-                .or_insert_with(|| Arc::new(Waiters::new(limiter.clock.clone(), limiter.origin))),
+                .or_insert_with(|| Waiters::new(limiter.clock.clone(), limiter.origin)),
         )
     }
 

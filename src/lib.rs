@@ -61,3 +61,34 @@ pub use quota::{Quota, QuotaError};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// Internals for the loom models in `loom-tests/`: the cell layer and the pure arithmetic,
+/// reached without copying their code. Not part of the API.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod __loom {
+    /// The atomic cell, exactly as the limiters use it.
+    pub struct Cell(crate::cell::Cell);
+
+    impl Cell {
+        /// A fresh cell (TAT 0).
+        pub fn new() -> Cell {
+            Cell(crate::cell::Cell::new())
+        }
+
+        /// `crate::cell::Cell::acquire`.
+        pub fn acquire(&self, now: u64, cost: u64, tolerance: u64) -> Result<u64, u64> {
+            self.0.acquire(now, cost, tolerance)
+        }
+
+        /// The current TAT.
+        pub fn tat(&self) -> u64 {
+            self.0.tat()
+        }
+    }
+
+    /// `crate::gcra::admit`, the pure decision.
+    pub fn admit(tat: u64, now: u64, cost: u64, tolerance: u64) -> Result<u64, u64> {
+        crate::gcra::admit(tat, now, cost, tolerance)
+    }
+}

@@ -85,7 +85,7 @@ impl<C: Clock> Limiter<C> {
         Limiter {
             cell: CachePadded::new(Cell::new()),
             params: *quota.params(),
-            waiters: Arc::new(Waiters::new(clock.clone(), origin)),
+            waiters: Waiters::new(clock.clone(), origin),
             clock,
             origin,
         }

@@ -314,6 +314,8 @@ fn an_embedding_runtime_drives_waiters_with_next_deadline_and_fire_due() {
 }
 
 // ---- real executors, real time: generous bounds, never flaky --------------------------
+// (Named `realtime_*` so that the Miri run, which covers the manual-clock tests above, can
+// skip them: under Miri real time crawls.)
 
 /// 50 waiters at 500/s, burst 1: the last is due 49 * 2 ms = 98 ms after the first.
 const WAITERS: usize = 50;
@@ -352,7 +354,7 @@ where
 }
 
 #[test]
-fn tokio_current_thread() {
+fn realtime_tokio_current_thread() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -361,7 +363,7 @@ fn tokio_current_thread() {
 }
 
 #[test]
-fn tokio_multi_thread() {
+fn realtime_tokio_multi_thread() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .build()
@@ -371,7 +373,7 @@ fn tokio_multi_thread() {
 }
 
 #[test]
-fn smol_async_executor() {
+fn realtime_smol_async_executor() {
     let ex = Arc::new(async_executor::Executor::new());
     let spawner = ex.clone();
     let elapsed = smol::block_on(ex.run(run_waiters(move |f| spawner.spawn(f))));
@@ -379,13 +381,13 @@ fn smol_async_executor() {
 }
 
 #[test]
-fn futures_block_on() {
+fn realtime_futures_block_on() {
     let elapsed = futures::executor::block_on(run_waiters(|f| f));
     assert_paced(elapsed, "futures::executor::block_on");
 }
 
 #[test]
-fn timeouts_racing_wake_ups_lose_no_cells() {
+fn realtime_timeouts_racing_wake_ups_lose_no_cells() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_time()
@@ -426,7 +428,7 @@ fn timeouts_racing_wake_ups_lose_no_cells() {
 }
 
 #[test]
-fn async_waiters_are_not_starved_by_a_thread_hammering_check() {
+fn realtime_async_waiters_are_not_starved_by_a_thread_hammering_check() {
     let limiter = Arc::new(Limiter::new(Quota::per_second(1_000).with_burst(1)));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hammer_start = Instant::now();

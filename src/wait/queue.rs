@@ -30,7 +30,7 @@
 
 use core::ptr::NonNull;
 use core::task::Waker;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::Wake;
 
 use super::list::{self, Link, LinkedList, Pointers};
@@ -146,6 +146,24 @@ pub(crate) struct Waiters<C> {
     /// The clock reading that is limiter time 0.
     origin: u64,
     state: Mutex<State>,
+    /// The waker handed to the clock: fires this queue. It holds a `Weak`, so a clock that
+    /// keeps it (a `ManualClock` never advanced again) forms no reference cycle.
+    fire: Waker,
+}
+
+/// The clock's handle on a queue.
+struct Fire<C>(Weak<Waiters<C>>);
+
+impl<C: Clock> Wake for Fire<C> {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(waiters) = self.0.upgrade() {
+            waiters.fire_due();
+        }
+    }
 }
 
 impl<C> core::fmt::Debug for Waiters<C> {
@@ -157,15 +175,16 @@ impl<C> core::fmt::Debug for Waiters<C> {
 }
 
 impl<C: Clock> Waiters<C> {
-    pub(crate) fn new(clock: C, origin: u64) -> Waiters<C> {
-        Waiters {
+    pub(crate) fn new(clock: C, origin: u64) -> Arc<Waiters<C>> {
+        Arc::new_cyclic(|weak| Waiters {
             clock,
             origin,
             state: Mutex::new(State {
                 list: LinkedList::new(),
                 armed: None,
             }),
-        }
+            fire: Waker::from(Arc::new(Fire(weak.clone()))),
+        })
     }
 
     /// Limiter time now.
@@ -173,11 +192,10 @@ impl<C: Clock> Waiters<C> {
         self.clock.now().saturating_sub(self.origin)
     }
 
-    fn schedule(self: &Arc<Self>, instant: Option<u64>) {
+    fn schedule(&self, instant: Option<u64>) {
         if let Some(instant) = instant {
-            let waker = Waker::from(Arc::clone(self));
             self.clock
-                .wake_at(self.origin.saturating_add(instant), waker);
+                .wake_at(self.origin.saturating_add(instant), self.fire.clone());
         }
     }
 
@@ -189,7 +207,7 @@ impl<C: Clock> Waiters<C> {
     /// `node` is pinned, in no list, and is not dropped before [`Waiters::cancel`] (or a
     /// fire) has unlinked it.
     pub(crate) unsafe fn book(
-        self: &Arc<Self>,
+        &self,
         cell: &Cell,
         params: &Params,
         node: NonNull<Waiter>,
@@ -233,11 +251,7 @@ impl<C: Clock> Waiters<C> {
     /// # Safety
     ///
     /// `node` was linked by [`Waiters::book`] on this queue and is live.
-    pub(crate) unsafe fn poll_linked(
-        self: &Arc<Self>,
-        node: NonNull<Waiter>,
-        waker: &Waker,
-    ) -> bool {
+    pub(crate) unsafe fn poll_linked(&self, node: NonNull<Waiter>, waker: &Waker) -> bool {
         let now = self.now();
         let (fired, due, _old) = {
             let _state = self.state.lock();
@@ -276,7 +290,7 @@ impl<C: Clock> Waiters<C> {
     /// # Safety
     ///
     /// `node` was linked by [`Waiters::book`] on this queue, beside `cell`, and is live.
-    pub(crate) unsafe fn cancel(self: &Arc<Self>, cell: &Cell, node: NonNull<Waiter>) {
+    pub(crate) unsafe fn cancel(&self, cell: &Cell, node: NonNull<Waiter>) {
         let now = self.now();
         let (arm, _waker) = {
             let mut state = self.state.lock();
@@ -309,7 +323,7 @@ impl<C: Clock> Waiters<C> {
 
     /// Fires every waiter whose instant has come, in queue order, and re-arms the timer for
     /// the next one.
-    pub(crate) fn fire_due(self: &Arc<Self>) {
+    pub(crate) fn fire_due(&self) {
         let mut due = WakeList::new();
         loop {
             let now = self.now();
@@ -361,15 +375,5 @@ impl<C: Clock> Waiters<C> {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn is_empty(&self) -> bool {
         self.state.lock().list.is_empty()
-    }
-}
-
-impl<C: Clock> Wake for Waiters<C> {
-    fn wake(self: Arc<Self>) {
-        self.fire_due();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.fire_due();
     }
 }

@@ -1,0 +1,147 @@
+//! The waiter list under loom: booking, cancelling and firing racing each other.
+//! Checked: no lost wake-up, no double wake, exact refunds, every node unlinked.
+
+#![cfg(loom)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::thread;
+use pacer::clock::ManualClock;
+use pacer::{Limiter, Quota};
+
+const T: Duration = Duration::from_millis(100);
+
+type Boxed = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Count {
+    fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn poll(future: &mut Boxed, wakes: &Arc<Count>) -> bool {
+    let waker = Waker::from(wakes.clone());
+    matches!(future.as_mut().poll(&mut Context::from_waker(&waker)), Poll::Ready(()))
+}
+
+/// One cell per 100 ms, burst 1, already spent; plus a `'static` waiting future on it.
+fn setup() -> (ManualClock, Arc<Limiter<ManualClock>>) {
+    let clock = ManualClock::new();
+    let limiter = Arc::new(Limiter::with_clock(
+        Quota::try_new(1, T).unwrap().with_burst(1),
+        clock.clone(),
+    ));
+    limiter.check().unwrap();
+    (clock, limiter)
+}
+
+fn waiter(limiter: &Arc<Limiter<ManualClock>>) -> Boxed {
+    let limiter = limiter.clone();
+    Box::pin(async move { limiter.until_ready().await })
+}
+
+#[test]
+fn booking_races_firing_without_losing_the_wake_up() {
+    loom::model(|| {
+        let (clock, limiter) = setup();
+        let mut future = waiter(&limiter);
+        let wakes = Arc::new(Count::default());
+        let booker = {
+            let wakes = wakes.clone();
+            thread::spawn(move || {
+                let ready = poll(&mut future, &wakes);
+                (future, ready)
+            })
+        };
+        clock.advance(T);
+        let (mut future, ready_at_first_poll) = booker.join().unwrap();
+        if !ready_at_first_poll {
+            // It booked and parked: the advance (which happened before the join) must have
+            // woken it, exactly once.
+            assert_eq!(wakes.get(), 1, "lost or doubled wake-up");
+            assert!(poll(&mut future, &wakes));
+        }
+        // Either way exactly one cell was spent at 100 ms: the next is due at 200 ms.
+        assert_eq!(limiter.check().unwrap_err().wait_time(), T);
+        assert_eq!(limiter.next_deadline(), None, "every node unlinked");
+    });
+}
+
+#[test]
+fn cancelling_races_firing_with_exact_refunds() {
+    loom::model(|| {
+        let (clock, limiter) = setup();
+        let (mut a, mut b) = (waiter(&limiter), waiter(&limiter));
+        let (wa, wb) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        assert!(!poll(&mut a, &wa));
+        assert!(!poll(&mut b, &wb)); // a due at 100 ms, b at 200 ms
+        let canceller = thread::spawn(move || drop(a));
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(T))
+        };
+        canceller.join().unwrap();
+        firer.join().unwrap();
+        let wait = limiter.check().unwrap_err().wait_time();
+        if wb.get() == 1 {
+            // a was cancelled before its instant: refunded, and b moved up to 100 ms.
+            assert_eq!(wait, T);
+            assert!(poll(&mut b, &wb));
+        } else {
+            // a's instant came first (fired, or due when dropped): its cell is spent and
+            // b stays at 200 ms.
+            assert_eq!(wb.get(), 0);
+            assert_eq!(wait, 2 * T);
+            assert!(!poll(&mut b, &wb));
+            clock.advance(T);
+            assert_eq!(wb.get(), 1, "b woken exactly once at its instant");
+            assert!(poll(&mut b, &wb));
+        }
+        assert_eq!(limiter.next_deadline(), None, "every node unlinked");
+    });
+}
+
+#[test]
+fn two_bookers_and_a_firer() {
+    loom::model(|| {
+        let (clock, limiter) = setup();
+        let spawn_booker = |limiter: &Arc<Limiter<ManualClock>>| {
+            let mut future = waiter(limiter);
+            let wakes = Arc::new(Count::default());
+            let w = wakes.clone();
+            (thread::spawn(move || {
+                let ready = poll(&mut future, &w);
+                (future, ready)
+            }), wakes)
+        };
+        let (h1, w1) = spawn_booker(&limiter);
+        let (h2, w2) = spawn_booker(&limiter);
+        clock.advance(T);
+        let (mut f1, r1) = h1.join().unwrap();
+        let (mut f2, r2) = h2.join().unwrap();
+        // One of them got the 100 ms place, the other 200 ms: at 100 ms exactly one is
+        // done or woken.
+        let done_or_woken = |r: bool, w: &Count| r || w.get() == 1;
+        assert!(done_or_woken(r1, &w1) ^ done_or_woken(r2, &w2));
+        assert!(w1.get() <= 1 && w2.get() <= 1, "double wake");
+        clock.advance(T);
+        assert!(r1 || poll(&mut f1, &w1));
+        assert!(r2 || poll(&mut f2, &w2));
+        assert_eq!(limiter.next_deadline(), None);
+        assert_eq!(limiter.check().unwrap_err().wait_time(), T);
+    });
+}
