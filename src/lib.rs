@@ -44,6 +44,10 @@
 mod cell;
 pub mod clock;
 mod error;
+#[cfg(any(fuzzing, test))]
+#[doc(hidden)]
+#[allow(missing_docs, unreachable_pub)]
+pub mod fuzzing;
 mod gcra;
 mod keyed;
 mod limiter;

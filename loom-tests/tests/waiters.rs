@@ -35,7 +35,10 @@ impl Count {
 
 fn poll(future: &mut Boxed, wakes: &Arc<Count>) -> bool {
     let waker = Waker::from(wakes.clone());
-    matches!(future.as_mut().poll(&mut Context::from_waker(&waker)), Poll::Ready(()))
+    matches!(
+        future.as_mut().poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(())
+    )
 }
 
 /// One cell per 100 ms, burst 1, already spent; plus a `'static` waiting future on it.
@@ -123,10 +126,13 @@ fn two_bookers_and_a_firer() {
             let mut future = waiter(limiter);
             let wakes = Arc::new(Count::default());
             let w = wakes.clone();
-            (thread::spawn(move || {
-                let ready = poll(&mut future, &w);
-                (future, ready)
-            }), wakes)
+            (
+                thread::spawn(move || {
+                    let ready = poll(&mut future, &w);
+                    (future, ready)
+                }),
+                wakes,
+            )
         };
         let (h1, w1) = spawn_booker(&limiter);
         let (h2, w2) = spawn_booker(&limiter);

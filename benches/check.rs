@@ -1,0 +1,166 @@
+//! `check()` on the hot path: pacer, its peers and the hardware floor, in one run.
+//!
+//! * floor: one clock read (quanta, the clock governor also uses) and one compare-and-swap
+//!   on a private cache line: what any exact, clock-driven limiter must pay at least;
+//! * allowed: a quota so generous every check is admitted (each one writes the word);
+//! * denied: a spent quota (a limiter whose deny path writes would show it here);
+//! * on 1 thread and on 2 threads sharing one limiter (`PACER_BENCH_THREADS` adds more,
+//!   e.g. "4,8,16" on a bigger machine).
+//!
+//! `cargo bench --bench check`
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use crossbeam_utils::CachePadded;
+
+type Check = Arc<dyn Fn() -> bool + Send + Sync>;
+
+fn contenders(allowed: bool) -> Vec<(&'static str, Check)> {
+    let mut v: Vec<(&'static str, Check)> = Vec::new();
+
+    // The floor: a clock read and a CAS on a line no other thread touches.
+    v.push((
+        "floor",
+        Arc::new(|| {
+            thread_local! {
+                static CELL: CachePadded<AtomicU64> = const { CachePadded::new(AtomicU64::new(0)) };
+                static CLOCK: quanta::Clock = quanta::Clock::new();
+            }
+            let now = CLOCK.with(|c| c.raw());
+            CELL.with(|cell| {
+                let cur = cell.load(Ordering::Relaxed);
+                cell.compare_exchange(cur, cur.max(now) + 1, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            })
+        }),
+    ));
+
+    let pacer = if allowed {
+        pacer::Limiter::new(pacer::Quota::per_second(1_000_000_000).with_burst(u32::MAX))
+    } else {
+        let l = pacer::Limiter::new(pacer::Quota::per_hour(1));
+        l.check().unwrap();
+        l
+    };
+    v.push(("pacer", Arc::new(move || pacer.check().is_ok())));
+
+    let governor = {
+        use governor::{Quota, RateLimiter};
+        let max = NonZeroU32::MAX;
+        if allowed {
+            RateLimiter::direct(Quota::per_second(max).allow_burst(max))
+        } else {
+            let l = RateLimiter::direct(Quota::per_hour(NonZeroU32::MIN));
+            l.check().unwrap();
+            l
+        }
+    };
+    v.push(("governor", Arc::new(move || governor.check().is_ok())));
+
+    let ratelimit = if allowed {
+        ratelimit::Ratelimiter::builder(1_000_000)
+            .period(Duration::from_micros(1))
+            .max_tokens(u64::MAX / 2)
+            .initial_available(u64::MAX / 2)
+            .build()
+            .unwrap()
+    } else {
+        ratelimit::Ratelimiter::builder(1)
+            .period(Duration::from_secs(3600))
+            .max_tokens(1)
+            .initial_available(0)
+            .build()
+            .unwrap()
+    };
+    v.push(("ratelimit", Arc::new(move || ratelimit.try_wait().is_ok())));
+
+    let leaky = if allowed {
+        leaky_bucket::RateLimiter::builder()
+            .max(usize::MAX / 2)
+            .initial(usize::MAX / 2)
+            .refill(1_000_000)
+            .interval(Duration::from_millis(1))
+            .build()
+    } else {
+        leaky_bucket::RateLimiter::builder()
+            .max(1)
+            .initial(0)
+            .refill(1)
+            .interval(Duration::from_secs(3600))
+            .build()
+    };
+    v.push(("leaky-bucket", Arc::new(move || leaky.try_acquire(1))));
+    v
+}
+
+/// Runs `check` `iters` times on each of `threads` threads at once; returns the wall time
+/// divided by `threads`, i.e. the time per check of the whole group (lower is better,
+/// and a ratio between two contenders is a throughput ratio).
+fn run_threads(check: &Check, threads: usize, iters: u64) -> Duration {
+    if threads == 1 {
+        let start = Instant::now();
+        for _ in 0..iters {
+            black_box(check());
+        }
+        return start.elapsed();
+    }
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (check, barrier) = (check.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                for _ in 0..iters {
+                    black_box(check());
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for h in handles {
+        h.join().unwrap();
+    }
+    start.elapsed() / threads as u32
+}
+
+fn thread_counts() -> Vec<usize> {
+    let mut counts = vec![1, 2];
+    if let Ok(extra) = std::env::var("PACER_BENCH_THREADS") {
+        counts.extend(
+            extra
+                .split(',')
+                .filter_map(|s| s.trim().parse::<usize>().ok()),
+        );
+    }
+    counts
+}
+
+fn bench(c: &mut Criterion) {
+    for (name, allowed) in [("allowed", true), ("denied", false)] {
+        for threads in thread_counts() {
+            let mut group = c.benchmark_group(format!("check/{name}/{threads}-thread"));
+            for (who, check) in contenders(allowed) {
+                group.bench_function(BenchmarkId::from_parameter(who), |b| {
+                    b.iter_custom(|iters| run_threads(&check, threads, iters))
+                });
+            }
+            group.finish();
+        }
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30);
+    targets = bench
+}
+criterion_main!(benches);

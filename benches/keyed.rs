@@ -1,0 +1,137 @@
+//! `check_key` over 100 000 live keys, pacer vs governor's keyed limiter, plus the memory
+//! each stores per key (measured with a counting allocator), in one run.
+//!
+//! `cargo bench --bench keyed`
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+const KEYS: u64 = 100_000;
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards every call to `System`, only counting the bytes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System::alloc`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System::dealloc`'s.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: the caller's contract is `System::realloc`'s.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+type CheckKey = Arc<dyn Fn(&u64) -> bool + Send + Sync>;
+
+/// Builds each contender with all keys present; returns them with their bytes per key.
+fn contenders() -> Vec<(&'static str, CheckKey, f64)> {
+    let measure = |build: &dyn Fn() -> CheckKey| {
+        let before = LIVE.load(Ordering::Relaxed);
+        let check = build();
+        for k in 0..KEYS {
+            check(&k);
+        }
+        let bytes = LIVE.load(Ordering::Relaxed) - before;
+        (check, bytes as f64 / KEYS as f64)
+    };
+    let (pacer, pacer_mem) = measure(&|| {
+        let l =
+            pacer::KeyedLimiter::<u64>::new(pacer::Quota::per_second(1_000_000).with_burst(1_000));
+        Arc::new(move |k: &u64| l.check_key(k).is_ok())
+    });
+    let (governor, governor_mem) = measure(&|| {
+        let q = governor::Quota::per_second(NonZeroU32::new(1_000_000).unwrap())
+            .allow_burst(NonZeroU32::new(1_000).unwrap());
+        let l = governor::RateLimiter::<u64, _, _>::keyed(q);
+        Arc::new(move |k: &u64| l.check_key(k).is_ok())
+    });
+    eprintln!(
+        "memory per key ({KEYS} keys): pacer {pacer_mem:.1} B, governor {governor_mem:.1} B \
+         (ratio {:.2})",
+        pacer_mem / governor_mem
+    );
+    vec![
+        ("pacer", pacer, pacer_mem),
+        ("governor", governor, governor_mem),
+    ]
+}
+
+fn run(check: &CheckKey, threads: usize, iters: u64) -> Duration {
+    let work = move |check: &CheckKey, seed: u64| {
+        let mut x = seed | 1;
+        for _ in 0..iters {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            black_box(check(&(x % KEYS)));
+        }
+    };
+    if threads == 1 {
+        let start = Instant::now();
+        work(check, 0x2545_f491_4f6c_dd1d);
+        return start.elapsed();
+    }
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads as u64)
+        .map(|t| {
+            let (check, barrier) = (check.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                work(&check, 0x9e37_79b9 * (t + 1));
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for h in handles {
+        h.join().unwrap();
+    }
+    start.elapsed() / threads as u32
+}
+
+fn bench(c: &mut Criterion) {
+    let contenders = contenders();
+    for threads in [1, 2] {
+        let mut group = c.benchmark_group(format!("check_key/100k-keys/{threads}-thread"));
+        for (who, check, _) in &contenders {
+            group.bench_function(BenchmarkId::from_parameter(who), |b| {
+                b.iter_custom(|iters| run(check, threads, iters))
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30);
+    targets = bench
+}
+criterion_main!(benches);

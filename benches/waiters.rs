@@ -1,0 +1,197 @@
+//! 20 000 async waiters at 100 000/s (ideal: 200 ms): wall time and process CPU time for
+//! pacer, leaky-bucket and governor on the same job, in one run; then the wake-up lateness
+//! of pacer's timer next to futures-intrusive's (the evaluation in the README).
+//!
+//! `cargo bench --bench waiters`
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+const WAITERS: u32 = 20_000;
+const RATE: u32 = 100_000;
+
+fn cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant libc knows.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+type Waiter = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+fn contender(name: &str) -> Waiter {
+    match name {
+        "pacer" => {
+            let l = Arc::new(pacer::Limiter::new(
+                pacer::Quota::per_second(RATE).with_burst(1),
+            ));
+            Arc::new(move || {
+                let l = l.clone();
+                Box::pin(async move { l.until_ready().await })
+            })
+        }
+        "leaky-bucket" => {
+            // leaky-bucket refills at most once per millisecond (its interval must be at
+            // least 1 ms), so 100 000/s is 100 tokens per millisecond, burst 100.
+            let l = Arc::new(
+                leaky_bucket::RateLimiter::builder()
+                    .max(100)
+                    .initial(1)
+                    .refill(100)
+                    .interval(Duration::from_millis(1))
+                    .build(),
+            );
+            Arc::new(move || {
+                let l = l.clone();
+                Box::pin(async move { l.acquire_one().await })
+            })
+        }
+        "governor" => {
+            let q = governor::Quota::per_second(NonZeroU32::new(RATE).unwrap())
+                .allow_burst(NonZeroU32::MIN);
+            let l = Arc::new(governor::RateLimiter::direct(q));
+            Arc::new(move || {
+                let l = l.clone();
+                Box::pin(async move { l.until_ready().await })
+            })
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// One run: spawn all waiters, wait for the last; returns (wall, process CPU).
+fn run_once(rt: &tokio::runtime::Runtime, waiter: &Waiter) -> (Duration, Duration) {
+    let (cpu0, start) = (cpu_time(), Instant::now());
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..WAITERS).map(|_| tokio::spawn(waiter())).collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    (start.elapsed(), cpu_time() - cpu0)
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("waiters/20k-at-100k-per-s");
+    let mut summary = Vec::new();
+    for who in ["pacer", "leaky-bucket", "governor"] {
+        let (mut wall, mut cpu, mut runs) = (Duration::ZERO, Duration::ZERO, 0u32);
+        group.bench_function(BenchmarkId::from_parameter(who), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let (w, c) = run_once(&rt, &contender(who));
+                    total += w;
+                    wall += w;
+                    cpu += c;
+                    runs += 1;
+                }
+                total
+            })
+        });
+        summary.push((who, wall / runs, cpu / runs));
+    }
+    group.finish();
+    let ideal = Duration::from_secs(1) * (WAITERS - 1) / RATE;
+    eprintln!("\n20k waiters at 100k/s, ideal wall {ideal:?} (mean over all runs):");
+    let pacer_cpu = summary[0].2;
+    for (who, wall, cpu) in &summary {
+        eprintln!(
+            "  {who:<13} wall {:>8.1} ms ({:+.1} % vs ideal)   CPU {:>8.1} ms   CPU vs pacer {:.2}x",
+            wall.as_secs_f64() * 1e3,
+            (wall.as_secs_f64() / ideal.as_secs_f64() - 1.0) * 100.0,
+            cpu.as_secs_f64() * 1e3,
+            cpu.as_secs_f64() / pacer_cpu.as_secs_f64(),
+        );
+    }
+    timer_lateness();
+}
+
+/// How late waiters wake, 200 of them due 100 us apart: pacer's queue and timer versus a
+/// futures-intrusive timer (millisecond clock) driven by its own thread.
+fn timer_lateness() {
+    const N: u32 = 200;
+    const GAP: Duration = Duration::from_micros(100);
+    let report = |who: &str, mut late: Vec<Duration>| {
+        late.sort();
+        let mean = late.iter().sum::<Duration>() / late.len() as u32;
+        eprintln!(
+            "  {who:<18} lateness: mean {:>7.1} us, p50 {:>7.1} us, max {:>7.1} us",
+            mean.as_secs_f64() * 1e6,
+            late[late.len() / 2].as_secs_f64() * 1e6,
+            late[late.len() - 1].as_secs_f64() * 1e6
+        );
+    };
+    eprintln!("\nwake-up lateness, {N} waiters due {GAP:?} apart:");
+
+    // pacer: 10 000/s, burst 1; waiter i is due at i * 100 us after the first booking.
+    let limiter = pacer::Limiter::new(pacer::Quota::per_second(10_000).with_burst(1));
+    let late = futures::executor::block_on(async {
+        let start = Instant::now();
+        let waits: Vec<_> = (0..N)
+            .map(|i| {
+                let limiter = &limiter;
+                async move {
+                    limiter.until_ready().await;
+                    start.elapsed().saturating_sub(GAP * i)
+                }
+            })
+            .collect();
+        futures::future::join_all(waits).await
+    });
+    report("pacer", late);
+
+    // futures-intrusive: its timer service with its std (millisecond) clock.
+    use futures_intrusive::timer::{StdClock, Timer, TimerService};
+    static CLOCK: std::sync::OnceLock<StdClock> = std::sync::OnceLock::new();
+    let clock: &'static StdClock = CLOCK.get_or_init(StdClock::new);
+    let service = Arc::new(TimerService::new(clock));
+    let driver = {
+        let service = service.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + GAP * N + Duration::from_millis(50);
+            while Instant::now() < deadline {
+                service.check_expirations();
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        })
+    };
+    let late = futures::executor::block_on(async {
+        let start = Instant::now();
+        let waits: Vec<_> = (0..N)
+            .map(|i| {
+                let service = &service;
+                async move {
+                    service.delay(GAP * i).await;
+                    start.elapsed().saturating_sub(GAP * i)
+                }
+            })
+            .collect();
+        futures::future::join_all(waits).await
+    });
+    driver.join().unwrap();
+    report("futures-intrusive", late);
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(10);
+    targets = bench
+}
+criterion_main!(benches);

@@ -1,0 +1,310 @@
+//! Fuzz targets' bodies: each checks the real code against an independent reference model.
+//!
+//! Compiled for `cargo fuzz` (`cfg(fuzzing)`) and for unit tests, which run each body on a
+//! few thousand pseudo-random inputs so ordinary CI keeps them compiling and honest.
+//! Any divergence from the model panics, which the fuzzer reports as a finding.
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Waker};
+use core::time::Duration;
+use std::collections::VecDeque;
+
+use crate::clock::ManualClock;
+use crate::{Denied, Limiter, Quota, QuotaError};
+
+/// Reads fixed-size integers off the input, yielding zeros once it runs out.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+
+    fn u64(&mut self) -> u64 {
+        u64::from(self.u32()) | u64::from(self.u32()) << 32
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// A value that is small most of the time and absurd some of the time.
+    fn skewed_u64(&mut self) -> u64 {
+        match self.u8() % 4 {
+            0 => u64::from(self.u8()),
+            1 => u64::from(self.u32() % 1_000_000),
+            2 => u64::from(self.u32()),
+            _ => self.u64(),
+        }
+    }
+
+    fn skewed_u32(&mut self) -> u32 {
+        match self.u8() % 3 {
+            0 => u32::from(self.u8() % 8),
+            1 => u32::from(self.u8()),
+            _ => self.u32(),
+        }
+    }
+}
+
+/// The spec's formula in `u128`, with the documented edge: a TAT past `u64::MAX` ns is
+/// never admitted (wait `u64::MAX`).
+struct Model {
+    t: u128,
+    b: u128,
+    tat: u128,
+}
+
+impl Model {
+    fn check_n(&mut self, now: u128, n: u32) -> Result<(), Option<u128>> {
+        let n = u128::from(n);
+        if n > self.b {
+            return Err(None);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let base = self.tat.max(now);
+        if base + n * self.t - now <= self.b * self.t {
+            if base + n * self.t > u128::from(u64::MAX) {
+                return Err(Some(u128::from(u64::MAX)));
+            }
+            self.tat = base + n * self.t;
+            Ok(())
+        } else {
+            Err(Some(self.tat - (self.b - n) * self.t - now))
+        }
+    }
+
+    fn remaining(&self, now: u128) -> u128 {
+        let backlog = self.tat.max(now) - now;
+        (self.b * self.t).saturating_sub(backlog) / self.t
+    }
+}
+
+fn quota_from(bytes: &mut Bytes<'_>) -> Option<Quota> {
+    let count = bytes.skewed_u32();
+    let period = Duration::from_nanos(bytes.skewed_u64());
+    let burst = bytes.skewed_u32();
+    Quota::try_new(count, period)
+        .ok()?
+        .try_with_burst(burst)
+        .ok()
+}
+
+/// Random op sequences on a limiter against the `u128` reference model.
+pub fn limiter_matches_model(data: &[u8]) {
+    let mut bytes = Bytes(data);
+    let Some(quota) = quota_from(&mut bytes) else {
+        return;
+    };
+    let clock = ManualClock::new();
+    let limiter = Limiter::with_clock(quota, clock.clone());
+    let mut model = Model {
+        t: quota.emission_interval().as_nanos(),
+        b: u128::from(quota.burst()),
+        tat: 0,
+    };
+    let mut now = 0u128;
+    while !bytes.is_empty() {
+        match bytes.u8() % 4 {
+            0 => {
+                let d = bytes.skewed_u64();
+                clock.advance(Duration::from_nanos(d));
+                now = (now + u128::from(d)).min(u128::from(u64::MAX));
+            }
+            1 => {
+                let real = limiter.check().map_err(|e| Some(e.wait_time().as_nanos()));
+                assert_eq!(real, model.check_n(now, 1), "check at {now}");
+            }
+            2 => {
+                let n = bytes.skewed_u32();
+                let real = limiter.check_n(n).map_err(|e| match e {
+                    Denied::NotUntil(e) => Some(e.wait_time().as_nanos()),
+                    Denied::InsufficientCapacity(_) => None,
+                });
+                assert_eq!(real, model.check_n(now, n), "check_n({n}) at {now}");
+            }
+            _ => {}
+        }
+        assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
+    }
+}
+
+/// Random book / cancel / advance sequences on the waiter queue against a `VecDeque` model
+/// of booked instants.
+pub fn waiters_match_model(data: &[u8]) {
+    let mut bytes = Bytes(data);
+    let t = 1 + u64::from(bytes.u8() % 16);
+    let burst = 1 + u32::from(bytes.u8() % 4);
+    let quota = match Quota::try_new(1, Duration::from_nanos(t)) {
+        Ok(q) => q.with_burst(burst),
+        Err(_) => return,
+    };
+    let (t, tau) = (u128::from(t), u128::from(t) * u128::from(burst));
+    let clock = ManualClock::new();
+    let limiter = Limiter::with_clock(quota, clock.clone());
+    let mut cx = Context::from_waker(Waker::noop());
+    type Waiting<'a> = Pin<Box<dyn Future<Output = Result<(), Denied>> + 'a>>;
+    // Real futures, and the model's queue of (id, instant, cost).
+    let mut futures: Vec<(u32, Waiting<'_>)> = Vec::new();
+    let mut queue: VecDeque<(u32, u128, u128)> = VecDeque::new();
+    let mut tat = 0u128;
+    let mut now = 0u128;
+    for id in 0..200u32 {
+        if bytes.is_empty() {
+            break;
+        }
+        match bytes.u8() % 4 {
+            0 | 1 => {
+                let n = 1 + u32::from(bytes.u8()) % burst;
+                let mut f: Waiting<'_> = Box::pin(limiter.until_n_ready_within(n, Duration::MAX));
+                let ready = f.as_mut().poll(&mut cx).is_ready();
+                let cost = u128::from(n) * t;
+                tat = tat.max(now) + cost;
+                let instant = tat.saturating_sub(tau);
+                assert_eq!(ready, instant <= now, "booking {id}");
+                if !ready {
+                    futures.push((id, f));
+                    queue.push_back((id, instant, cost));
+                }
+            }
+            2 if !futures.is_empty() => {
+                let i = usize::from(bytes.u8()) % futures.len();
+                let (id, f) = futures.remove(i);
+                drop(f);
+                let pos = queue.iter().position(|w| w.0 == id);
+                if let Some(pos) = pos {
+                    let (_, instant, cost) = queue[pos];
+                    queue.remove(pos);
+                    if instant > now {
+                        tat -= cost;
+                        for w in queue.iter_mut().skip(pos) {
+                            w.1 = w.1.saturating_sub(cost);
+                        }
+                    }
+                }
+                // Moving up can make the new front due at once.
+                pop_due(&mut queue, now);
+            }
+            _ => {
+                let d = u128::from(bytes.u8()) * t / 4;
+                clock.advance(Duration::from_nanos(d as u64));
+                now += d;
+                pop_due(&mut queue, now);
+            }
+        }
+        // Fired futures are exactly those the model popped, and the queue's next deadline
+        // and the cell's room agree with the model.
+        futures.retain_mut(|(id, f)| {
+            let ready = f.as_mut().poll(&mut cx).is_ready();
+            assert_eq!(ready, !queue.iter().any(|w| w.0 == *id), "waiter {id}");
+            !ready
+        });
+        assert_eq!(
+            limiter.next_deadline().map(u128::from),
+            queue.front().map(|w| w.1)
+        );
+        let model_room = (tau.saturating_sub(tat.max(now) - now)) / t;
+        assert_eq!(u128::from(limiter.remaining()), model_room);
+    }
+}
+
+fn pop_due(queue: &mut VecDeque<(u32, u128, u128)>, now: u128) {
+    while queue.front().is_some_and(|w| w.1 <= now) {
+        queue.pop_front();
+    }
+}
+
+/// Quota construction from arbitrary inputs never panics through the fallible API, and
+/// errs exactly when the inputs are out of range.
+pub fn quota_construction(data: &[u8]) {
+    let mut bytes = Bytes(data);
+    let count = bytes.skewed_u32();
+    let secs = bytes.skewed_u64();
+    let nanos = bytes.u32() % 1_000_000_000;
+    let burst = bytes.skewed_u32();
+    let period = Duration::new(secs, nanos);
+    let result = Quota::try_new(count, period);
+    let p = period.as_nanos();
+    let expected = if count == 0 {
+        Err(QuotaError::ZeroCount)
+    } else if p == 0 {
+        Err(QuotaError::ZeroPeriod)
+    } else if p / u128::from(count) == 0 {
+        Err(QuotaError::IntervalTooShort)
+    } else if p / u128::from(count) > u128::from(u64::MAX) {
+        Err(QuotaError::IntervalTooLong)
+    } else if p / u128::from(count) * u128::from(count) > u128::from(u64::MAX) {
+        Err(QuotaError::BurstTooLarge)
+    } else {
+        Ok(())
+    };
+    assert_eq!(result.map(drop), expected);
+    if let Ok(q) = result {
+        assert_eq!(q.emission_interval().as_nanos(), p / u128::from(count));
+        assert_eq!(q.burst(), count);
+        let with = q.try_with_burst(burst);
+        let tau = q.emission_interval().as_nanos() * u128::from(burst);
+        match with {
+            Ok(w) => {
+                assert!(burst > 0 && tau <= u128::from(u64::MAX));
+                assert_eq!(
+                    (w.burst(), w.emission_interval()),
+                    (burst, q.emission_interval())
+                );
+            }
+            Err(QuotaError::ZeroBurst) => assert_eq!(burst, 0),
+            Err(QuotaError::BurstTooLarge) => assert!(tau > u128::from(u64::MAX)),
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    if count > 0 {
+        for q in [
+            Quota::per_second(count),
+            Quota::per_minute(count),
+            Quota::per_hour(count),
+        ] {
+            assert!(q.emission_interval() >= Duration::from_nanos(1));
+            assert_eq!(q.burst(), count);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// xorshift: reproducible inputs without a dependency.
+    fn inputs(seed: u64, count: usize, len: usize) -> impl Iterator<Item = Vec<u8>> {
+        let mut x = seed;
+        (0..count).map(move |_| {
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        })
+    }
+
+    #[test]
+    fn fuzz_bodies_run_clean_on_pseudo_random_inputs() {
+        for data in inputs(0x9e37_79b9_7f4a_7c15, 3_000, 256) {
+            super::limiter_matches_model(&data);
+            super::waiters_match_model(&data);
+            super::quota_construction(&data);
+        }
+    }
+}
