@@ -118,7 +118,13 @@ impl<K> Shard<K> {
     }
 
     /// Forgets every key whose TAT is at or before `now`; returns the earliest TAT left.
-    fn sweep(&mut self, now: u64) -> Option<u64> {
+    ///
+    /// Shrinking rehashes the survivors, so it needs the map's real hasher: with any other
+    /// hash they would no longer be found, and a limited key would come back as new.
+    fn sweep(&mut self, now: u64, hasher: &DefaultHashBuilder) -> Option<u64>
+    where
+        K: Hash,
+    {
         let mut earliest = None::<u64>;
         self.table.retain(|(_, cell)| {
             let tat = cell.tat();
@@ -128,7 +134,8 @@ impl<K> Shard<K> {
             }
             keep
         });
-        self.table.shrink_to(self.table.len() * 2, |_| 0);
+        self.table
+            .shrink_to(self.table.len() * 2, |(k, _)| hasher.hash_one(k));
         self.swept_len = self.table.len();
         earliest
     }
@@ -274,14 +281,14 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
                 if now < shard.full_until {
                     return Err(shard.full_until - now);
                 }
-                if let Some(earliest) = shard.sweep(now) {
+                if let Some(earliest) = shard.sweep(now, &self.hasher) {
                     if shard.table.len() >= self.shard_cap {
                         shard.full_until = earliest;
                         return Err(earliest - now);
                     }
                 }
             } else if len >= MIN_SWEEP_LEN && len >= 2 * shard.swept_len {
-                shard.sweep(now);
+                shard.sweep(now, &self.hasher);
             }
             let hasher = &self.hasher;
             shard
@@ -502,7 +509,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         let now = self.now();
         for shard in self.shards.iter() {
             let mut shard = shard.write();
-            shard.sweep(now);
+            shard.sweep(now, &self.hasher);
             shard.full_until = 0;
         }
         self.waiters.lock().clean();

@@ -66,11 +66,11 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(
         prop_oneof![
             3 => (0u64..400_000_000).prop_map(Op::Advance),
-            5 => (0u8..8).prop_map(Op::Check),
-            3 => (0u8..8, 0u32..6).prop_map(|(k, n)| Op::CheckN(k, n)),
-            2 => Just(Op::Retain),
+            5 => (0u8..200).prop_map(Op::Check),
+            3 => (0u8..200, 0u32..6).prop_map(|(k, n)| Op::CheckN(k, n)),
+            1 => Just(Op::Retain),
         ],
-        1..300,
+        1..600,
     )
 }
 
@@ -85,7 +85,7 @@ proptest! {
         let clock = ManualClock::new();
         let evicting = KeyedLimiter::with_clock(quota(4), clock.clone());
         let keeping = KeyedLimiter::with_clock(quota(4), clock.clone());
-        let singles: Vec<_> = (0..8).map(|_| Limiter::with_clock(quota(4), clock.clone())).collect();
+        let singles: Vec<_> = (0..200).map(|_| Limiter::with_clock(quota(4), clock.clone())).collect();
         for op in ops {
             match op {
                 Op::Advance(d) => clock.advance(Duration::from_nanos(d)),
@@ -234,4 +234,51 @@ fn a_cancelled_keyed_waiter_gives_its_cell_back() {
     assert_eq!(keyed.check_key(&7).unwrap_err().wait_time(), before + T);
     drop(f);
     assert_eq!(keyed.check_key(&7).unwrap_err().wait_time(), before);
+}
+
+#[test]
+fn limited_keys_stay_limited_across_automatic_sweeps_that_shrink_the_table() {
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(quota(1), clock.clone());
+    for k in 0..20_000u64 {
+        keyed.check_key(&k).unwrap();
+    }
+    clock.advance(T);
+    // Keys 0..100 are limited again; the other 19 900 are replenished (forgettable).
+    for k in 0..100u64 {
+        keyed.check_key(&k).unwrap();
+    }
+    // New keys make the shards sweep and shrink, rehashing the survivors.
+    for k in 1_000_000..1_040_000u64 {
+        keyed.check_key(&k).unwrap();
+    }
+    assert!(keyed.len() < 60_000, "the sweep ran");
+    for k in 0..100u64 {
+        assert!(
+            keyed.check_key(&k).is_err(),
+            "key {k} lost its state in a sweep"
+        );
+    }
+}
+
+#[test]
+fn limited_keys_stay_limited_when_retain_recent_shrinks_the_table() {
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(quota(1), clock.clone());
+    for k in 0..20_000u64 {
+        keyed.check_key(&k).unwrap();
+    }
+    clock.advance(T);
+    for k in 0..10u64 {
+        keyed.check_key(&k).unwrap();
+    }
+    keyed.retain_recent();
+    assert_eq!(keyed.len(), 10);
+    for k in 0..10u64 {
+        assert!(
+            keyed.check_key(&k).is_err(),
+            "key {k} lost its state in a sweep"
+        );
+    }
+    assert_eq!(keyed.len(), 10);
 }
