@@ -133,8 +133,8 @@ criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(30);
+        .measurement_time(Duration::from_secs(4))
+        .sample_size(40);
     targets = bench
 }
 criterion_main!(benches);

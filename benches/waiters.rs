@@ -125,16 +125,22 @@ fn bench(c: &mut Criterion) {
 fn timer_lateness() {
     const N: u32 = 200;
     const GAP: Duration = Duration::from_micros(100);
-    let report = |who: &str, mut late: Vec<Duration>| {
-        late.sort();
-        let mean = late.iter().sum::<Duration>() / late.len() as u32;
+    // Lateness in microseconds, negative when a waiter finished before its instant.
+    let report = |who: &str, mut late: Vec<f64>| {
+        late.sort_by(f64::total_cmp);
+        let mean = late.iter().sum::<f64>() / late.len() as f64;
+        let early = late.iter().filter(|l| **l < 0.0).count();
         eprintln!(
-            "  {who:<18} lateness: mean {:>7.1} us, p50 {:>7.1} us, max {:>7.1} us",
-            mean.as_secs_f64() * 1e6,
-            late[late.len() / 2].as_secs_f64() * 1e6,
-            late[late.len() - 1].as_secs_f64() * 1e6
+            "  {who:<18} lateness: mean {mean:>7.1} us, p50 {:>7.1} us, max {:>7.1} us, \
+             early: {early} of {} (worst {:.1} us early)",
+            late[late.len() / 2],
+            late[late.len() - 1],
+            late.len(),
+            -late[0].min(0.0),
         );
     };
+    let signed =
+        |finished: Duration, due: Duration| finished.as_secs_f64() * 1e6 - due.as_secs_f64() * 1e6;
     eprintln!("\nwake-up lateness, {N} waiters due {GAP:?} apart:");
 
     // pacer: 10 000/s, burst 1; waiter i is due at i * 100 us after the first booking.
@@ -146,7 +152,7 @@ fn timer_lateness() {
                 let limiter = &limiter;
                 async move {
                     limiter.until_ready().await;
-                    start.elapsed().saturating_sub(GAP * i)
+                    signed(start.elapsed(), GAP * i)
                 }
             })
             .collect();
@@ -176,7 +182,7 @@ fn timer_lateness() {
                 let service = &service;
                 async move {
                     service.delay(GAP * i).await;
-                    start.elapsed().saturating_sub(GAP * i)
+                    signed(start.elapsed(), GAP * i)
                 }
             })
             .collect();

@@ -28,6 +28,10 @@ impl WakeList {
         }
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     pub(crate) fn is_full(&self) -> bool {
         self.len == Self::CAPACITY
     }
