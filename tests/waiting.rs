@@ -472,3 +472,23 @@ fn realtime_async_waiters_are_not_starved_by_a_thread_hammering_check() {
     // The hammer and the waiters share one quota: together at most burst + span / T.
     assert!(hammered + 50 <= 1 + span.as_millis() as u64 + 1);
 }
+
+#[test]
+fn realtime_coarse_clock_paces_checks_and_waiters_never_early() {
+    use pacer::clock::CoarseClock;
+    let clock = CoarseClock::with_resolution(Duration::from_millis(1));
+    let limiter = Limiter::with_clock(Quota::per_second(500).with_burst(1), clock);
+    let start = Instant::now();
+    futures::executor::block_on(async {
+        for _ in 0..WAITERS {
+            limiter.until_ready().await;
+        }
+    });
+    // A lagging clock is only stricter: never early, and late by about a resolution.
+    assert_paced(start.elapsed(), "coarse clock, async");
+    let start = Instant::now();
+    for _ in 0..10 {
+        limiter.wait();
+    }
+    assert!(start.elapsed() >= Duration::from_millis(18), "coarse clock, blocking");
+}

@@ -1,14 +1,19 @@
-//! Time sources: the [`Clock`] trait, the default [`DefaultClock`] and [`ManualClock`] for tests.
+//! Time sources: the [`Clock`] trait, the default [`DefaultClock`], the faster but coarser
+//! [`CoarseClock`], and [`ManualClock`] for tests.
 //!
 //! A limiter reads time only through its clock, and asks the clock to wake it when its next
 //! waiter is due ([`Clock::wake_at`]). That second method is how an embedding runtime can
 //! drive pacer's waiters from its own timer: implement `Clock` over the runtime's time and
 //! schedule the given waker there.
 
+#[cfg(not(loom))]
+mod coarse;
 mod manual;
 #[cfg(not(loom))]
 mod timer;
 
+#[cfg(not(loom))]
+pub use coarse::CoarseClock;
 pub use manual::ManualClock;
 
 use core::task::Waker;

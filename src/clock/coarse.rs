@@ -1,0 +1,124 @@
+//! A clock that trades precision for speed: one relaxed load per reading.
+
+use core::task::Waker;
+use core::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use crossbeam_utils::CachePadded;
+
+use super::{timer, Clock, DefaultClock};
+
+/// A clock read from a shared word that an upkeep thread refreshes from [`DefaultClock`]
+/// every `resolution`.
+///
+/// Reading it is one relaxed load, so `check()` skips the TSC read that dominates its
+/// cost. The trade-off: readings lag real time by up to one `resolution` (more if the
+/// upkeep thread is descheduled). A lagging clock only makes the limiter *stricter*: cells
+/// are admitted up to one resolution late, never early, and waits are overestimated by as
+/// much. Use it when the resolution is small against the quota's emission interval (e.g. a
+/// 1 ms resolution for 100 requests per second). Async waiters are woken up to about one
+/// resolution after their instant.
+///
+/// Each `CoarseClock::with_resolution` starts one thread (`pacer-coarse-clock`); clones
+/// share it, and it exits once every clone is dropped. This module uses `std` atomics
+/// directly: it is a real OS thread that loom cannot model, and loom builds leave it out.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::{clock::CoarseClock, Limiter, Quota};
+/// use std::time::Duration;
+///
+/// let clock = CoarseClock::with_resolution(Duration::from_millis(1));
+/// let limiter = Limiter::with_clock(Quota::per_second(100), clock);
+/// assert!(limiter.check().is_ok());
+/// ```
+#[derive(Clone, Debug)]
+pub struct CoarseClock {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// The latest default-clock reading.
+    now: CachePadded<AtomicU64>,
+    /// The refresh period in nanoseconds.
+    resolution: u64,
+}
+
+impl CoarseClock {
+    /// The finest resolution accepted; finer ones are raised to it.
+    pub const MIN_RESOLUTION: Duration = Duration::from_micros(10);
+    /// The coarsest resolution accepted; coarser ones are lowered to it.
+    pub const MAX_RESOLUTION: Duration = Duration::from_secs(1);
+
+    /// A coarse clock refreshed every `resolution`, clamped to
+    /// [`MIN_RESOLUTION`](Self::MIN_RESOLUTION)..=[`MAX_RESOLUTION`](Self::MAX_RESOLUTION).
+    ///
+    /// # Panics
+    ///
+    /// If the upkeep thread cannot be spawned.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::clock::{Clock, CoarseClock};
+    /// use std::time::Duration;
+    /// let clock = CoarseClock::with_resolution(Duration::ZERO); // raised to 10 us
+    /// assert_eq!(clock.resolution(), Duration::from_micros(10));
+    /// ```
+    pub fn with_resolution(resolution: Duration) -> CoarseClock {
+        let resolution = resolution.clamp(Self::MIN_RESOLUTION, Self::MAX_RESOLUTION);
+        let shared = Arc::new(Shared {
+            now: CachePadded::new(AtomicU64::new(DefaultClock::default().now())),
+            resolution: resolution.as_nanos() as u64,
+        });
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("pacer-coarse-clock".into())
+            .spawn(move || upkeep(weak, resolution))
+            .expect("pacer: cannot spawn the coarse clock's upkeep thread");
+        CoarseClock { shared }
+    }
+
+    /// How often the reading is refreshed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use pacer::clock::CoarseClock; use std::time::Duration;
+    /// let clock = CoarseClock::with_resolution(Duration::from_millis(2));
+    /// assert_eq!(clock.resolution(), Duration::from_millis(2));
+    /// ```
+    pub fn resolution(&self) -> Duration {
+        Duration::from_nanos(self.shared.resolution)
+    }
+}
+
+fn upkeep(shared: Weak<Shared>, resolution: Duration) {
+    let clock = DefaultClock::default();
+    loop {
+        std::thread::sleep(resolution);
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        // Relaxed: one word that publishes nothing else; readers only need some recent
+        // value, and the store is visible to them promptly in practice.
+        shared.now.store(clock.now(), Ordering::Relaxed);
+    }
+}
+
+impl Clock for CoarseClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        // Relaxed: see `upkeep`.
+        self.shared.now.load(Ordering::Relaxed)
+    }
+
+    fn wake_at(&self, at: u64, waker: Waker) {
+        // The reading lags the default clock (whose timer serves us) by up to a
+        // resolution: wake then, so the waiters find their instant has come.
+        timer::wake_at(at.saturating_add(self.shared.resolution), waker);
+    }
+}
