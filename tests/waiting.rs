@@ -490,5 +490,8 @@ fn realtime_coarse_clock_paces_checks_and_waiters_never_early() {
     for _ in 0..10 {
         limiter.wait();
     }
-    assert!(start.elapsed() >= Duration::from_millis(18), "coarse clock, blocking");
+    assert!(
+        start.elapsed() >= Duration::from_millis(18),
+        "coarse clock, blocking"
+    );
 }
