@@ -63,3 +63,21 @@ fn mixed_weights_never_exceed_the_burst() {
         );
     }
 }
+
+#[test]
+fn limiters_errors_and_futures_are_send_and_sync_where_promised() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    let limiter = Limiter::new(Quota::per_second(1));
+    let keyed = pacer::KeyedLimiter::<String>::new(Quota::per_second(1));
+    send_sync(&limiter);
+    send_sync(&keyed);
+    send_sync(&Limiter::with_clock(
+        Quota::per_second(1),
+        ManualClock::new(),
+    ));
+    send(&limiter.until_ready());
+    send(&limiter.until_n_ready(1));
+    send(&limiter.until_ready_within(std::time::Duration::ZERO));
+    send(&keyed.until_key_ready(&"k".to_string()));
+}

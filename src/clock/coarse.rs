@@ -117,8 +117,15 @@ impl Clock for CoarseClock {
     }
 
     fn wake_at(&self, at: u64, waker: Waker) {
-        // The reading lags the default clock (whose timer serves us) by up to a
-        // resolution: wake then, so the waiters find their instant has come.
-        timer::wake_at(at.saturating_add(self.shared.resolution), waker);
+        // Wake on this thread only when *our* reading has reached `at`: the queue judges
+        // "due" by our reading, so waking it earlier would find nothing due and re-arm,
+        // over and over. Otherwise the default clock's timer thread wakes it a resolution
+        // after `at` (when our lagging reading should have caught up); if the upkeep thread
+        // is late, the queue re-arms and the timer's gap between rounds spaces the retries.
+        if at <= self.now() {
+            waker.wake();
+        } else {
+            timer::schedule(at.saturating_add(self.shared.resolution), waker);
+        }
     }
 }

@@ -55,9 +55,11 @@ pub trait Clock: Clone + Send + Sync + 'static {
 
     /// Arranges for `waker` to be woken once [`Clock::now`] has reached `at`.
     ///
-    /// Waking early is harmless (pacer re-reads the time and asks again); waking late delays
-    /// waiters by as much. A clock that never wakes leaves async waiters to be driven by
-    /// `Limiter::fire_due`.
+    /// Waking early is harmless (pacer re-reads the time and asks again), but must not happen
+    /// *on the calling thread* unless [`Clock::now`] has reached `at`: pacer calls this from
+    /// inside its own wake-up path, so a synchronous early wake would recurse. Waking late
+    /// delays waiters by as much. A clock that never wakes leaves async waiters to be driven
+    /// by `Limiter::fire_due`.
     fn wake_at(&self, at: u64, waker: Waker);
 }
 

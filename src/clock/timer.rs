@@ -79,12 +79,18 @@ fn timer() -> &'static Timer {
     })
 }
 
-/// Wakes `waker` once the default clock reads at least `at`.
+/// Wakes `waker` once the default clock reads at least `at`: at once if it already does.
 pub(super) fn wake_at(at: u64, waker: Waker) {
     if at <= DefaultClock::default().now() {
         waker.wake();
         return;
     }
+    schedule(at, waker);
+}
+
+/// Hands `waker` to the timer thread for `at`, never waking it on the calling thread, even
+/// if `at` has passed (then the thread wakes it in its next round).
+pub(super) fn schedule(at: u64, waker: Waker) {
     let timer = timer();
     let earliest = {
         let mut heap = timer.heap.lock().unwrap_or_else(PoisonError::into_inner);

@@ -161,7 +161,7 @@ impl<C: Clock> Wake for Fire<C> {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if let Some(waiters) = self.0.upgrade() {
-            waiters.fire_due();
+            waiters.fire(true);
         }
     }
 }
@@ -324,14 +324,24 @@ impl<C: Clock> Waiters<C> {
     /// Fires every waiter whose instant has come, in queue order, and re-arms the timer for
     /// the next one.
     pub(crate) fn fire_due(&self) {
+        self.fire(false);
+    }
+
+    /// [`Waiters::fire_due`]; `from_clock` when the clock delivered the wake-up we asked for.
+    fn fire(&self, from_clock: bool) {
         let mut due = WakeList::new();
+        let mut from_clock = from_clock;
         loop {
             let now = self.now();
             let (arm, more) = {
                 let mut state = self.state.lock();
-                if state.armed.is_some_and(|armed| armed <= now) {
-                    // That wake-up has come (or is about to and will find nothing).
+                if from_clock || state.armed.is_some_and(|armed| armed <= now) {
+                    // The wake-up we asked for has come, or is due and will find nothing.
+                    // A clock may deliver it early by its own reading (a coarse clock lags
+                    // the timer that serves it): forgetting it here makes `arm_front` ask
+                    // again, instead of waiting for a wake-up that was already spent.
                     state.armed = None;
+                    from_clock = false;
                 }
                 while !due.is_full() {
                     let Some(front) = state.list.front() else {
