@@ -12,10 +12,12 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+mod common;
 use crossbeam_utils::CachePadded;
 
 type Check = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -115,37 +117,6 @@ fn contenders(allowed: bool) -> Vec<(&'static str, Check)> {
     v
 }
 
-/// Runs `check` `iters` times on each of `threads` threads at once; returns the wall time
-/// divided by `threads`, i.e. the time per check of the whole group (lower is better,
-/// and a ratio between two contenders is a throughput ratio).
-fn run_threads(check: &Check, threads: usize, iters: u64) -> Duration {
-    if threads == 1 {
-        let start = Instant::now();
-        for _ in 0..iters {
-            black_box(check());
-        }
-        return start.elapsed();
-    }
-    let barrier = Arc::new(Barrier::new(threads + 1));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let (check, barrier) = (check.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                barrier.wait();
-                for _ in 0..iters {
-                    black_box(check());
-                }
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    for h in handles {
-        h.join().unwrap();
-    }
-    start.elapsed() / threads as u32
-}
-
 fn thread_counts() -> Vec<usize> {
     let mut counts = vec![1, 2];
     if let Ok(extra) = std::env::var("PACER_BENCH_THREADS") {
@@ -164,7 +135,14 @@ fn bench(c: &mut Criterion) {
             let mut group = c.benchmark_group(format!("check/{name}/{threads}-thread"));
             for (who, check) in contenders(allowed) {
                 group.bench_function(BenchmarkId::from_parameter(who), |b| {
-                    b.iter_custom(|iters| run_threads(&check, threads, iters))
+                    b.iter_custom(|iters| {
+                        let check = check.clone();
+                        common::per_op_across_threads(threads, move |_| {
+                            for _ in 0..iters {
+                                black_box(check());
+                            }
+                        })
+                    })
                 });
             }
             group.finish();

@@ -7,10 +7,12 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicIsize, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+mod common;
 
 const KEYS: u64 = 100_000;
 
@@ -83,37 +85,18 @@ fn contenders() -> Vec<(&'static str, CheckKey, f64)> {
     ]
 }
 
+/// `iters` checks per thread of pseudo-random keys, a different sequence on each thread.
 fn run(check: &CheckKey, threads: usize, iters: u64) -> Duration {
-    let work = move |check: &CheckKey, seed: u64| {
-        let mut x = seed | 1;
+    let check = check.clone();
+    common::per_op_across_threads(threads, move |t| {
+        let mut x = 0x2545_f491_4f6c_dd1d ^ (0x9e37_79b9 * t as u64);
         for _ in 0..iters {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             black_box(check(&(x % KEYS)));
         }
-    };
-    if threads == 1 {
-        let start = Instant::now();
-        work(check, 0x2545_f491_4f6c_dd1d);
-        return start.elapsed();
-    }
-    let barrier = Arc::new(Barrier::new(threads + 1));
-    let handles: Vec<_> = (0..threads as u64)
-        .map(|t| {
-            let (check, barrier) = (check.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                barrier.wait();
-                work(&check, 0x9e37_79b9 * (t + 1));
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    for h in handles {
-        h.join().unwrap();
-    }
-    start.elapsed() / threads as u32
+    })
 }
 
 fn bench(c: &mut Criterion) {

@@ -1,0 +1,36 @@
+//! What the benches share: running one workload on several threads at once.
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// Runs `work(thread_index)` on each of `threads` threads at once (on this thread when
+/// `threads` is 1) and returns the wall time divided by `threads`: the time per operation
+/// of the whole group when each `work` does the same number of operations. Lower is
+/// better, and a ratio between two contenders is a throughput ratio.
+pub(crate) fn per_op_across_threads<W>(threads: usize, work: W) -> Duration
+where
+    W: Fn(usize) + Send + Sync + 'static,
+{
+    if threads == 1 {
+        let start = Instant::now();
+        work(0);
+        return start.elapsed();
+    }
+    let work = Arc::new(work);
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (work, barrier) = (work.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                work(t);
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for h in handles {
+        h.join().unwrap();
+    }
+    start.elapsed() / threads as u32
+}
