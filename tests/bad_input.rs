@@ -29,6 +29,9 @@ fn fallible_constructors_name_the_problem() {
         Quota::per_second(1).try_with_burst(0),
         Err(QuotaError::ZeroBurst)
     );
+    let longest = Quota::try_new(1, Duration::from_nanos(u64::MAX)).unwrap();
+    assert_eq!(longest.try_with_burst(1), Ok(longest));
+    assert_eq!(longest.try_with_burst(2), Err(QuotaError::BurstTooLarge));
     let err: Box<dyn std::error::Error + Send + Sync> = Box::new(QuotaError::ZeroBurst);
     assert!(err.to_string().contains("burst"));
 }
