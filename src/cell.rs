@@ -34,12 +34,8 @@ pub(crate) struct Cell {
 impl Cell {
     /// A fresh cell: TAT 0, so a full burst is admissible at once.
     pub(crate) fn new() -> Cell {
-        Cell::with_tat(0)
-    }
-
-    pub(crate) fn with_tat(tat: u64) -> Cell {
         Cell {
-            tat: AtomicU64::new(tat),
+            tat: AtomicU64::new(0),
         }
     }
 

@@ -382,7 +382,6 @@ impl<C: Clock> Waiters<C> {
     }
 
     /// Whether no waiter is linked.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn is_empty(&self) -> bool {
         self.state.lock().list.is_empty()
     }
