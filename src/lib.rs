@@ -72,6 +72,7 @@ struct ReadmeDoctests;
 #[doc(hidden)]
 pub mod __loom {
     /// The atomic cell, exactly as the limiters use it.
+    #[derive(Debug, Default)]
     pub struct Cell(crate::cell::Cell);
 
     impl Cell {
