@@ -11,6 +11,7 @@ use core::time::Duration;
 use std::collections::VecDeque;
 
 use crate::clock::ManualClock;
+use crate::reference_model::{Model, Outcome};
 use crate::{Denied, Limiter, Quota, QuotaError};
 
 /// Reads fixed-size integers off the input, yielding zeros once it runs out.
@@ -58,41 +59,6 @@ impl Bytes<'_> {
     }
 }
 
-/// The spec's formula in `u128`, with the documented edge: a TAT past `u64::MAX` ns is
-/// never admitted (wait `u64::MAX`).
-struct Model {
-    t: u128,
-    b: u128,
-    tat: u128,
-}
-
-impl Model {
-    fn check_n(&mut self, now: u128, n: u32) -> Result<(), Option<u128>> {
-        let n = u128::from(n);
-        if n > self.b {
-            return Err(None);
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let base = self.tat.max(now);
-        if base + n * self.t - now <= self.b * self.t {
-            if base + n * self.t > u128::from(u64::MAX) {
-                return Err(Some(u128::from(u64::MAX)));
-            }
-            self.tat = base + n * self.t;
-            Ok(())
-        } else {
-            Err(Some(self.tat - (self.b - n) * self.t - now))
-        }
-    }
-
-    fn remaining(&self, now: u128) -> u128 {
-        let backlog = self.tat.max(now) - now;
-        (self.b * self.t).saturating_sub(backlog) / self.t
-    }
-}
-
 fn quota_from(bytes: &mut Bytes<'_>) -> Option<Quota> {
     let count = bytes.skewed_u32();
     let period = Duration::from_nanos(bytes.skewed_u64());
@@ -111,11 +77,7 @@ pub fn limiter_matches_model(data: &[u8]) {
     };
     let clock = ManualClock::new();
     let limiter = Limiter::with_clock(quota, clock.clone());
-    let mut model = Model {
-        t: quota.emission_interval().as_nanos(),
-        b: u128::from(quota.burst()),
-        tat: 0,
-    };
+    let mut model = Model::new(quota);
     let mut now = 0u128;
     while !bytes.is_empty() {
         match bytes.u8() % 4 {
@@ -125,15 +87,12 @@ pub fn limiter_matches_model(data: &[u8]) {
                 now = (now + u128::from(d)).min(u128::from(u64::MAX));
             }
             1 => {
-                let real = limiter.check().map_err(|e| Some(e.wait_time().as_nanos()));
+                let real = Outcome::of(limiter.check().map_err(Denied::from));
                 assert_eq!(real, model.check_n(now, 1), "check at {now}");
             }
             2 => {
                 let n = bytes.skewed_u32();
-                let real = limiter.check_n(n).map_err(|e| match e {
-                    Denied::NotUntil(e) => Some(e.wait_time().as_nanos()),
-                    Denied::InsufficientCapacity(_) => None,
-                });
+                let real = Outcome::of(limiter.check_n(n));
                 assert_eq!(real, model.check_n(now, n), "check_n({n}) at {now}");
             }
             _ => {}

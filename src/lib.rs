@@ -52,6 +52,8 @@ mod gcra;
 mod keyed;
 mod limiter;
 mod quota;
+#[cfg(any(fuzzing, test))]
+mod reference_model;
 mod sync;
 mod wait;
 mod wake_list;

@@ -39,6 +39,8 @@ use crate::wait::queue::Waiters;
 pub struct Limiter<C: Clock = DefaultClock> {
     cell: CachePadded<Cell>,
     params: Params,
+    /// The same clock and origin as `waiters` holds: kept here too so that `check()` reads
+    /// them without following the `Arc`.
     clock: C,
     /// The clock reading that is limiter time 0.
     origin: u64,

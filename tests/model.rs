@@ -11,53 +11,11 @@ use pacer::clock::ManualClock;
 use pacer::{Denied, Limiter, Quota};
 use proptest::prelude::*;
 
-#[derive(Debug)]
-struct Model {
-    t: u128,
-    b: u128,
-    tat: u128,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Outcome {
-    Admitted,
-    Wait(u128),
-    Never,
-}
-
-impl Model {
-    fn check_n(&mut self, now: u128, n: u32) -> Outcome {
-        let n = u128::from(n);
-        if n > self.b {
-            return Outcome::Never;
-        }
-        if n == 0 {
-            return Outcome::Admitted;
-        }
-        let base = self.tat.max(now);
-        if base + n * self.t - now <= self.b * self.t {
-            self.tat = base + n * self.t;
-            Outcome::Admitted
-        } else {
-            Outcome::Wait(self.tat - (self.b - n) * self.t - now)
-        }
-    }
-
-    fn remaining(&self, now: u128) -> u128 {
-        (0..=self.b)
-            .rev()
-            .find(|k| self.tat.max(now) + k * self.t - now <= self.b * self.t)
-            .unwrap_or(0)
-    }
-}
-
-fn outcome(result: Result<(), Denied>) -> Outcome {
-    match result {
-        Ok(()) => Outcome::Admitted,
-        Err(Denied::NotUntil(e)) => Outcome::Wait(e.wait_time().as_nanos()),
-        Err(Denied::InsufficientCapacity(_)) => Outcome::Never,
-    }
-}
+// The one reference model, shared with the fuzz targets (see its module docs).
+#[path = "../src/reference_model.rs"]
+#[allow(dead_code)]
+mod reference_model;
+use reference_model::{Model, Outcome};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -102,11 +60,7 @@ proptest! {
     ) {
         let clock = ManualClock::new();
         let limiter = Limiter::with_clock(quota, clock.clone());
-        let mut model = Model {
-            t: quota.emission_interval().as_nanos(),
-            b: u128::from(quota.burst()),
-            tat: 0,
-        };
+        let mut model = Model::new(quota);
         let mut now = 0u128;
         for op in ops {
             match op {
@@ -116,10 +70,10 @@ proptest! {
                 }
                 Op::Check => {
                     let real = limiter.check().map_err(Denied::from);
-                    prop_assert_eq!(outcome(real), model.check_n(now, 1));
+                    prop_assert_eq!(Outcome::of(real), model.check_n(now, 1));
                 }
                 Op::CheckN(n) => {
-                    prop_assert_eq!(outcome(limiter.check_n(n)), model.check_n(now, n));
+                    prop_assert_eq!(Outcome::of(limiter.check_n(n)), model.check_n(now, n));
                 }
                 Op::Remaining => {
                     prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));

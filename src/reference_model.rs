@@ -1,0 +1,93 @@
+//! The spec's GCRA formula as an independent reference model, in `u128` nanoseconds.
+//!
+//! One model for every check that compares pacer with the spec: the fuzz bodies in
+//! `src/fuzzing.rs` use it as a module, and `tests/model.rs` includes this same file with
+//! `#[path]` (integration tests cannot see the library's `cfg(test)` code). It shares no
+//! code with the limiter: admission is the formula written out, and `remaining` is the
+//! spec's definition (the largest `k` that would be admitted), found by binary search.
+
+use crate::{Denied, Quota};
+
+/// What a request got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Admitted,
+    /// Denied for now; the wait in nanoseconds.
+    Wait(u128),
+    /// More than the burst: never admissible.
+    Never,
+}
+
+impl Outcome {
+    /// The outcome of a real limiter call.
+    pub(crate) fn of(result: Result<(), Denied>) -> Outcome {
+        match result {
+            Ok(()) => Outcome::Admitted,
+            Err(Denied::NotUntil(e)) => Outcome::Wait(e.wait_time().as_nanos()),
+            Err(Denied::InsufficientCapacity(_)) => Outcome::Never,
+        }
+    }
+}
+
+/// The formula's state: interval `t`, burst `b` and the theoretical arrival time.
+#[derive(Debug)]
+pub(crate) struct Model {
+    t: u128,
+    b: u128,
+    tat: u128,
+}
+
+impl Model {
+    /// A fresh limiter of `quota` (TAT 0).
+    pub(crate) fn new(quota: Quota) -> Model {
+        Model {
+            t: quota.emission_interval().as_nanos(),
+            b: u128::from(quota.burst()),
+            tat: 0,
+        }
+    }
+
+    fn admits(&self, now: u128, n: u128) -> bool {
+        self.tat.max(now) + n * self.t - now <= self.b * self.t
+    }
+
+    /// Admit `n` cells at `now` iff `max(TAT, now) + n*T - now <= b*T`, then
+    /// `TAT = max(TAT, now) + n*T`; a denial waits `TAT - (b - n)*T - now`. With pacer's
+    /// documented edge: a TAT past `u64::MAX` ns is never admitted (wait `u64::MAX`).
+    pub(crate) fn check_n(&mut self, now: u128, n: u32) -> Outcome {
+        let n = u128::from(n);
+        if n > self.b {
+            return Outcome::Never;
+        }
+        if n == 0 {
+            return Outcome::Admitted;
+        }
+        if !self.admits(now, n) {
+            return Outcome::Wait(self.tat - (self.b - n) * self.t - now);
+        }
+        let tat = self.tat.max(now) + n * self.t;
+        if tat > u128::from(u64::MAX) {
+            return Outcome::Wait(u128::from(u64::MAX));
+        }
+        self.tat = tat;
+        Outcome::Admitted
+    }
+
+    /// The largest `k <= b` that `check_n(k)` would admit at `now` (0 if none).
+    pub(crate) fn remaining(&self, now: u128) -> u128 {
+        // `admits` is monotone in k: binary search for its last true value.
+        let (mut lo, mut hi) = (0u128, self.b);
+        if !self.admits(now, 0) {
+            return 0;
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.admits(now, mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+}
