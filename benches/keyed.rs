@@ -75,8 +75,8 @@ fn contenders() -> Vec<(&'static str, CheckKey, f64)> {
         Arc::new(move |k: &u64| l.check_key(k).is_ok())
     });
     eprintln!(
-        "memory per key ({KEYS} keys): pacer {pacer_mem:.1} B, governor {governor_mem:.1} B \
-         (ratio {:.2})",
+        "memory per key ({KEYS} keys): pacer {pacer_mem:.2} B, governor {governor_mem:.2} B \
+         (ratio {:.3})",
         pacer_mem / governor_mem
     );
     vec![
@@ -101,6 +101,7 @@ fn run(check: &CheckKey, threads: usize, iters: u64) -> Duration {
 
 fn bench(c: &mut Criterion) {
     let contenders = contenders();
+    paired(&contenders);
     for threads in [1, 2] {
         let mut group = c.benchmark_group(format!("check_key/100k-keys/{threads}-thread"));
         for (who, check, _) in &contenders {
@@ -109,6 +110,38 @@ fn bench(c: &mut Criterion) {
             });
         }
         group.finish();
+    }
+}
+
+/// Alternates the contenders round by round and prints the distribution of the per-round
+/// throughput ratio (governor's time / pacer's). On a shared VM the machine's speed drifts
+/// between criterion's back-to-back measurements; a ratio taken within one round, where
+/// both ran seconds apart, is the fairer comparison. `PACER_BENCH_ROUNDS` sets the rounds.
+fn paired(contenders: &[(&'static str, CheckKey, f64)]) {
+    const CHECKS: u64 = 2_000_000;
+    let rounds: usize = std::env::var("PACER_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(9);
+    let [(_, pacer, _), (_, governor, _)] = contenders else {
+        unreachable!("pacer and governor")
+    };
+    for threads in [1, 2] {
+        let mut ratios: Vec<f64> = (0..rounds)
+            .map(|_| {
+                let p = run(pacer, threads, CHECKS / threads as u64);
+                let g = run(governor, threads, CHECKS / threads as u64);
+                g.as_secs_f64() / p.as_secs_f64()
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        eprintln!(
+            "paired rounds, {threads} thread(s): pacer/governor throughput median {:.2}x, \
+             min {:.2}x, max {:.2}x over {rounds} rounds of {CHECKS} checks each",
+            ratios[rounds / 2],
+            ratios[0],
+            ratios[rounds - 1],
+        );
     }
 }
 

@@ -3,10 +3,16 @@
 //! # Implementation notes
 //!
 //! Keys live in a fixed number of shards, each a `hashbrown::HashTable<(K, Cell)>` behind a
-//! reader-writer lock: one word of state per key, the same `Cell` (and so the same
+//! read-mostly lock: one word of state per key, the same `Cell` (and so the same
 //! compare-and-swap loop) as the direct limiter. The key's hash is computed once, its top
 //! bits pick the shard and the whole hash probes the table. A key already present is
 //! checked under the shard's *read* lock; only a new key takes the write lock.
+//!
+//! The read lock is crossbeam's `ShardedLock`: each thread read-locks a slot of its own, so
+//! checks on different threads write no common cache line (with one reader count per
+//! shard, that line moved between cores on most checks and a second thread added little). Writers lock every slot, which only inserting a new key needs. Shards therefore
+//! exist only to spread the writers; there is one per core, as each costs a kilobyte of
+//! reader slots.
 //!
 //! **Lossless eviction.** A key whose TAT is at or before now is indistinguishable from a
 //! new key (TAT 0): both admit a full burst and nothing else. Forgetting it therefore
@@ -44,7 +50,7 @@ use crate::error::{Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::Params;
 use crate::limiter::{duration_nanos, never};
 use crate::quota::Quota;
-use crate::sync::{Mutex, RwLock};
+use crate::sync::{Mutex, ReadMostly};
 use crate::wait::future::{Acquire, Target};
 use crate::wait::queue::Waiters;
 
@@ -65,7 +71,7 @@ type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 /// assert_eq!(per_ip.len(), 2);
 /// ```
 pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
-    shards: Box<[CachePadded<RwLock<Shard<K>>>]>,
+    shards: Box<[CachePadded<ReadMostly<Shard<K>>>]>,
     /// `64 - log2(shards.len())`: the hash's top bits select the shard.
     shift: u32,
     hasher: DefaultHashBuilder,
@@ -177,11 +183,13 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// ```
     pub fn with_clock(quota: Quota, clock: C) -> KeyedLimiter<K, C> {
         let threads = std::thread::available_parallelism().map_or(4, usize::from);
-        let shards = (threads * 4).next_power_of_two().clamp(4, 256);
+        // Readers never contend on a shard (its lock has a slot per thread), so shards only
+        // spread the writers of new keys; each costs a kilobyte of reader slots.
+        let shards = threads.next_power_of_two().clamp(2, 64);
         let origin = clock.now();
         KeyedLimiter {
             shards: (0..shards)
-                .map(|_| CachePadded::new(RwLock::new(Shard::new())))
+                .map(|_| CachePadded::new(ReadMostly::new(Shard::new())))
                 .collect(),
             shift: 64 - shards.trailing_zeros(),
             hasher: DefaultHashBuilder::default(),
@@ -251,30 +259,33 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &RwLock<Shard<K>> {
-        // `shift` is 62..=56, so the index is below `shards.len()`.
+    fn shard(&self, hash: u64) -> &ReadMostly<Shard<K>> {
+        // `shift` is 63..=58, so the index is below `shards.len()`.
         &self.shards[(hash >> self.shift) as usize]
     }
 
-    /// Runs `f` on `key`'s cell, storing a fresh one first if the key is new. `None` when
-    /// the key is new and its shard is full of limited keys (`Err` carries the wait until a
-    /// slot frees), unless `force`.
+    /// Runs `f` on `key`'s cell and the time now, storing a fresh cell first if the key is
+    /// new. `Err` when the key is new and its shard is full of limited keys (it carries the
+    /// wait until a slot frees), unless `force`.
+    ///
+    /// The clock is read only once the cell is found: the read then overlaps the likely
+    /// cache miss on the cell instead of adding to it.
     fn with_cell<R>(
         &self,
         key: &K,
-        now: u64,
         force: bool,
-        f: impl FnOnce(&Cell) -> R,
+        f: impl FnOnce(&Cell, u64) -> R,
     ) -> Result<R, u64> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         {
             let shard = shard.read();
             if let Some((_, cell)) = shard.table.find(hash, |(k, _)| k == key) {
-                return Ok(f(cell));
+                return Ok(f(cell, self.now()));
             }
         }
         let mut shard = shard.write();
+        let now = self.now();
         if shard.table.find(hash, |(k, _)| k == key).is_none() {
             let len = shard.table.len();
             if len >= self.shard_cap && !force {
@@ -298,7 +309,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
                 });
         }
         match shard.table.find(hash, |(k, _)| k == key) {
-            Some((_, cell)) => Ok(f(cell)),
+            Some((_, cell)) => Ok(f(cell, now)),
             None => unreachable!("the key was just found or inserted under this lock"),
         }
     }
@@ -320,8 +331,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     #[inline]
     pub fn check_key(&self, key: &K) -> Result<(), NotUntil> {
         let params = self.params_for(key);
-        let now = self.now();
-        self.with_cell(key, now, false, |cell| {
+        self.with_cell(key, false, |cell, now| {
             cell.acquire(now, params.interval(), params.tau())
         })
         .and_then(|admitted| admitted.map(drop))
@@ -351,8 +361,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         if cost == 0 {
             return Ok(());
         }
-        let now = self.now();
-        self.with_cell(key, now, false, |cell| {
+        self.with_cell(key, false, |cell, now| {
             cell.acquire(now, cost, params.tau())
         })
         .and_then(|admitted| admitted.map(drop))
@@ -545,10 +554,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Target for KeyTarget<'_, K, C> {
 
     fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> R {
         // `force`: a waiting key is always stored (module docs), so this cannot be refused.
-        match self
-            .limiter
-            .with_cell(&self.key, self.limiter.now(), true, f)
-        {
+        match self.limiter.with_cell(&self.key, true, |cell, _| f(cell)) {
             Ok(r) => r,
             Err(_) => unreachable!("a forced insert is never refused"),
         }

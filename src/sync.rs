@@ -1,10 +1,11 @@
 //! The one place where pacer gets its synchronisation primitives.
 //!
 //! Under `cfg(loom)` every atomic, mutex and spin hint comes from [`loom`], so the model
-//! checker sees each of them; otherwise they are the `std` ones. Nothing else in the crate
-//! names `std::sync::atomic` or `std::sync::Mutex` directly.
+//! checker sees each of them; otherwise they are the `std` ones, and crossbeam's
+//! `ShardedLock` for the read-mostly lock. Nothing else in the crate names
+//! `std::sync::atomic` or `std::sync::Mutex` directly.
 //!
-//! The mutex wrapper ignores poisoning: every critical section in pacer leaves its data
+//! The lock wrappers ignore poisoning: every critical section in pacer leaves its data
 //! consistent before any code that could panic (waking a `Waker` happens outside the lock),
 //! so a poisoned lock carries no broken invariant.
 
@@ -62,23 +63,40 @@ impl<T> Mutex<T> {
     }
 }
 
-/// A reader-writer lock whose methods never fail (see the module docs on poisoning).
-#[derive(Debug, Default)]
-pub(crate) struct RwLock<T>(imp::RwLock<T>);
+/// A reader-writer lock built for a read-mostly hot path shared by many threads.
+///
+/// Outside loom this is crossbeam's `ShardedLock`: a reader locks only the slot of its own
+/// thread (one of eight cache-padded locks), so readers on different threads never write
+/// the same cache line; a writer locks all eight. With a plain `RwLock` every reader
+/// writes the lock's one reader count, and on two or more cores that line moves between
+/// them on nearly every read. Under loom it is loom's `RwLock`, which has the same
+/// semantics.
+#[derive(Debug)]
+pub(crate) struct ReadMostly<T> {
+    #[cfg(not(loom))]
+    lock: crossbeam_utils::sync::ShardedLock<T>,
+    #[cfg(loom)]
+    lock: loom::sync::RwLock<T>,
+}
 
-impl<T> RwLock<T> {
+impl<T> ReadMostly<T> {
     pub(crate) fn new(value: T) -> Self {
-        Self(imp::RwLock::new(value))
+        Self {
+            #[cfg(not(loom))]
+            lock: crossbeam_utils::sync::ShardedLock::new(value),
+            #[cfg(loom)]
+            lock: loom::sync::RwLock::new(value),
+        }
     }
 
-    pub(crate) fn read(&self) -> imp::RwLockReadGuard<'_, T> {
-        self.0
+    pub(crate) fn read(&self) -> impl core::ops::Deref<Target = T> + '_ {
+        self.lock
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(crate) fn write(&self) -> imp::RwLockWriteGuard<'_, T> {
-        self.0
+    pub(crate) fn write(&self) -> impl core::ops::DerefMut<Target = T> + '_ {
+        self.lock
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
