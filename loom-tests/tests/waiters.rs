@@ -151,3 +151,28 @@ fn two_bookers_and_a_firer() {
         assert_eq!(limiter.check().unwrap_err().wait_time(), T);
     });
 }
+
+#[test]
+fn a_poll_racing_the_fire_completes_at_most_once_and_frees_the_node_after_it() {
+    loom::model(|| {
+        let (clock, limiter) = setup();
+        let mut future = waiter(&limiter);
+        let wakes = Arc::new(Count::default());
+        assert!(!poll(&mut future, &wakes)); // booked for 100 ms
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(T))
+        };
+        // This poll races the fire: it may see the node fired without the lock (and then
+        // free it at once, while the firer may still be finishing its round) or not yet.
+        let ready = poll(&mut future, &wakes);
+        drop(future);
+        firer.join().unwrap();
+        assert!(wakes.get() <= 1, "double wake");
+        // Done or dropped, the cell at 100 ms was spent either way (its instant came).
+        assert_eq!(limiter.next_deadline(), None, "every node unlinked");
+        if ready {
+            assert_eq!(limiter.check().unwrap_err().wait_time(), T);
+        }
+    });
+}

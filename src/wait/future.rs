@@ -95,7 +95,7 @@ impl<T: Target> Acquire<T> {
         // SAFETY: `node` points into this pinned future, is in no list (phase Unpolled), and
         // `Drop` cancels it before the future's memory goes away.
         let booking = self.target.with_cell(|cell| unsafe {
-            waiters.book(cell, &params, node, cost, max_wait, cx.waker())
+            waiters.book(cell, &params, node, now, cost, max_wait, cx.waker())
         });
         match booking {
             Booking::Ready => Poll::Ready(Ok(())),

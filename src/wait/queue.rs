@@ -37,7 +37,7 @@ use super::list::{self, Link, LinkedList, Pointers};
 use crate::cell::Cell;
 use crate::clock::Clock;
 use crate::gcra::{self, Params};
-use crate::sync::{Mutex, UnsafeCell};
+use crate::sync::{AtomicBool, Mutex, Ordering, UnsafeCell};
 use crate::wake_list::WakeList;
 
 /// One waiter's node, embedded in its (pinned) future.
@@ -45,6 +45,10 @@ pub(crate) struct Waiter {
     pointers: Pointers<Waiter>,
     /// Only touched under the queue lock.
     slot: UnsafeCell<Slot>,
+    /// Set by `fire` under the queue lock, as its last access to the node; read by the
+    /// owning future without the lock. Once it reads `true` the node is out of the list
+    /// and nobody else touches it, so the future may complete and free it.
+    fired: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -55,8 +59,6 @@ struct Slot {
     cost: u64,
     /// The task to wake when fired.
     waker: Option<Waker>,
-    /// Set (and the node unlinked) by `fire_due`.
-    fired: bool,
 }
 
 impl Waiter {
@@ -64,7 +66,18 @@ impl Waiter {
         Waiter {
             pointers: Pointers::new(),
             slot: UnsafeCell::new(Slot::default()),
+            fired: AtomicBool::new(false),
         }
+    }
+}
+
+/// Freeing a node is a write to all of it. Under loom, say so: a queue access to the slot
+/// that is not ordered before the free (a `fired` flag published too weakly) is then
+/// reported as a race, which loom could not see in the deallocation itself.
+#[cfg(loom)]
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.slot.with_mut(|_| ());
     }
 }
 
@@ -102,6 +115,17 @@ unsafe fn slot<R>(node: NonNull<Waiter>, f: impl FnOnce(&mut Slot) -> R) -> R {
     let cell = unsafe { &(*node.as_ptr()).slot };
     // SAFETY: the queue lock is held, so this is the only access to the slot.
     cell.with_mut(|p| f(unsafe { &mut *p }))
+}
+
+/// Whether `fire` has unlinked the node.
+///
+/// # Safety
+///
+/// `node` is live.
+unsafe fn fired(node: NonNull<Waiter>, order: Ordering) -> bool {
+    // SAFETY: `node` is live (caller's contract); the field is atomic, so a shared
+    // reference to it may coexist with the queue's accesses to the other fields.
+    unsafe { (*node.as_ptr()).fired.load(order) }
 }
 
 /// The state under the queue lock.
@@ -199,23 +223,25 @@ impl<C: Clock> Waiters<C> {
         }
     }
 
-    /// Books `cost` at `now` within `max_wait` and, unless it is admissible at once, links
-    /// `node` to be woken through `waker` at its instant.
+    /// Books `cost` at `now` (limiter time, read by the caller just before) within
+    /// `max_wait` and, unless it is admissible at once, links `node` to be woken through
+    /// `waker` at its instant.
     ///
     /// # Safety
     ///
-    /// `node` is pinned, in no list, and is not dropped before [`Waiters::cancel`] (or a
-    /// fire) has unlinked it.
+    /// `node` is pinned, has never been linked, and is not dropped before
+    /// [`Waiters::cancel`] (or a fire) has unlinked it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn book(
         &self,
         cell: &Cell,
         params: &Params,
         node: NonNull<Waiter>,
+        now: u64,
         cost: u64,
         max_wait: u64,
         waker: &Waker,
     ) -> Booking {
-        let now = self.now();
         let arm = {
             let mut state = self.state.lock();
             let tolerance = params.tau().saturating_add(max_wait);
@@ -234,7 +260,6 @@ impl<C: Clock> Waiters<C> {
                         instant,
                         cost,
                         waker: Some(waker.clone()),
-                        fired: false,
                     }
                 });
                 state.list.push_back(node);
@@ -252,34 +277,45 @@ impl<C: Clock> Waiters<C> {
     ///
     /// `node` was linked by [`Waiters::book`] on this queue and is live.
     pub(crate) unsafe fn poll_linked(&self, node: NonNull<Waiter>, waker: &Waker) -> bool {
+        // The common case, a poll after the fire's wake-up, takes no lock. Acquire pairs
+        // with the fire's Release store, its last access to the node: after this load
+        // nobody else touches the node, so the caller may complete and free it.
+        // SAFETY: `node` is live (caller's contract).
+        if unsafe { fired(node, Ordering::Acquire) } {
+            return true;
+        }
         let now = self.now();
-        let (fired, due, _old) = {
+        let (fired_now, due, _old) = {
             let _state = self.state.lock();
+            // Relaxed: `fire` stores under this lock, which orders it before us.
             // SAFETY: `node` is live (caller's contract) and we hold the lock.
-            unsafe {
-                slot(node, |s| {
-                    if s.fired {
-                        return (true, false, None);
-                    }
-                    let old = match &s.waker {
-                        Some(w) if w.will_wake(waker) => None,
-                        _ => s.waker.replace(waker.clone()),
-                    };
-                    (false, s.instant <= now, old)
-                })
+            if unsafe { fired(node, Ordering::Relaxed) } {
+                (true, false, None)
+            } else {
+                // SAFETY: as above.
+                unsafe {
+                    slot(node, |s| {
+                        let old = match &s.waker {
+                            Some(w) if w.will_wake(waker) => None,
+                            _ => s.waker.replace(waker.clone()),
+                        };
+                        (false, s.instant <= now, old)
+                    })
+                }
             }
             // `_old`, a replaced waker, is dropped after the lock is released.
         };
-        if fired {
+        if fired_now {
             return true;
         }
         if due {
             // The timer is late (or there is none): fire the due prefix ourselves.
             self.fire_due();
             let _state = self.state.lock();
-            // SAFETY: as above: `node` is live and we hold the lock. `fire_due` popped every
-            // node due at `now`, this one included.
-            return unsafe { slot(node, |s| s.fired) };
+            // Relaxed under the lock, as above. `fire_due` popped every node due at `now`,
+            // this one included.
+            // SAFETY: `node` is live (caller's contract).
+            return unsafe { fired(node, Ordering::Relaxed) };
         }
         false
     }
@@ -294,9 +330,12 @@ impl<C: Clock> Waiters<C> {
         let now = self.now();
         let (arm, _waker) = {
             let mut state = self.state.lock();
-            // SAFETY: `node` is live (caller's contract) and we hold the lock.
-            let (fired, instant, cost, waker) =
-                unsafe { slot(node, |s| (s.fired, s.instant, s.cost, s.waker.take())) };
+            // Relaxed: `fire` stores under this lock, which orders it before us.
+            // SAFETY: `node` is live (caller's contract).
+            let fired = unsafe { fired(node, Ordering::Relaxed) };
+            // SAFETY: `node` is live and we hold the lock.
+            let (instant, cost, waker) =
+                unsafe { slot(node, |s| (s.instant, s.cost, s.waker.take())) };
             if fired {
                 // Already unlinked by `fire_due`; its cells were spent at its instant.
                 return;
@@ -348,16 +387,16 @@ impl<C: Clock> Waiters<C> {
                         break;
                     };
                     // SAFETY: a linked node is live (list rule 3) and we hold the lock.
-                    let waker = unsafe {
-                        slot(front, |s| {
-                            (s.instant <= now).then(|| {
-                                s.fired = true;
-                                s.waker.take()
-                            })
-                        })
-                    };
+                    let waker =
+                        unsafe { slot(front, |s| (s.instant <= now).then(|| s.waker.take())) };
                     let Some(waker) = waker else { break };
                     state.list.pop_front();
+                    // The last access to the node: Release, so that a future that sees
+                    // `true` without the lock (`poll_linked`) sees every access above
+                    // done, and may free the node.
+                    // SAFETY: `front` is still live: its future cannot complete before it
+                    // reads this `true`.
+                    unsafe { (*front.as_ptr()).fired.store(true, Ordering::Release) };
                     if let Some(waker) = waker {
                         due.push(waker);
                     }
