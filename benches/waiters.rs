@@ -1,5 +1,6 @@
 //! 20 000 async waiters at 100 000/s (ideal: 200 ms): wall time and process CPU time for
-//! pacer, leaky-bucket and governor on the same job, in one run; then the wake-up lateness
+//! pacer (default clock and `TokioClock`), leaky-bucket and governor on the same job, in
+//! one run, first round by round (paired) and then under criterion; then the wake-up lateness
 //! of pacer's timer next to futures-intrusive's (the evaluation in the README).
 //!
 //! `cargo bench --bench waiters`
@@ -27,12 +28,19 @@ fn cpu_time() -> Duration {
 
 type Waiter = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
-fn contender(name: &str) -> Waiter {
+fn contender(name: &str, rt: &tokio::runtime::Runtime) -> Waiter {
+    let quota = pacer::Quota::per_second(RATE).with_burst(1);
     match name {
         "pacer" => {
-            let l = Arc::new(pacer::Limiter::new(
-                pacer::Quota::per_second(RATE).with_burst(1),
-            ));
+            let l = Arc::new(pacer::Limiter::new(quota));
+            Arc::new(move || {
+                let l = l.clone();
+                Box::pin(async move { l.until_ready().await })
+            })
+        }
+        "pacer+tokio" => {
+            let clock = pacer::clock::TokioClock::from_handle(rt.handle().clone());
+            let l = Arc::new(pacer::Limiter::with_clock(quota, clock));
             Arc::new(move || {
                 let l = l.clone();
                 Box::pin(async move { l.until_ready().await })
@@ -79,21 +87,65 @@ fn run_once(rt: &tokio::runtime::Runtime, waiter: &Waiter) -> (Duration, Duratio
     (start.elapsed(), cpu_time() - cpu0)
 }
 
+/// Runs pacer (both clocks) and leaky-bucket in turn, round after round, and prints the
+/// distribution of each one's per-round CPU time over leaky-bucket's. On a shared VM the
+/// machine's speed drifts between criterion's back-to-back groups; within a round the
+/// contenders ran a fraction of a second apart. `PACER_BENCH_ROUNDS` sets the rounds.
+fn paired(rt: &tokio::runtime::Runtime) {
+    let rounds: usize = std::env::var("PACER_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(15);
+    let who = ["pacer", "pacer+tokio", "leaky-bucket"];
+    let mut cpu_ratios = [Vec::new(), Vec::new()];
+    let mut walls = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..rounds {
+        let runs: Vec<_> = who
+            .iter()
+            .map(|name| run_once(rt, &contender(name, rt)))
+            .collect();
+        for (i, ratios) in cpu_ratios.iter_mut().enumerate() {
+            ratios.push(runs[i].1.as_secs_f64() / runs[2].1.as_secs_f64());
+        }
+        for (i, wall) in walls.iter_mut().enumerate() {
+            wall.push(runs[i].0.as_secs_f64() * 1e3);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    eprintln!("\npaired rounds ({rounds}), CPU time over leaky-bucket's in the same round:");
+    for (name, ratios) in who.iter().zip(&mut cpu_ratios) {
+        let (med, min, max) = median(ratios);
+        let below = ratios.iter().filter(|r| **r <= 1.0).count();
+        eprintln!(
+            "  {name:<13} median {med:.2}x (min {min:.2}x, max {max:.2}x), at or below in \
+             {below} of {rounds}"
+        );
+    }
+    for (name, wall) in who.iter().zip(&mut walls) {
+        let (med, min, max) = median(wall);
+        eprintln!("  {name:<13} wall median {med:.1} ms (min {min:.1}, max {max:.1})");
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
+    paired(&rt);
     let mut group = c.benchmark_group("waiters/20k-at-100k-per-s");
     let mut summary = Vec::new();
-    for who in ["pacer", "leaky-bucket", "governor"] {
+    for who in ["pacer", "pacer+tokio", "leaky-bucket", "governor"] {
         let (mut wall, mut cpu, mut runs) = (Duration::ZERO, Duration::ZERO, 0u32);
         group.bench_function(BenchmarkId::from_parameter(who), |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    let (w, c) = run_once(&rt, &contender(who));
+                    let (w, c) = run_once(&rt, &contender(who, &rt));
                     total += w;
                     wall += w;
                     cpu += c;
@@ -136,7 +188,7 @@ fn timer_lateness() {
             late[late.len() / 2],
             late[late.len() - 1],
             late.len(),
-            -late[0].min(0.0),
+            (-late[0]).max(0.0),
         );
     };
     let signed =
@@ -159,6 +211,28 @@ fn timer_lateness() {
         futures::future::join_all(waits).await
     });
     report("pacer", late);
+
+    // pacer with `TokioClock`: the same waiters, woken by tokio's millisecond timer.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let clock = pacer::clock::TokioClock::from_handle(rt.handle().clone());
+    let limiter = pacer::Limiter::with_clock(pacer::Quota::per_second(10_000).with_burst(1), clock);
+    let late = rt.block_on(async {
+        let start = Instant::now();
+        let waits: Vec<_> = (0..N)
+            .map(|i| {
+                let limiter = &limiter;
+                async move {
+                    limiter.until_ready().await;
+                    signed(start.elapsed(), GAP * i)
+                }
+            })
+            .collect();
+        futures::future::join_all(waits).await
+    });
+    report("pacer+tokio", late);
 
     // futures-intrusive: its timer service with its std (millisecond) clock.
     use futures_intrusive::timer::{StdClock, Timer, TimerService};

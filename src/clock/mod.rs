@@ -1,5 +1,6 @@
 //! Time sources: the [`Clock`] trait, the default [`DefaultClock`], the faster but coarser
-//! [`CoarseClock`], and [`ManualClock`] for tests.
+//! [`CoarseClock`], [`ManualClock`] for tests, and (cargo feature `tokio`) `TokioClock`,
+//! whose wake-ups come from a tokio runtime's timer.
 //!
 //! A limiter reads time only through its clock, and asks the clock to wake it when its next
 //! waiter is due ([`Clock::wake_at`]). That second method is how an embedding runtime can
@@ -11,7 +12,12 @@ mod coarse;
 mod manual;
 #[cfg(not(loom))]
 mod timer;
+#[cfg(all(feature = "tokio", not(loom)))]
+mod tokio;
 
+#[cfg(all(feature = "tokio", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub use self::tokio::TokioClock;
 #[cfg(not(loom))]
 pub use coarse::CoarseClock;
 pub use manual::ManualClock;

@@ -1,0 +1,157 @@
+//! `TokioClock` (cargo feature `tokio`): waiters woken by the runtime's own timer, paced
+//! like the default clock's, and never stranded when the runtime cannot serve a wake-up.
+//! Every test here runs in real time with generous upper bounds and exact lower ones.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pacer::clock::TokioClock;
+use pacer::{Limiter, Quota};
+
+/// 50 waiters at 500/s, burst 1: the last is due 49 * 2 ms = 98 ms after the first.
+const WAITERS: usize = 50;
+const IDEAL: Duration = Duration::from_millis(98);
+/// Upper bound on a loaded 2-core CI machine; the lower bound is exact.
+const SLACK: Duration = Duration::from_secs(3);
+
+fn assert_paced(elapsed: Duration, what: &str) {
+    // quanta and std::time may disagree by a hair: allow 1 ms on the low side.
+    assert!(
+        elapsed + Duration::from_millis(1) >= IDEAL,
+        "{what}: finished early, {elapsed:?}"
+    );
+    assert!(elapsed <= IDEAL + SLACK, "{what}: too slow, {elapsed:?}");
+}
+
+/// Runs the 50 waiters as tokio tasks on `rt` with a `TokioClock` of that runtime; returns
+/// how long the last took.
+fn paced_on(rt: &tokio::runtime::Runtime) -> Duration {
+    rt.block_on(async {
+        let clock = TokioClock::current();
+        let limiter = Arc::new(Limiter::with_clock(
+            Quota::per_second(500).with_burst(1),
+            clock,
+        ));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..WAITERS)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move { limiter.until_ready().await })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        start.elapsed()
+    })
+}
+
+#[test]
+fn realtime_tokio_clock_current_thread() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    assert_paced(paced_on(&rt), "TokioClock, current-thread");
+}
+
+#[test]
+fn realtime_tokio_clock_multi_thread() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    assert_paced(paced_on(&rt), "TokioClock, multi-thread");
+}
+
+#[test]
+fn realtime_tokio_clock_timeouts_racing_wake_ups_lose_no_cells() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let limiter = Arc::new(Limiter::with_clock(
+            Quota::per_second(1_000).with_burst(1),
+            TokioClock::current(),
+        ));
+        for round in 0..3u64 {
+            let tasks: Vec<_> = (0..200u64)
+                .map(|i| {
+                    let limiter = limiter.clone();
+                    let timeout = Duration::from_micros(i * 1_000 + (i * 7 + round * 13) % 2_000);
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(timeout, limiter.until_ready()).await;
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            assert_eq!(
+                limiter.next_deadline(),
+                None,
+                "round {round}: a node leaked"
+            );
+            assert_eq!(limiter.remaining(), 1, "round {round}: capacity lost");
+            limiter.check().unwrap();
+        }
+    });
+}
+
+/// Runs `f` on a thread of its own and returns how long it took; fails (rather than
+/// hanging the test run) if it has not finished within `SLACK`.
+fn finishes_within_slack(f: impl FnOnce() + Send + 'static) -> Duration {
+    let (done, finished) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(SLACK)
+        .expect("a wake-up was lost: the waiter never finished");
+    start.elapsed()
+}
+
+/// A limiter whose single cell is spent, on a clock of a runtime that is already gone.
+fn spent_on_a_dead_runtime(rt: tokio::runtime::Runtime) -> Limiter<TokioClock> {
+    let clock = TokioClock::from_handle(rt.handle().clone());
+    drop(rt);
+    let limiter = Limiter::with_clock(Quota::per_second(100).with_burst(1), clock);
+    limiter.check().unwrap();
+    limiter
+}
+
+#[test]
+fn realtime_a_runtime_that_shut_down_hands_wake_ups_to_pacers_timer() {
+    let limiter = spent_on_a_dead_runtime(tokio::runtime::Runtime::new().unwrap());
+    // Blocking wait: the queue asks the clock for a wake-up, the dead runtime drops the
+    // task that would have served it, and the fallback must deliver it.
+    let elapsed = finishes_within_slack(move || limiter.wait());
+    assert!(elapsed + Duration::from_millis(1) >= Duration::from_millis(10));
+}
+
+#[test]
+fn realtime_a_runtime_without_timers_hands_wake_ups_to_pacers_timer() {
+    // No `enable_time`: tokio's sleep panics inside the spawned task (the panic message on
+    // stderr is expected); the wake-up must still come.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let limiter = Limiter::with_clock(
+        Quota::per_second(100).with_burst(1),
+        TokioClock::from_handle(rt.handle().clone()),
+    );
+    let elapsed = finishes_within_slack(move || {
+        rt.block_on(async {
+            for _ in 0..3 {
+                limiter.until_ready().await;
+            }
+        })
+    });
+    assert!(elapsed + Duration::from_millis(1) >= Duration::from_millis(20));
+}
