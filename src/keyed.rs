@@ -8,11 +8,12 @@
 //! bits pick the shard and the whole hash probes the table. A key already present is
 //! checked under the shard's *read* lock; only a new key takes the write lock.
 //!
-//! The read lock is crossbeam's `ShardedLock`: each thread read-locks a slot of its own, so
-//! checks on different threads write no common cache line (with one reader count per
-//! shard, that line moved between cores on most checks and a second thread added little). Writers lock every slot, which only inserting a new key needs. Shards therefore
-//! exist only to spread the writers; there is one per core, as each costs a kilobyte of
-//! reader slots.
+//! The lock is a read-mostly lock (`crate::sync::ReadMostly`) with a reader slot per core:
+//! each thread read-locks a slot of its own, so checks on different threads write no
+//! common cache line (with one reader count per shard, that line moved between cores on
+//! most checks and a second thread added little). Writers lock every slot, which only
+//! inserting a new key needs. Shards therefore exist only to spread the writers: one per
+//! two cores, so that slots and shards together cost no more than a dashmap's shards.
 //!
 //! **Lossless eviction.** A key whose TAT is at or before now is indistinguishable from a
 //! new key (TAT 0): both admit a full burst and nothing else. Forgetting it therefore
@@ -182,14 +183,18 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(limiter.check_key(&1u32).is_err());
     /// ```
     pub fn with_clock(quota: Quota, clock: C) -> KeyedLimiter<K, C> {
-        let threads = std::thread::available_parallelism().map_or(4, usize::from);
-        // Readers never contend on a shard (its lock has a slot per thread), so shards only
-        // spread the writers of new keys; each costs a kilobyte of reader slots.
-        let shards = threads.next_power_of_two().clamp(2, 64);
+        let cores = std::thread::available_parallelism()
+            .map_or(4, usize::from)
+            .next_power_of_two();
+        // Readers do not contend on a shard (its lock has a reader slot per core, up to 8),
+        // so shards only spread the writers of new keys. Slots times shards is at most four
+        // per core: never more lock memory than a dashmap's four shards per core.
+        let slots = cores.min(8);
+        let shards = (cores / 2).clamp(2, 64);
         let origin = clock.now();
         KeyedLimiter {
             shards: (0..shards)
-                .map(|_| CachePadded::new(ReadMostly::new(Shard::new())))
+                .map(|_| CachePadded::new(ReadMostly::new(Shard::new(), slots)))
                 .collect(),
             shift: 64 - shards.trailing_zeros(),
             hasher: DefaultHashBuilder::default(),
@@ -283,8 +288,27 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             if let Some((_, cell)) = shard.table.find(hash, |(k, _)| k == key) {
                 return Ok(f(cell, self.now()));
             }
+            // A flood of new keys at a full shard is refused here, without the write lock.
+            if !force && shard.table.len() >= self.shard_cap {
+                let now = self.now();
+                if now < shard.full_until {
+                    return Err(shard.full_until - now);
+                }
+            }
         }
-        let mut shard = shard.write();
+        shard.write(|shard| self.insert_and(shard, hash, key, force, f))
+    }
+
+    /// [`KeyedLimiter::with_cell`]'s path for a key that was not found: under the shard's
+    /// write lock, stores it unless the shard is full of limited keys, then runs `f`.
+    fn insert_and<R>(
+        &self,
+        shard: &mut Shard<K>,
+        hash: u64,
+        key: &K,
+        force: bool,
+        f: impl FnOnce(&Cell, u64) -> R,
+    ) -> Result<R, u64> {
         let now = self.now();
         if shard.table.find(hash, |(k, _)| k == key).is_none() {
             let len = shard.table.len();
@@ -517,9 +541,10 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn retain_recent(&self) {
         let now = self.now();
         for shard in self.shards.iter() {
-            let mut shard = shard.write();
-            shard.sweep(now, &self.hasher);
-            shard.full_until = 0;
+            shard.write(|shard| {
+                shard.sweep(now, &self.hasher);
+                shard.full_until = 0;
+            });
         }
         self.waiters.lock().clean();
     }
