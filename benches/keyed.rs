@@ -75,8 +75,8 @@ fn contenders() -> Vec<(&'static str, CheckKey, f64)> {
         Arc::new(move |k: &u64| l.check_key(k).is_ok())
     });
     eprintln!(
-        "memory per key ({KEYS} keys): pacer {pacer_mem:.2} B, governor {governor_mem:.2} B \
-         (ratio {:.3})",
+        "memory per key ({KEYS} keys): pacer {pacer_mem:.3} B, governor {governor_mem:.3} B \
+         (ratio {:.4})",
         pacer_mem / governor_mem
     );
     vec![
@@ -122,7 +122,7 @@ fn paired(contenders: &[(&'static str, CheckKey, f64)]) {
     let rounds: usize = std::env::var("PACER_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
-        .unwrap_or(9);
+        .unwrap_or(15);
     let [(_, pacer, _), (_, governor, _)] = contenders else {
         unreachable!("pacer and governor")
     };

@@ -13,8 +13,8 @@ use super::{timer, Clock, DefaultClock};
 /// in the runtime's driver wakes itself and runs the waiters' tasks, so a busy
 /// limiter costs less CPU (20 000 waiters at 100 000/s: about a fifth less; the README's
 /// benchmarks have the numbers). The price is tokio's millisecond timer: waiters are woken
-/// up to about a millisecond after their instant (the default clock: at most 0.5 ms),
-/// never before it.
+/// later after their instant (measured: 0.66 ms on average, 2.1 ms at most, against the
+/// default clock's 0.37 ms and 0.68 ms), never before it.
 ///
 /// Readings are the default clock's, so limiters on either clock agree on time.
 ///
