@@ -191,26 +191,30 @@ fn timer_lateness() {
             (-late[0]).max(0.0),
         );
     };
-    let signed =
-        |finished: Duration, due: Duration| finished.as_secs_f64() * 1e6 - due.as_secs_f64() * 1e6;
+    fn signed(finished: Duration, due: Duration) -> f64 {
+        finished.as_secs_f64() * 1e6 - due.as_secs_f64() * 1e6
+    }
     eprintln!("\nwake-up lateness, {N} waiters due {GAP:?} apart:");
 
     // pacer: 10 000/s, burst 1; waiter i is due at i * 100 us after the first booking.
-    let limiter = pacer::Limiter::new(pacer::Quota::per_second(10_000).with_burst(1));
-    let late = futures::executor::block_on(async {
+    async fn pacer_lateness<C: pacer::clock::Clock>(clock: C) -> Vec<f64> {
+        let limiter =
+            pacer::Limiter::with_clock(pacer::Quota::per_second(10_000).with_burst(1), clock);
         let start = Instant::now();
-        let waits: Vec<_> = (0..N)
-            .map(|i| {
-                let limiter = &limiter;
-                async move {
-                    limiter.until_ready().await;
-                    signed(start.elapsed(), GAP * i)
-                }
-            })
-            .collect();
+        let waits = (0..N).map(|i| {
+            let limiter = &limiter;
+            async move {
+                limiter.until_ready().await;
+                signed(start.elapsed(), GAP * i)
+            }
+        });
         futures::future::join_all(waits).await
-    });
-    report("pacer", late);
+    }
+    let default_clock = pacer::clock::DefaultClock::default();
+    report(
+        "pacer",
+        futures::executor::block_on(pacer_lateness(default_clock)),
+    );
 
     // pacer with `TokioClock`: the same waiters, woken by tokio's millisecond timer.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -218,21 +222,7 @@ fn timer_lateness() {
         .build()
         .unwrap();
     let clock = pacer::clock::TokioClock::from_handle(rt.handle().clone());
-    let limiter = pacer::Limiter::with_clock(pacer::Quota::per_second(10_000).with_burst(1), clock);
-    let late = rt.block_on(async {
-        let start = Instant::now();
-        let waits: Vec<_> = (0..N)
-            .map(|i| {
-                let limiter = &limiter;
-                async move {
-                    limiter.until_ready().await;
-                    signed(start.elapsed(), GAP * i)
-                }
-            })
-            .collect();
-        futures::future::join_all(waits).await
-    });
-    report("pacer+tokio", late);
+    report("pacer+tokio", rt.block_on(pacer_lateness(clock)));
 
     // futures-intrusive: its timer service with its std (millisecond) clock.
     use futures_intrusive::timer::{StdClock, Timer, TimerService};

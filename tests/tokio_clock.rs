@@ -5,23 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{assert_paced, SLACK, WAITERS};
 use pacer::clock::TokioClock;
 use pacer::{Limiter, Quota};
-
-/// 50 waiters at 500/s, burst 1: the last is due 49 * 2 ms = 98 ms after the first.
-const WAITERS: usize = 50;
-const IDEAL: Duration = Duration::from_millis(98);
-/// Upper bound on a loaded 2-core CI machine; the lower bound is exact.
-const SLACK: Duration = Duration::from_secs(3);
-
-fn assert_paced(elapsed: Duration, what: &str) {
-    // quanta and std::time may disagree by a hair: allow 1 ms on the low side.
-    assert!(
-        elapsed + Duration::from_millis(1) >= IDEAL,
-        "{what}: finished early, {elapsed:?}"
-    );
-    assert!(elapsed <= IDEAL + SLACK, "{what}: too slow, {elapsed:?}");
-}
 
 /// Runs the 50 waiters as tokio tasks on `rt` with a `TokioClock` of that runtime; returns
 /// how long the last took.
@@ -72,34 +60,13 @@ fn realtime_tokio_clock_timeouts_racing_wake_ups_lose_no_cells() {
         .enable_time()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let limiter = Arc::new(Limiter::with_clock(
+    let limiter = rt.block_on(async {
+        Arc::new(Limiter::with_clock(
             Quota::per_second(1_000).with_burst(1),
             TokioClock::current(),
-        ));
-        for round in 0..3u64 {
-            let tasks: Vec<_> = (0..200u64)
-                .map(|i| {
-                    let limiter = limiter.clone();
-                    let timeout = Duration::from_micros(i * 1_000 + (i * 7 + round * 13) % 2_000);
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(timeout, limiter.until_ready()).await;
-                    })
-                })
-                .collect();
-            for task in tasks {
-                task.await.unwrap();
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            assert_eq!(
-                limiter.next_deadline(),
-                None,
-                "round {round}: a node leaked"
-            );
-            assert_eq!(limiter.remaining(), 1, "round {round}: capacity lost");
-            limiter.check().unwrap();
-        }
+        ))
     });
+    rt.block_on(common::timeouts_race_wake_ups(limiter, 3));
 }
 
 /// Runs `f` on a thread of its own and returns how long it took; fails (rather than

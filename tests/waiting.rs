@@ -8,6 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{assert_paced, IDEAL, SLACK, WAITERS};
 use pacer::clock::{Clock, ManualClock};
 use pacer::{Denied, Limiter, Quota};
 
@@ -317,23 +320,8 @@ fn an_embedding_runtime_drives_waiters_with_next_deadline_and_fire_due() {
 // (Named `realtime_*` so that the Miri run, which covers the manual-clock tests above, can
 // skip them: under Miri real time crawls.)
 
-/// 50 waiters at 500/s, burst 1: the last is due 49 * 2 ms = 98 ms after the first.
-const WAITERS: usize = 50;
-const IDEAL: Duration = Duration::from_millis(98);
-/// Upper bound on a loaded 2-core CI machine; the lower bound is exact.
-const SLACK: Duration = Duration::from_secs(3);
-
 fn rate_limiter() -> Arc<Limiter> {
     Arc::new(Limiter::new(Quota::per_second(500).with_burst(1)))
-}
-
-fn assert_paced(elapsed: Duration, what: &str) {
-    // quanta and std::time may disagree by a hair: allow 1 ms on the low side.
-    assert!(
-        elapsed + Duration::from_millis(1) >= IDEAL,
-        "{what}: finished early, {elapsed:?}"
-    );
-    assert!(elapsed <= IDEAL + SLACK, "{what}: too slow, {elapsed:?}");
 }
 
 async fn run_waiters<S, F>(spawn: S) -> Duration
@@ -393,38 +381,8 @@ fn realtime_timeouts_racing_wake_ups_lose_no_cells() {
         .enable_time()
         .build()
         .unwrap();
-    rt.block_on(async {
-        // 1000/s, burst 1: waiter i is due at about i ms; its timeout lands within a
-        // millisecond of that, on either side.
-        let limiter = Arc::new(Limiter::new(Quota::per_second(1_000).with_burst(1)));
-        for round in 0..5u64 {
-            let tasks: Vec<_> = (0..200u64)
-                .map(|i| {
-                    let limiter = limiter.clone();
-                    let jitter = (i * 7 + round * 13) % 2_000;
-                    let timeout = Duration::from_micros(i * 1_000 + jitter);
-                    tokio::spawn(async move {
-                        tokio::time::timeout(timeout, limiter.until_ready())
-                            .await
-                            .is_ok()
-                    })
-                })
-                .collect();
-            for t in tasks {
-                let _ = t.await.unwrap();
-            }
-            // Whatever raced, nothing is left booked beyond the burst window: after one
-            // more interval the whole burst is back, and no waiter is left in the queue.
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            assert_eq!(
-                limiter.next_deadline(),
-                None,
-                "round {round}: a node leaked"
-            );
-            assert_eq!(limiter.remaining(), 1, "round {round}: capacity lost");
-            limiter.check().unwrap();
-        }
-    });
+    let limiter = Arc::new(Limiter::new(Quota::per_second(1_000).with_burst(1)));
+    rt.block_on(common::timeouts_race_wake_ups(limiter, 5));
 }
 
 #[test]

@@ -1,0 +1,57 @@
+//! What the real-time waiting tests share: the 50-waiter pacing job and its bounds, and
+//! tokio timeouts racing wake-ups.
+
+#![allow(dead_code)] // each test crate uses a different part
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pacer::clock::Clock;
+use pacer::Limiter;
+
+/// 50 waiters at 500/s, burst 1: the last is due 49 * 2 ms = 98 ms after the first.
+pub(crate) const WAITERS: usize = 50;
+pub(crate) const IDEAL: Duration = Duration::from_millis(98);
+/// Upper bound on a loaded 2-core CI machine; the lower bound is exact.
+pub(crate) const SLACK: Duration = Duration::from_secs(3);
+
+pub(crate) fn assert_paced(elapsed: Duration, what: &str) {
+    // quanta and std::time may disagree by a hair: allow 1 ms on the low side.
+    assert!(
+        elapsed + Duration::from_millis(1) >= IDEAL,
+        "{what}: finished early, {elapsed:?}"
+    );
+    assert!(elapsed <= IDEAL + SLACK, "{what}: too slow, {elapsed:?}");
+}
+
+/// `rounds` rounds of 200 tokio tasks waiting on `limiter` (1000/s, burst 1: waiter i is
+/// due at about i ms) under a timeout that lands within a millisecond of that, on either
+/// side. After each round nothing may be left booked or linked. Runs inside a tokio
+/// runtime with timers.
+pub(crate) async fn timeouts_race_wake_ups<C: Clock>(limiter: Arc<Limiter<C>>, rounds: u64) {
+    for round in 0..rounds {
+        let tasks: Vec<_> = (0..200u64)
+            .map(|i| {
+                let limiter = limiter.clone();
+                let jitter = (i * 7 + round * 13) % 2_000;
+                let timeout = Duration::from_micros(i * 1_000 + jitter);
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(timeout, limiter.until_ready()).await;
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        // Whatever raced, nothing is left booked beyond the burst window: after one more
+        // interval the whole burst is back, and no waiter is left in the queue.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(
+            limiter.next_deadline(),
+            None,
+            "round {round}: a node leaked"
+        );
+        assert_eq!(limiter.remaining(), 1, "round {round}: capacity lost");
+        limiter.check().unwrap();
+    }
+}
