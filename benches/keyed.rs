@@ -119,10 +119,7 @@ fn bench(c: &mut Criterion) {
 /// both ran seconds apart, is the fairer comparison. `PACER_BENCH_ROUNDS` sets the rounds.
 fn paired(contenders: &[(&'static str, CheckKey, f64)]) {
     const CHECKS: u64 = 2_000_000;
-    let rounds: usize = std::env::var("PACER_BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(15);
+    let rounds = common::rounds();
     let [(_, pacer, _), (_, governor, _)] = contenders else {
         unreachable!("pacer and governor")
     };
@@ -134,13 +131,11 @@ fn paired(contenders: &[(&'static str, CheckKey, f64)]) {
                 g.as_secs_f64() / p.as_secs_f64()
             })
             .collect();
-        ratios.sort_by(f64::total_cmp);
+        let (median, min, max) = common::spread(&mut ratios);
         eprintln!(
-            "paired rounds, {threads} thread(s): pacer/governor throughput median {:.2}x, \
-             min {:.2}x, max {:.2}x over {rounds} rounds of {CHECKS} checks each",
-            ratios[rounds / 2],
-            ratios[0],
-            ratios[rounds - 1],
+            "paired rounds, {threads} thread(s): pacer/governor throughput median \
+             {median:.2}x, min {min:.2}x, max {max:.2}x over {rounds} rounds of {CHECKS} \
+             checks each",
         );
     }
 }

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
+mod common;
+
 const WAITERS: u32 = 20_000;
 const RATE: u32 = 100_000;
 
@@ -92,10 +94,7 @@ fn run_once(rt: &tokio::runtime::Runtime, waiter: &Waiter) -> (Duration, Duratio
 /// machine's speed drifts between criterion's back-to-back groups; within a round the
 /// contenders ran a fraction of a second apart. `PACER_BENCH_ROUNDS` sets the rounds.
 fn paired(rt: &tokio::runtime::Runtime) {
-    let rounds: usize = std::env::var("PACER_BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(15);
+    let rounds = common::rounds();
     let who = ["pacer", "pacer+tokio", "leaky-bucket"];
     let mut cpu_ratios = [Vec::new(), Vec::new()];
     let mut walls = [Vec::new(), Vec::new(), Vec::new()];
@@ -111,13 +110,9 @@ fn paired(rt: &tokio::runtime::Runtime) {
             wall.push(runs[i].0.as_secs_f64() * 1e3);
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        (v[v.len() / 2], v[0], v[v.len() - 1])
-    };
     eprintln!("\npaired rounds ({rounds}), CPU time over leaky-bucket's in the same round:");
     for (name, ratios) in who.iter().zip(&mut cpu_ratios) {
-        let (med, min, max) = median(ratios);
+        let (med, min, max) = common::spread(ratios);
         let below = ratios.iter().filter(|r| **r <= 1.0).count();
         eprintln!(
             "  {name:<13} median {med:.2}x (min {min:.2}x, max {max:.2}x), at or below in \
@@ -125,7 +120,7 @@ fn paired(rt: &tokio::runtime::Runtime) {
         );
     }
     for (name, wall) in who.iter().zip(&mut walls) {
-        let (med, min, max) = median(wall);
+        let (med, min, max) = common::spread(wall);
         eprintln!("  {name:<13} wall median {med:.1} ms (min {min:.1}, max {max:.1})");
     }
 }

@@ -1,4 +1,7 @@
-//! What the benches share: running one workload on several threads at once.
+//! What the benches share: running one workload on several threads at once, and the
+//! paired rounds' count and summary.
+
+#![allow(dead_code)] // each bench uses a different part
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -33,4 +36,22 @@ where
         h.join().unwrap();
     }
     start.elapsed() / threads as u32
+}
+
+/// How many paired rounds to run: `PACER_BENCH_ROUNDS`, 15 by default.
+pub(crate) fn rounds() -> usize {
+    std::env::var("PACER_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(15)
+}
+
+/// Sorts `values` and returns their median, minimum and maximum.
+pub(crate) fn spread(values: &mut [f64]) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (
+        values[values.len() / 2],
+        values[0],
+        values[values.len() - 1],
+    )
 }
