@@ -92,27 +92,32 @@ pub(crate) unsafe fn next<T: Link>(node: NonNull<T>) -> Option<NonNull<T>> {
         .with(|p| unsafe { (*p).next })
 }
 
-/// Writes a node's links.
+/// Writes a node's `prev`.
 ///
 /// # Safety
 ///
 /// `node` is live and the caller holds the list (rule 2).
-unsafe fn set<T: Link>(
-    node: NonNull<T>,
-    prev: Option<Option<NonNull<T>>>,
-    next: Option<Option<NonNull<T>>>,
-) {
+unsafe fn set_prev<T: Link>(node: NonNull<T>, prev: Option<NonNull<T>>) {
     // SAFETY: the caller guarantees `node` is live; `Link` gives its embedded pointers.
     let pointers = unsafe { T::pointers(node) };
     // SAFETY: holding the list makes this the only access to the links (rule 2).
-    unsafe { pointers.as_ref() }.inner.with_mut(|p| unsafe {
-        if let Some(prev) = prev {
-            (*p).prev = prev;
-        }
-        if let Some(next) = next {
-            (*p).next = next;
-        }
-    });
+    unsafe { pointers.as_ref() }
+        .inner
+        .with_mut(|p| unsafe { (*p).prev = prev });
+}
+
+/// Writes a node's `next`.
+///
+/// # Safety
+///
+/// `node` is live and the caller holds the list (rule 2).
+unsafe fn set_next<T: Link>(node: NonNull<T>, next: Option<NonNull<T>>) {
+    // SAFETY: the caller guarantees `node` is live; `Link` gives its embedded pointers.
+    let pointers = unsafe { T::pointers(node) };
+    // SAFETY: holding the list makes this the only access to the links (rule 2).
+    unsafe { pointers.as_ref() }
+        .inner
+        .with_mut(|p| unsafe { (*p).next = next });
 }
 
 /// The list: a head and a tail pointer.
@@ -150,6 +155,10 @@ impl<T: Link> LinkedList<T> {
         self.head
     }
 
+    pub(crate) fn back(&self) -> Option<NonNull<T>> {
+        self.tail
+    }
+
     /// Links `node` at the back.
     ///
     /// # Safety
@@ -157,10 +166,13 @@ impl<T: Link> LinkedList<T> {
     /// `node` is live, pinned, in no list, and stays live until it is removed (rules 1, 3).
     pub(crate) unsafe fn push_back(&mut self, node: NonNull<T>) {
         // SAFETY: `node` is live and we hold the list (caller's contract).
-        unsafe { set(node, Some(self.tail), Some(None)) };
+        unsafe {
+            set_prev(node, self.tail);
+            set_next(node, None);
+        }
         match self.tail {
             // SAFETY: the tail is a linked node, hence live (rule 3), and we hold the list.
-            Some(tail) => unsafe { set(tail, None, Some(Some(node))) },
+            Some(tail) => unsafe { set_next(tail, Some(node)) },
             None => self.head = Some(node),
         }
         self.tail = Some(node);
@@ -184,7 +196,7 @@ impl<T: Link> LinkedList<T> {
         let (prev, next) = unsafe { (prev(node), next(node)) };
         match prev {
             // SAFETY: a linked neighbour is live (rule 3).
-            Some(prev) => unsafe { set(prev, None, Some(next)) },
+            Some(prev) => unsafe { set_next(prev, next) },
             None => {
                 if self.head != Some(node) {
                     // No predecessor and not the head: not linked.
@@ -195,11 +207,14 @@ impl<T: Link> LinkedList<T> {
         }
         match next {
             // SAFETY: a linked neighbour is live (rule 3).
-            Some(next) => unsafe { set(next, Some(prev), None) },
+            Some(next) => unsafe { set_prev(next, prev) },
             None => self.tail = prev,
         }
         // SAFETY: `node` is live; clearing its links marks it unlinked.
-        unsafe { set(node, Some(None), Some(None)) };
+        unsafe {
+            set_prev(node, None);
+            set_next(node, None);
+        }
         true
     }
 }
