@@ -76,18 +76,26 @@ impl Cell {
         }
     }
 
-    /// Gives back `cost` nanoseconds that a cancelled booking took, saturating at 0.
+    /// Gives back `cost` nanoseconds that a cancelled booking took, if the TAT is still
+    /// `expected` (the queue's last booking); returns whether it did.
     ///
-    /// Only exact while the cancelled booking's instant is still in the future: the
-    /// waiter module calls it only then (see `crate::wait`).
-    pub(crate) fn refund(&self, cost: u64) {
-        // Relaxed: the same single-word argument as `acquire`; the waiter list's mutex
-        // orders this against bookings.
-        let _ = self
-            .tat
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
-                Some(tat.saturating_sub(cost))
-            });
+    /// A TAT other than `expected` means a plain admission happened since the last booking,
+    /// after every booked instant: the cancelled cells were then relied on and stay spent
+    /// (see `crate::wait::queue`). Deciding on the value itself, with no clock reading,
+    /// makes an admission racing the refund fail one of the two compare-and-swaps.
+    pub(crate) fn refund(&self, expected: u64, cost: u64) -> bool {
+        // Relaxed: the same single-word argument as `acquire`; bookings and refunds are
+        // ordered among themselves by the waiter queue's mutex, which made `expected`
+        // (written under it) visible to us, and a plain admission is a newer value in the
+        // word's modification order, which makes this exchange fail.
+        self.tat
+            .compare_exchange(
+                expected,
+                expected.saturating_sub(cost),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
     }
 }
 

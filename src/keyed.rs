@@ -33,8 +33,9 @@
 //! so overrides cost no memory per key and no second map.
 //!
 //! **Waiting** uses the same booked FIFO queue as the direct limiter, one queue per key
-//! that has waiters, kept in a small side table and dropped once empty. A waiting key is
-//! always stored (the waiter itself already costs memory), even past the bound.
+//! that has waiters, kept in a small side table and dropped once empty. Waiting stores a
+//! key like a check does, within the bound: a new key at a full shard books nothing and
+//! waits (through the clock) until a slot frees, then tries again.
 
 use core::future::Future;
 use core::hash::{BuildHasher, Hash};
@@ -46,14 +47,14 @@ use crossbeam_utils::CachePadded;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::cell::Cell;
-use crate::clock::{Clock, DefaultClock};
+use crate::clock::{Clock, DefaultClock, Timeline};
 use crate::error::{Denied, InsufficientCapacity, NotUntil};
-use crate::gcra::Params;
-use crate::limiter::{duration_nanos, never};
+use crate::gcra::{self, Params};
 use crate::quota::Quota;
 use crate::sync::{Mutex, ReadMostly};
-use crate::wait::future::{Acquire, Target};
+use crate::wait::future::Target;
 use crate::wait::queue::Waiters;
+use crate::wait::{self, block::block_on};
 
 type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 
@@ -80,14 +81,13 @@ pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
     quota_for: Option<QuotaFor<K>>,
     /// Most keys per shard; `usize::MAX` when unbounded.
     shard_cap: usize,
-    clock: C,
-    origin: u64,
+    time: Timeline<C>,
     /// Queues of the keys that have waiters. Locked only on the waiting path.
     waiters: Mutex<Queues<K, C>>,
 }
 
 /// The side table of per-key waiter queues.
-struct Queues<K, C> {
+struct Queues<K, C: Clock> {
     map: HashMap<K, Arc<Waiters<C>>>,
     /// The map's length after its last clean-up; it is cleaned again once doubled.
     cleaned_len: usize,
@@ -191,7 +191,6 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         // per core: never more lock memory than a dashmap's four shards per core.
         let slots = cores.min(8);
         let shards = (cores / 2).clamp(2, 64);
-        let origin = clock.now();
         KeyedLimiter {
             shards: (0..shards)
                 .map(|_| CachePadded::new(ReadMostly::new(Shard::new(), slots)))
@@ -201,8 +200,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             params: *quota.params(),
             quota_for: None,
             shard_cap: usize::MAX,
-            clock,
-            origin,
+            time: Timeline::starting_now(clock),
             waiters: Mutex::new(Queues {
                 map: HashMap::new(),
                 cleaned_len: 0,
@@ -252,7 +250,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
 
     #[inline]
     fn now(&self) -> u64 {
-        self.clock.now().saturating_sub(self.origin)
+        self.time.now()
     }
 
     #[inline]
@@ -270,17 +268,13 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// Runs `f` on `key`'s cell and the time now, storing a fresh cell first if the key is
-    /// new. `Err` when the key is new and its shard is full of limited keys (it carries the
-    /// wait until a slot frees), unless `force`.
+    /// new. `Err` when the key is new and its shard is full of limited keys: it carries the
+    /// wait until a slot frees. Every path that stores a key comes through here, so the
+    /// bound holds on all of them.
     ///
     /// The clock is read only once the cell is found: the read then overlaps the likely
     /// cache miss on the cell instead of adding to it.
-    fn with_cell<R>(
-        &self,
-        key: &K,
-        force: bool,
-        f: impl FnOnce(&Cell, u64) -> R,
-    ) -> Result<R, u64> {
+    fn with_cell<R>(&self, key: &K, f: impl FnOnce(&Cell, u64) -> R) -> Result<R, u64> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         {
@@ -289,14 +283,22 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
                 return Ok(f(cell, self.now()));
             }
             // A flood of new keys at a full shard is refused here, without the write lock.
-            if !force && shard.table.len() >= self.shard_cap {
+            if shard.table.len() >= self.shard_cap {
                 let now = self.now();
                 if now < shard.full_until {
                     return Err(shard.full_until - now);
                 }
             }
         }
-        shard.write(|shard| self.insert_and(shard, hash, key, force, f))
+        shard.write(|shard| self.insert_and(shard, hash, key, f))
+    }
+
+    /// Runs `f` on `key`'s cell if it is stored; never stores it.
+    fn with_stored_cell<R>(&self, key: &K, f: impl FnOnce(&Cell, u64) -> R) -> Option<R> {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash).read();
+        let (_, cell) = shard.table.find(hash, |(k, _)| k == key)?;
+        Some(f(cell, self.now()))
     }
 
     /// [`KeyedLimiter::with_cell`]'s path for a key that was not found: under the shard's
@@ -306,13 +308,12 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         shard: &mut Shard<K>,
         hash: u64,
         key: &K,
-        force: bool,
         f: impl FnOnce(&Cell, u64) -> R,
     ) -> Result<R, u64> {
         let now = self.now();
         if shard.table.find(hash, |(k, _)| k == key).is_none() {
             let len = shard.table.len();
-            if len >= self.shard_cap && !force {
+            if len >= self.shard_cap {
                 if now < shard.full_until {
                     return Err(shard.full_until - now);
                 }
@@ -355,7 +356,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     #[inline]
     pub fn check_key(&self, key: &K) -> Result<(), NotUntil> {
         let params = self.params_for(key);
-        self.with_cell(key, false, |cell, now| {
+        self.with_cell(key, |cell, now| {
             cell.acquire(now, params.interval(), params.tau())
         })
         .and_then(|admitted| admitted.map(drop))
@@ -385,15 +386,36 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         if cost == 0 {
             return Ok(());
         }
-        self.with_cell(key, false, |cell, now| {
-            cell.acquire(now, cost, params.tau())
-        })
-        .and_then(|admitted| admitted.map(drop))
-        .map_err(|wait| NotUntil::from_nanos(wait).into())
+        self.with_cell(key, |cell, now| cell.acquire(now, cost, params.tau()))
+            .and_then(|admitted| admitted.map(drop))
+            .map_err(|wait| NotUntil::from_nanos(wait).into())
+    }
+
+    /// How many cells `check_key_n` would admit for `key` right now; spends nothing and
+    /// stores nothing (an unknown key has its whole burst).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_hour(10));
+    /// limiter.check_key_n(&"alice", 4).unwrap();
+    /// assert_eq!(limiter.remaining_key(&"alice"), 6);
+    /// assert_eq!(limiter.remaining_key(&"bob"), 10);
+    /// assert_eq!(limiter.len(), 1);
+    /// ```
+    pub fn remaining_key(&self, key: &K) -> u32 {
+        let params = self.params_for(key);
+        self.with_stored_cell(key, |cell, now| gcra::remaining(cell.tat(), now, &params))
+            .unwrap_or(params.burst())
     }
 
     /// Waits `key`'s booked turn for one cell (the same FIFO promises as
     /// [`Limiter::until_ready`](crate::Limiter::until_ready)).
+    ///
+    /// The key bound of [`KeyedLimiter::with_max_keys`] holds here too: a new key that
+    /// finds its shard full of limited keys books nothing and waits until a slot frees,
+    /// then tries again.
     ///
     /// # Examples
     ///
@@ -409,12 +431,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     where
         K: Send + Sync,
     {
-        let acquire = Acquire::new(self.target(key), 1, u64::MAX);
-        async move {
-            if acquire.await.is_err() {
-                never::<()>().await;
-            }
-        }
+        wait::ready(self.target(key))
     }
 
     /// Waits `key`'s booked turn for `n` cells at once.
@@ -441,14 +458,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     where
         K: Send + Sync,
     {
-        let acquire = Acquire::new(self.target(key), n, u64::MAX);
-        async move {
-            match acquire.await {
-                Ok(()) => Ok(()),
-                Err(Denied::InsufficientCapacity(e)) => Err(e),
-                Err(Denied::NotUntil(_)) => never().await,
-            }
-        }
+        wait::n_ready(self.target(key), n)
     }
 
     /// Waits for one cell for `key` only if it can be had within `max`; otherwise books
@@ -456,7 +466,8 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     ///
     /// # Errors
     ///
-    /// [`NotUntil`] when the cell cannot be had within `max`.
+    /// [`NotUntil`] when the cell cannot be had within `max` (or, for a new key at the key
+    /// bound, when no slot frees within `max`).
     ///
     /// # Examples
     ///
@@ -477,16 +488,80 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     where
         K: Send + Sync,
     {
-        let acquire = Acquire::new(self.target(key), 1, duration_nanos(max));
-        async move {
-            match acquire.await {
-                Ok(()) => Ok(()),
-                Err(Denied::NotUntil(e)) => Err(e),
-                Err(Denied::InsufficientCapacity(_)) => {
-                    unreachable!("one cell always fits a burst of at least one")
-                }
-            }
-        }
+        wait::ready_within(self.target(key), max)
+    }
+
+    /// Waits for `n` cells for `key` within `max`, or books nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] when the cells cannot be had within `max`;
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the key's burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{Denied, KeyedLimiter, Quota};
+    /// use std::time::Duration;
+    /// let limiter = KeyedLimiter::new(Quota::per_second(4));
+    /// futures::executor::block_on(async {
+    ///     limiter.until_key_n_ready_within(&"a", 4, Duration::ZERO).await.unwrap();
+    ///     let late = limiter.until_key_n_ready_within(&"a", 2, Duration::from_millis(100)).await;
+    ///     assert!(matches!(late, Err(Denied::NotUntil(_))));
+    /// });
+    /// ```
+    pub fn until_key_n_ready_within(
+        &self,
+        key: &K,
+        n: u32,
+        max: Duration,
+    ) -> impl Future<Output = Result<(), Denied>> + Send + '_
+    where
+        K: Send + Sync,
+    {
+        wait::n_ready_within(self.target(key), n, max)
+    }
+
+    /// Blocks the calling thread until one cell is admitted for `key`, in the same booked
+    /// FIFO as the key's async waiters. Don't call it inside an async task.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_second(1000).with_burst(1));
+    /// let start = std::time::Instant::now();
+    /// for _ in 0..3 {
+    ///     limiter.wait_key(&"job");
+    /// }
+    /// assert!(start.elapsed().as_millis() >= 2);
+    /// ```
+    pub fn wait_key(&self, key: &K)
+    where
+        K: Send + Sync,
+    {
+        block_on(self.until_key_ready(key));
+    }
+
+    /// Blocks the calling thread until `n` cells are admitted for `key` at once.
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] at once when `n` exceeds the key's burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_second(10));
+    /// limiter.wait_key_n(&1, 10).unwrap();
+    /// assert!(limiter.wait_key_n(&1, 11).is_err());
+    /// ```
+    pub fn wait_key_n(&self, key: &K, n: u32) -> Result<(), InsufficientCapacity>
+    where
+        K: Send + Sync,
+    {
+        block_on(self.until_key_n_ready(key, n))
     }
 
     fn target(&self, key: &K) -> KeyTarget<'_, K, C> {
@@ -563,6 +638,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Target for KeyTarget<'_, K, C> {
         self.limiter.params_for(&self.key)
     }
 
+    fn time(&self) -> &Timeline<C> {
+        &self.limiter.time
+    }
+
     fn waiters(&self) -> Arc<Waiters<C>> {
         let limiter = self.limiter;
         let mut queues = limiter.waiters.lock();
@@ -573,15 +652,15 @@ impl<K: Hash + Eq + Clone, C: Clock> Target for KeyTarget<'_, K, C> {
             queues
                 .map
                 .entry(self.key.clone())
-                .or_insert_with(|| Waiters::new(limiter.clock.clone(), limiter.origin)),
+                .or_insert_with(|| Waiters::new(limiter.time.clone())),
         )
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> R {
-        // `force`: a waiting key is always stored (module docs), so this cannot be refused.
-        match self.limiter.with_cell(&self.key, true, |cell, _| f(cell)) {
-            Ok(r) => r,
-            Err(_) => unreachable!("a forced insert is never refused"),
-        }
+    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Result<R, u64> {
+        self.limiter.with_cell(&self.key, |cell, _| f(cell))
+    }
+
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+        self.limiter.with_stored_cell(&self.key, |cell, _| f(cell))
     }
 }

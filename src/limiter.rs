@@ -7,12 +7,13 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 
 use crate::cell::Cell;
-use crate::clock::{Clock, DefaultClock};
+use crate::clock::{Clock, DefaultClock, Timeline};
 use crate::error::{Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
+use crate::wait;
 use crate::wait::block::block_on;
-use crate::wait::future::{Acquire, Target};
+use crate::wait::future::Target;
 use crate::wait::queue::Waiters;
 
 /// A rate limiter for one quota, shared by reference (or `Arc`) among threads and tasks.
@@ -39,11 +40,9 @@ use crate::wait::queue::Waiters;
 pub struct Limiter<C: Clock = DefaultClock> {
     cell: CachePadded<Cell>,
     params: Params,
-    /// The same clock and origin as `waiters` holds: kept here too so that `check()` reads
-    /// them without following the `Arc`.
-    clock: C,
-    /// The clock reading that is limiter time 0.
-    origin: u64,
+    /// The same timeline as `waiters` holds: kept here too so that `check()` reads it
+    /// without following the `Arc`.
+    time: Timeline<C>,
     waiters: Arc<Waiters<C>>,
 }
 
@@ -83,13 +82,12 @@ impl<C: Clock> Limiter<C> {
     /// assert_eq!(limiter.remaining(), 1);
     /// ```
     pub fn with_clock(quota: Quota, clock: C) -> Limiter<C> {
-        let origin = clock.now();
+        let time = Timeline::starting_now(clock);
         Limiter {
             cell: CachePadded::new(Cell::new()),
             params: *quota.params(),
-            waiters: Waiters::new(clock.clone(), origin),
-            clock,
-            origin,
+            waiters: Waiters::new(time.clone()),
+            time,
         }
     }
 
@@ -107,7 +105,7 @@ impl<C: Clock> Limiter<C> {
 
     #[inline]
     fn now(&self) -> u64 {
-        self.clock.now().saturating_sub(self.origin)
+        self.time.now()
     }
 
     /// Admits one cell now, or says how long until one would be admitted.
@@ -204,12 +202,7 @@ impl<C: Clock> Limiter<C> {
     /// });
     /// ```
     pub fn until_ready(&self) -> impl Future<Output = ()> + Send + '_ {
-        let acquire = Acquire::new(self, 1, u64::MAX);
-        async move {
-            if acquire.await.is_err() {
-                never::<()>().await;
-            }
-        }
+        wait::ready(self)
     }
 
     /// Waits its turn for `n` cells at once (booked like [`Limiter::until_ready`]).
@@ -232,14 +225,7 @@ impl<C: Clock> Limiter<C> {
         &self,
         n: u32,
     ) -> impl Future<Output = Result<(), InsufficientCapacity>> + Send + '_ {
-        let acquire = Acquire::new(self, n, u64::MAX);
-        async move {
-            match acquire.await {
-                Ok(()) => Ok(()),
-                Err(Denied::InsufficientCapacity(e)) => Err(e),
-                Err(Denied::NotUntil(_)) => never().await,
-            }
-        }
+        wait::n_ready(self, n)
     }
 
     /// Waits for one cell, but only if it can be had within `max`; otherwise books nothing
@@ -265,16 +251,7 @@ impl<C: Clock> Limiter<C> {
         &self,
         max: Duration,
     ) -> impl Future<Output = Result<(), NotUntil>> + Send + '_ {
-        let acquire = Acquire::new(self, 1, duration_nanos(max));
-        async move {
-            match acquire.await {
-                Ok(()) => Ok(()),
-                Err(Denied::NotUntil(e)) => Err(e),
-                Err(Denied::InsufficientCapacity(_)) => {
-                    unreachable!("one cell always fits a burst of at least one")
-                }
-            }
-        }
+        wait::ready_within(self, max)
     }
 
     /// Waits for `n` cells within `max`, or books nothing (see [`Limiter::until_ready_within`]).
@@ -302,7 +279,7 @@ impl<C: Clock> Limiter<C> {
         n: u32,
         max: Duration,
     ) -> impl Future<Output = Result<(), Denied>> + Send + '_ {
-        Acquire::new(self, n, duration_nanos(max))
+        wait::n_ready_within(self, n, max)
     }
 
     /// Blocks the calling thread until one cell is admitted, in the same booked FIFO as the
@@ -382,7 +359,9 @@ impl<C: Clock> Limiter<C> {
     /// assert_eq!(limiter.next_deadline(), Some(clock.now() + 100_000_000));
     /// ```
     pub fn next_deadline(&self) -> Option<u64> {
-        self.waiters.next_deadline()
+        self.waiters
+            .next_deadline()
+            .map(|instant| self.time.to_clock(instant))
     }
 
     /// Wakes, in booking order, every waiter whose instant has come.
@@ -407,22 +386,19 @@ impl<C: Clock> Target for &Limiter<C> {
         self.params
     }
 
+    fn time(&self) -> &Timeline<C> {
+        &self.time
+    }
+
     fn waiters(&self) -> Arc<Waiters<C>> {
         Arc::clone(&self.waiters)
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> R {
-        f(&self.cell)
+    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Result<R, u64> {
+        Ok(f(&self.cell))
     }
-}
 
-/// Nanoseconds of a duration, saturating at `u64::MAX`.
-pub(crate) fn duration_nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// A future that never finishes: the fate of a booking beyond the end of representable
-/// time (a TAT saturated at `u64::MAX` nanoseconds, 584 years after the limiter's birth).
-pub(crate) async fn never<T>() -> T {
-    core::future::pending().await
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+        Some(f(&self.cell))
+    }
 }

@@ -17,6 +17,11 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub(crate) use loom::cell::UnsafeCell;
 
 #[cfg(loom)]
+pub(crate) use loom::thread_local;
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
+
+#[cfg(loom)]
 use loom::sync as imp;
 #[cfg(not(loom))]
 use std::sync as imp;

@@ -40,6 +40,9 @@ fn realtime_tokio_clock_current_thread() {
         .enable_time()
         .build()
         .unwrap();
+    // A current-thread runtime only runs inside `block_on`: its wake-ups go to pacer's
+    // timer thread, so that a thread blocked on the limiter never depends on it.
+    assert!(!TokioClock::from_handle(rt.handle().clone()).uses_runtime_timer());
     assert_paced(paced_on(&rt), "TokioClock, current-thread");
 }
 
@@ -50,7 +53,28 @@ fn realtime_tokio_clock_multi_thread() {
         .enable_time()
         .build()
         .unwrap();
+    assert!(TokioClock::from_handle(rt.handle().clone()).uses_runtime_timer());
     assert_paced(paced_on(&rt), "TokioClock, multi-thread");
+}
+
+#[test]
+fn realtime_an_idle_current_thread_runtime_does_not_strand_a_blocked_thread() {
+    // Nobody is inside this runtime's `block_on`, so it fires no timers of its own.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let limiter = Limiter::with_clock(
+        Quota::per_second(100).with_burst(1),
+        TokioClock::from_handle(rt.handle().clone()),
+    );
+    let elapsed = finishes_within_slack(move || {
+        for _ in 0..4 {
+            limiter.wait();
+        }
+        drop(rt);
+    });
+    assert!(elapsed + Duration::from_millis(1) >= Duration::from_millis(30));
 }
 
 #[test]
@@ -102,17 +126,9 @@ fn realtime_a_runtime_that_shut_down_hands_wake_ups_to_pacers_timer() {
     assert!(elapsed + Duration::from_millis(1) >= Duration::from_millis(10));
 }
 
-#[test]
-fn realtime_a_runtime_without_timers_hands_wake_ups_to_pacers_timer() {
-    // No `enable_time`: tokio's sleep panics inside the spawned task (the panic message on
-    // stderr is expected); the wake-up must still come.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let limiter = Limiter::with_clock(
-        Quota::per_second(100).with_burst(1),
-        TokioClock::from_handle(rt.handle().clone()),
-    );
+/// Three waits for a 100/s limiter on `clock`, inside `rt`: at least 20 ms.
+fn three_waits_on(rt: tokio::runtime::Runtime, clock: TokioClock) {
+    let limiter = Limiter::with_clock(Quota::per_second(100).with_burst(1), clock);
     let elapsed = finishes_within_slack(move || {
         rt.block_on(async {
             for _ in 0..3 {
@@ -121,4 +137,25 @@ fn realtime_a_runtime_without_timers_hands_wake_ups_to_pacers_timer() {
         })
     });
     assert!(elapsed + Duration::from_millis(1) >= Duration::from_millis(20));
+}
+
+#[test]
+fn realtime_a_runtime_without_timers_is_detected_and_served_by_pacers_timer() {
+    // No `enable_time`. The clock notices when it is made (tokio's one panic message on
+    // stderr is expected, from the probe) and never asks the runtime for a timer.
+    let rt = tokio::runtime::Builder::new_multi_thread().build().unwrap();
+    let clock = TokioClock::from_handle(rt.handle().clone());
+    assert!(!clock.uses_runtime_timer());
+    three_waits_on(rt, clock);
+}
+
+#[test]
+fn realtime_a_timer_wrongly_assumed_still_delivers_its_wake_ups() {
+    // The caller vouched for a time driver that is not there: tokio's sleep panics inside
+    // the spawned task (a panic message per wake-up on stderr is expected) and the
+    // dropped task hands each wake-up to pacer's timer thread.
+    let rt = tokio::runtime::Builder::new_multi_thread().build().unwrap();
+    let clock = TokioClock::assume_time_driver(rt.handle().clone());
+    assert!(clock.uses_runtime_timer());
+    three_waits_on(rt, clock);
 }

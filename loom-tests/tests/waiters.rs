@@ -176,3 +176,55 @@ fn a_poll_racing_the_fire_completes_at_most_once_and_frees_the_node_after_it() {
         }
     });
 }
+
+/// A clock moved by hand that never wakes anyone: a booked waiter stays linked past its
+/// instant until someone polls it, the widest window for a cancel to race a check.
+#[derive(Clone, Default)]
+struct SilentClock(Arc<loom::sync::atomic::AtomicU64>);
+
+impl pacer::clock::Clock for SilentClock {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    fn wake_at(&self, _at: u64, _waker: Waker) {}
+}
+
+#[test]
+fn a_cancel_racing_a_check_across_the_instant_never_exceeds_the_burst() {
+    loom::model(|| {
+        // Burst 2 at one cell per 100 ms, spent at 0; a waiter books 2 more (instant
+        // 200 ms). One thread moves time to 300 ms and checks; another drops the waiter.
+        let clock = SilentClock::default();
+        let limiter = Arc::new(Limiter::with_clock(
+            Quota::try_new(1, T).unwrap().with_burst(2),
+            clock.clone(),
+        ));
+        limiter.check_n(2).unwrap();
+        let mut booked: Pin<Box<dyn Future<Output = Result<(), pacer::InsufficientCapacity>> + Send>> = {
+            let limiter = limiter.clone();
+            Box::pin(async move { limiter.until_n_ready(2).await })
+        };
+        let waker = Waker::from(Arc::new(Count::default()));
+        assert!(booked
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+        let checker = {
+            let limiter = limiter.clone();
+            thread::spawn(move || {
+                clock.0.store(300_000_000, Ordering::SeqCst);
+                limiter.check().is_ok()
+            })
+        };
+        let canceller = thread::spawn(move || drop(booked));
+        let checked = checker.join().unwrap();
+        canceller.join().unwrap();
+        // At 300 ms: the check's cell plus whatever is still admissible fit the burst,
+        // whether the refund came first (1 + 1), or the check did (1 + 0, no refund).
+        let admissible = u32::from(checked) + limiter.remaining();
+        assert!(admissible <= 2, "{admissible} cells admissible at once, burst 2");
+        assert!(checked, "the check at 300 ms fits either way");
+        assert_eq!(limiter.next_deadline(), None, "every node unlinked");
+    });
+}

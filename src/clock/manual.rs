@@ -54,6 +54,11 @@ impl ManualClock {
     /// Moves time forward by `by` (saturating at `u64::MAX` nanoseconds) and wakes every
     /// sleeper whose instant has come, in instant order, on the calling thread.
     ///
+    /// # Panics
+    ///
+    /// If a woken waker panics: the panic is resumed here once every other due sleeper
+    /// has been woken.
+    ///
     /// # Examples
     ///
     /// ```
@@ -80,6 +85,7 @@ impl ManualClock {
 
     fn wake_due(&self) {
         let mut due = WakeList::new();
+        let mut panicked = Ok(());
         loop {
             {
                 let mut sleepers = self.inner.sleepers.lock();
@@ -93,10 +99,14 @@ impl ManualClock {
                 }
             }
             let more = due.is_full();
-            due.wake_all();
+            panicked = panicked.and(due.wake_all());
             if !more {
-                return;
+                break;
             }
+        }
+        // Every due sleeper was woken; now report a waker's panic to the caller.
+        if let Err(panic) = panicked {
+            std::panic::resume_unwind(panic);
         }
     }
 }
@@ -118,5 +128,23 @@ impl Clock for ManualClock {
             }
         }
         waker.wake();
+    }
+
+    fn forget_waker(&self, waker: &Waker) {
+        let mut forgotten = Vec::new();
+        {
+            let mut sleepers = self.inner.sleepers.lock();
+            let mut i = 0;
+            while i < sleepers.len() {
+                if sleepers[i].1.will_wake(waker) {
+                    // Order does not matter: `wake_due` sorts before it wakes.
+                    forgotten.push(sleepers.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        // Dropped after the lock: dropping a waker may run foreign code.
+        drop(forgotten);
     }
 }

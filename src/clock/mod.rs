@@ -61,12 +61,76 @@ pub trait Clock: Clone + Send + Sync + 'static {
 
     /// Arranges for `waker` to be woken once [`Clock::now`] has reached `at`.
     ///
-    /// Waking early is harmless (pacer re-reads the time and asks again), but must not happen
-    /// *on the calling thread* unless [`Clock::now`] has reached `at`: pacer calls this from
-    /// inside its own wake-up path, so a synchronous early wake would recurse. Waking late
-    /// delays waiters by as much. A clock that never wakes leaves async waiters to be driven
-    /// by `Limiter::fire_due`.
+    /// Waking early is harmless (pacer re-reads the time and asks again). Waking *on the
+    /// calling thread* before [`Clock::now`] has reached `at` breaks this contract: pacer
+    /// tolerates it (it notices the re-entrant wake-up, handles it without recursing, and
+    /// after a few early wake-ups in a row stops asking until its next booking), but waiters
+    /// are then only woken by later polls or `Limiter::fire_due`. Waking late delays waiters
+    /// by as much. A clock that never wakes leaves async waiters to be driven by
+    /// `Limiter::fire_due`.
+    ///
+    /// `waker` is a pacer-internal waker (one per limiter, or per waiting key); its `wake`
+    /// never blocks and never panics, but it may run the wakers of the limiter's waiting
+    /// tasks on the calling thread.
     fn wake_at(&self, at: u64, waker: Waker);
+
+    /// Lets go of every wake-up still pending for `waker` (compare with
+    /// [`Waker::will_wake`]): pacer calls it when the limiter (or the keyed limiter's queue
+    /// for one key) that asked for them is dropped, so that a clock which stores wakers
+    /// does not keep memory for a limiter that no longer exists.
+    ///
+    /// The default does nothing: the wake-up then fires into a dropped limiter, which is
+    /// harmless, and its memory is released at that time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::clock::{Clock, ManualClock};
+    /// use std::task::Waker;
+    ///
+    /// let clock = ManualClock::new();
+    /// clock.wake_at(1_000, Waker::noop().clone());
+    /// clock.forget_waker(Waker::noop()); // the sleeper is gone
+    /// ```
+    fn forget_waker(&self, waker: &Waker) {
+        let _ = waker;
+    }
+}
+
+/// A limiter's view of its clock: the clock, and the reading that is the limiter's time 0.
+///
+/// Limiter time is what the GCRA arithmetic works in (nanoseconds since the limiter's
+/// creation); clock time is what [`Clock::now`] and [`Clock::wake_at`] speak. This is the
+/// one place that converts between them.
+#[derive(Clone, Debug)]
+pub(crate) struct Timeline<C> {
+    clock: C,
+    /// The clock reading that is limiter time 0.
+    origin: u64,
+}
+
+impl<C: Clock> Timeline<C> {
+    /// A timeline starting now.
+    pub(crate) fn starting_now(clock: C) -> Timeline<C> {
+        let origin = clock.now();
+        Timeline { clock, origin }
+    }
+
+    pub(crate) fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Limiter time now; 0 if the clock reads before the origin (it stepped back).
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now().saturating_sub(self.origin)
+    }
+
+    /// The clock reading at limiter time `t`, saturating at `u64::MAX`.
+    #[inline]
+    pub(crate) fn to_clock(&self, t: u64) -> u64 {
+        self.origin.saturating_add(t)
+    }
 }
 
 /// The default clock: quanta's TSC-based monotonic time, and one process-wide timer thread
@@ -117,9 +181,15 @@ impl Clock for DefaultClock {
     fn wake_at(&self, at: u64, waker: Waker) {
         timer::wake_at(at, waker);
     }
+
+    fn forget_waker(&self, waker: &Waker) {
+        timer::forget(waker);
+    }
 }
 
-/// Under loom the default clock is a stub: models use `ManualClock`.
+/// Under loom the default clock is a stub that stands at 0 and never wakes anyone (waking
+/// on the calling thread would break the [`Clock::wake_at`] contract): models use
+/// `ManualClock`.
 #[cfg(loom)]
 impl Clock for DefaultClock {
     fn now(&self) -> u64 {
@@ -127,6 +197,6 @@ impl Clock for DefaultClock {
     }
 
     fn wake_at(&self, _at: u64, waker: Waker) {
-        waker.wake();
+        drop(waker);
     }
 }

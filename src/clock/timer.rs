@@ -1,87 +1,161 @@
 //! The process-wide timer thread behind [`DefaultClock::wake_at`](super::DefaultClock).
 //!
-//! One heap of `(instant, waker)` entries and one thread that sleeps until the earliest.
-//! Limiters register one entry for their first waiter (not one per waiter), so the heap
-//! stays as small as the number of limiters with sleepers.
+//! # Implementation notes
+//!
+//! One ordered map of `(instant, seq) -> waker` and one thread that sleeps until the
+//! earliest. Limiters register one entry for their first waiter (not one per waiter), so
+//! the map stays as small as the number of limiters with sleepers; a second index by waker
+//! lets a dropped limiter take its entries with it ([`forget`]), so nothing of it stays
+//! behind until its last instant.
 //!
 //! **Coalescing.** After a round of wake-ups the thread sleeps at least [`MIN_GAP`] before
 //! the next, whatever is due meanwhile. A lone waiter is woken at its instant; a dense
 //! stream of them (100 000/s) is woken in batches of everything due, at most every
-//! `MIN_GAP`, never early and at most `MIN_GAP` late. That trades ≤ 0.5 ms of lateness
-//! (the promise is "within about a millisecond") for a thread and a runtime that wake
-//! thousands of times less often under load.
+//! `MIN_GAP`, never early and at most `MIN_GAP` late.
+//!
+//! **Hostile wakers.** Waking runs code that is not ours (the limiter's wake-up path runs
+//! its tasks' wakers). Two things protect the other limiters of the process from it:
+//!
+//! * every wake runs under `catch_unwind`, so a panicking waker costs its own wake-up and
+//!   nothing else: the thread goes on serving the map;
+//! * entries are taken one at a time, and the thread records when it entered a wake. A
+//!   watchdog thread looks every [`STALL`] / 2 while the timer is active; if one wake has
+//!   run for longer than [`STALL`] (a waker that sleeps or blocks), it hands the map to a
+//!   fresh successor thread. The stuck thread exits as soon as its wake returns. So a
+//!   sleeping waker delays only itself, and everything else by at most about `STALL`.
+//!   The watchdog parks for good after a second without activity, and `schedule` unparks
+//!   it when work arrives again.
 //!
 //! This module uses `std::sync` directly rather than the `crate::sync` shim: it is a real
 //! OS thread parked with `park_timeout`, which loom cannot model, and loom builds leave it
 //! out (the default clock's timer is stubbed there; models use `ManualClock`).
 
-use core::cmp::Ordering;
 use core::task::Waker;
 use core::time::Duration;
-use std::collections::BinaryHeap;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, Thread};
 
 use super::{Clock, DefaultClock};
-use crate::wake_list::WakeList;
 
-struct Entry {
-    at: u64,
-    seq: u64,
-    waker: Waker,
-}
+/// The shortest time between two rounds of wake-ups (see the module docs).
+pub(super) const MIN_GAP: u64 = 500_000;
 
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
+/// How long one wake may run before the map is handed to a successor thread.
+pub(crate) const STALL: u64 = 10_000_000;
 
-impl Eq for Entry {}
+/// After this long without entries or wakes, the watchdog parks until `schedule` wakes it.
+const WATCHDOG_IDLE: u64 = 1_000_000_000;
 
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
+/// The key of an entry: its instant, then registration order among equal instants.
+type Key = (u64, u64);
 
-impl Ord for Entry {
-    /// Reversed, so that `BinaryHeap` (a max-heap) pops the earliest entry first; `seq`
-    /// keeps entries with equal instants in registration order.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
-}
-
+/// Everything under the timer's lock.
 #[derive(Default)]
-struct Heap {
-    entries: BinaryHeap<Entry>,
+struct State {
+    entries: BTreeMap<Key, Waker>,
+    /// The keys of each waker's entries, by the waker's data address. An address is unique
+    /// while an entry holds a clone of that waker (the clone keeps it alive).
+    by_waker: HashMap<usize, Vec<Key>>,
     seq: u64,
+    /// The generation of the thread that serves the map; older threads exit.
+    generation: u64,
+    /// The serving thread, unparked when an earlier entry arrives.
+    server: Option<Thread>,
+    /// When the serving thread entered its current wake (default clock); 0 when in none.
+    busy_since: u64,
+    /// The watchdog, and whether it parked for good (then `schedule` unparks it).
+    watchdog: Option<Thread>,
+    watchdog_parked: bool,
+    /// The last time the map had entries or the server was in a wake.
+    last_active: u64,
 }
 
-struct Timer {
-    heap: Mutex<Heap>,
-    thread: Thread,
-}
+impl State {
+    fn insert(&mut self, at: u64, waker: Waker) -> bool {
+        let key = (at, self.seq);
+        self.seq = self.seq.wrapping_add(1);
+        let earliest = self.entries.first_key_value().is_none_or(|(k, _)| key < *k);
+        self.by_waker
+            .entry(waker.data() as usize)
+            .or_default()
+            .push(key);
+        self.entries.insert(key, waker);
+        earliest
+    }
 
-static TIMER: OnceLock<Timer> = OnceLock::new();
+    /// Removes and returns the earliest entry if it is due at `now`.
+    fn pop_due(&mut self, now: u64) -> Option<Waker> {
+        let entry = self.entries.first_entry().filter(|e| e.key().0 <= now)?;
+        let key = *entry.key();
+        let waker = entry.remove();
+        self.unindex(waker.data() as usize, key);
+        Some(waker)
+    }
 
-fn timer() -> &'static Timer {
-    TIMER.get_or_init(|| {
-        let handle = thread::Builder::new()
-            .name("pacer-timer".into())
-            .spawn(run)
-            .expect("pacer: cannot spawn the timer thread");
-        Timer {
-            heap: Mutex::new(Heap::default()),
-            thread: handle.thread().clone(),
+    fn unindex(&mut self, addr: usize, key: Key) {
+        if let Some(keys) = self.by_waker.get_mut(&addr) {
+            keys.retain(|k| *k != key);
+            if keys.is_empty() {
+                self.by_waker.remove(&addr);
+                self.shrink();
+            }
         }
-    })
+    }
+
+    /// Removes `waker`'s entries and returns them, to be dropped after the lock.
+    fn forget(&mut self, waker: &Waker) -> Vec<Waker> {
+        let Some(keys) = self.by_waker.remove(&(waker.data() as usize)) else {
+            return Vec::new();
+        };
+        let mut kept = Vec::new();
+        let mut removed = Vec::new();
+        for key in keys {
+            match self.entries.remove(&key) {
+                Some(w) if w.will_wake(waker) => removed.push(w),
+                // Same address, another vtable: not ours, put it back.
+                Some(w) => {
+                    self.entries.insert(key, w);
+                    kept.push(key);
+                }
+                None => {}
+            }
+        }
+        if !kept.is_empty() {
+            self.by_waker.insert(waker.data() as usize, kept);
+        }
+        self.shrink();
+        removed
+    }
+
+    /// Gives memory back once the index is mostly empty, so a burst of limiters that came
+    /// and went leaves no large table behind.
+    fn shrink(&mut self) {
+        if self.by_waker.capacity() > 64 && self.by_waker.len() * 4 < self.by_waker.capacity() {
+            self.by_waker.shrink_to(self.by_waker.len() * 2);
+        }
+    }
+}
+
+static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+
+fn lock() -> MutexGuard<'static, State> {
+    STATE
+        .get_or_init(Mutex::default)
+        .lock()
+        // No critical section here runs foreign code, so a poisoned lock (impossible in
+        // practice) carries no broken invariant.
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+fn now() -> u64 {
+    DefaultClock::default().now()
 }
 
 /// Wakes `waker` once the default clock reads at least `at`: at once if it already does.
 pub(super) fn wake_at(at: u64, waker: Waker) {
-    if at <= DefaultClock::default().now() {
+    if at <= now() {
         waker.wake();
         return;
     }
@@ -91,54 +165,99 @@ pub(super) fn wake_at(at: u64, waker: Waker) {
 /// Hands `waker` to the timer thread for `at`, never waking it on the calling thread, even
 /// if `at` has passed (then the thread wakes it in its next round).
 pub(super) fn schedule(at: u64, waker: Waker) {
-    let timer = timer();
-    let earliest = {
-        let mut heap = timer.heap.lock().unwrap_or_else(PoisonError::into_inner);
-        let seq = heap.seq;
-        heap.seq = seq.wrapping_add(1);
-        let earliest = heap.entries.peek().is_none_or(|e| at < e.at);
-        heap.entries.push(Entry { at, seq, waker });
-        earliest
-    };
-    if earliest {
-        // The thread may be sleeping until a later instant: make it look again.
-        timer.thread.unpark();
+    let mut state = lock();
+    let earliest = state.insert(at, waker);
+    if state.server.is_none() {
+        spawn_server(&mut state);
+    }
+    if state.watchdog.is_none() {
+        state.watchdog = thread::Builder::new()
+            .name("pacer-timer-watchdog".into())
+            .spawn(watchdog)
+            .ok()
+            .map(|h| h.thread().clone());
+    }
+    let server = earliest.then(|| state.server.clone()).flatten();
+    let watchdog = core::mem::take(&mut state.watchdog_parked)
+        .then(|| state.watchdog.clone())
+        .flatten();
+    drop(state);
+    // The server may be sleeping until a later instant: make it look again.
+    if let Some(server) = server {
+        server.unpark();
+    }
+    if let Some(watchdog) = watchdog {
+        watchdog.unpark();
     }
 }
 
-/// The shortest time between two rounds of wake-ups (see the module docs).
-pub(super) const MIN_GAP: u64 = 500_000;
+/// Lets go of every entry for `waker` (see `Clock::forget_waker`).
+pub(super) fn forget(waker: &Waker) {
+    if STATE.get().is_none() {
+        return;
+    }
+    let removed = lock().forget(waker);
+    // Dropped after the lock: dropping a waker may run foreign code.
+    drop(removed);
+}
 
-fn run() {
-    // The spawning thread is still inside `get_or_init`; this blocks until it finishes.
-    let timer = timer();
-    let clock = DefaultClock::default();
-    let mut due = WakeList::new();
+/// How many entries are pending for `waker`: for tests of `forget`.
+#[cfg(test)]
+pub(crate) fn pending_for(waker: &Waker) -> usize {
+    lock()
+        .entries
+        .values()
+        .filter(|w| w.will_wake(waker))
+        .count()
+}
+
+/// Starts a server thread of a new generation; an old one exits after its current wake.
+fn spawn_server(state: &mut State) {
+    let generation = state.generation.wrapping_add(1);
+    if let Ok(handle) = thread::Builder::new()
+        .name("pacer-timer".into())
+        .spawn(move || serve(generation))
+    {
+        state.generation = generation;
+        state.server = Some(handle.thread().clone());
+        state.busy_since = 0;
+    }
+}
+
+fn serve(generation: u64) {
     // When the last round of wake-ups ran.
     let mut last_round = 0u64;
     loop {
-        let now = clock.now();
+        let now = now();
         if now < last_round.saturating_add(MIN_GAP) {
             // Too soon after the last round (an earlier entry arrived and unparked us):
             // come back when the gap is over.
             thread::park_timeout(Duration::from_nanos(last_round + MIN_GAP - now));
             continue;
         }
-        let next = {
-            let mut heap = timer.heap.lock().unwrap_or_else(PoisonError::into_inner);
-            while !due.is_full() && heap.entries.peek().is_some_and(|e| e.at <= now) {
-                if let Some(entry) = heap.entries.pop() {
-                    due.push(entry.waker);
+        let mut woke = false;
+        let next = loop {
+            let waker = {
+                let mut state = lock();
+                if state.generation != generation {
+                    // A successor took over while we were stuck in a wake.
+                    return;
                 }
-            }
-            heap.entries.peek().map(|e| e.at)
+                state.busy_since = 0;
+                state.last_active = now;
+                match state.pop_due(now) {
+                    Some(waker) => {
+                        state.busy_since = now.max(1);
+                        waker
+                    }
+                    None => break state.entries.first_key_value().map(|(k, _)| k.0),
+                }
+            };
+            woke = true;
+            // A panicking waker costs its own wake-up only (module docs); the panic hook
+            // has already reported it.
+            let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
         };
-        let more = due.is_full();
-        let woke = due.len() > 0;
-        due.wake_all();
-        if more {
-            continue;
-        }
         if woke {
             last_round = now;
         }
@@ -150,5 +269,67 @@ fn run() {
             Some(_) => {}
             None => thread::park(),
         }
+    }
+}
+
+fn watchdog() {
+    loop {
+        let now = now();
+        let park_for_good = {
+            let mut state = lock();
+            if state.busy_since != 0 && now.saturating_sub(state.busy_since) > STALL {
+                // The server is stuck in a wake: hand the map to a successor.
+                spawn_server(&mut state);
+            }
+            if state.busy_since != 0 || !state.entries.is_empty() {
+                state.last_active = now;
+            }
+            let idle = now.saturating_sub(state.last_active) > WATCHDOG_IDLE;
+            state.watchdog_parked = idle;
+            idle
+        };
+        if park_for_good {
+            thread::park();
+        } else {
+            thread::park_timeout(Duration::from_nanos(STALL / 2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn forget_removes_only_that_wakers_entries() {
+        let a = Arc::new(Count(AtomicUsize::new(0)));
+        let b = Arc::new(Count(AtomicUsize::new(0)));
+        let (wa, wb) = (Waker::from(a.clone()), Waker::from(b.clone()));
+        let far = now() + 3_600_000_000_000;
+        schedule(far, wa.clone());
+        schedule(far + 1, wa.clone());
+        schedule(far, wb.clone());
+        assert_eq!((pending_for(&wa), pending_for(&wb)), (2, 1));
+        forget(&wa);
+        assert_eq!((pending_for(&wa), pending_for(&wb)), (0, 1));
+        assert_eq!(
+            Arc::strong_count(&a),
+            2,
+            "the forgotten clones were dropped"
+        );
+        forget(&wb);
+        assert_eq!(pending_for(&wb), 0);
+        assert_eq!(Arc::strong_count(&b), 2);
     }
 }

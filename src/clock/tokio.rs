@@ -18,9 +18,22 @@ use super::{timer, Clock, DefaultClock};
 ///
 /// Readings are the default clock's, so limiters on either clock agree on time.
 ///
-/// The runtime needs its time driver (`enable_time` or `enable_all`). If a wake-up cannot
-/// be served by the runtime — the runtime has shut down or has no time driver — it is
-/// handed to pacer's own timer thread instead, so waiters never hang.
+/// Which runtimes it serves, and what happens elsewhere, so that waiters never hang:
+///
+/// * a **multi-thread** runtime with its time driver (`enable_time` or `enable_all`): its
+///   workers drive the timer whenever the runtime is alive, so wake-ups go to tokio;
+/// * a **current-thread** runtime runs (and fires its timers) only while some thread is
+///   inside its `block_on`; a thread blocked in `Limiter::wait` must not depend on that,
+///   so on such a runtime every wake-up goes to pacer's timer thread (exactly as with
+///   [`DefaultClock`]);
+/// * a runtime **without a time driver** is detected when the clock is made (where panics
+///   unwind: tokio offers no query, so the clock tries a timer once and catches tokio's
+///   panic, whose message the panic hook prints); its wake-ups go to pacer's timer thread
+///   too. Under `panic = "abort"` the clock cannot look without risking the process, so
+///   it uses pacer's timer thread unless told otherwise by
+///   [`TokioClock::assume_time_driver`];
+/// * a runtime that **shuts down** with wake-ups in flight hands them to pacer's timer
+///   thread as its tasks are dropped.
 ///
 /// # Examples
 ///
@@ -37,7 +50,9 @@ use super::{timer, Clock, DefaultClock};
 /// ```
 #[derive(Clone, Debug)]
 pub struct TokioClock {
-    handle: tokio::runtime::Handle,
+    /// The runtime whose timer serves wake-ups; `None` when it cannot be relied on (see
+    /// the type's docs), and pacer's timer thread serves them.
+    handle: Option<tokio::runtime::Handle>,
 }
 
 impl TokioClock {
@@ -62,12 +77,79 @@ impl TokioClock {
     /// assert!(limiter.check().is_ok());
     /// ```
     pub fn from_handle(handle: tokio::runtime::Handle) -> TokioClock {
-        TokioClock { handle }
+        let served = handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+            && has_time_driver(&handle);
+        TokioClock {
+            handle: served.then_some(handle),
+        }
+    }
+
+    /// The clock of the multi-thread runtime behind `handle`, which the caller vouches has
+    /// its time driver (`enable_time` or `enable_all`): wake-ups go to its timer without a
+    /// check. Meant for `panic = "abort"` builds, where [`TokioClock::from_handle`] cannot
+    /// check. A current-thread runtime still gets pacer's timer thread.
+    ///
+    /// If the runtime has no time driver after all, the first wake-up panics inside the
+    /// runtime (aborting the process under `panic = "abort"`), and with unwinding, every
+    /// wake-up prints that panic before pacer's timer thread takes it over.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    /// let clock = pacer::clock::TokioClock::assume_time_driver(runtime.handle().clone());
+    /// assert!(clock.uses_runtime_timer());
+    /// ```
+    pub fn assume_time_driver(handle: tokio::runtime::Handle) -> TokioClock {
+        let served = handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
+        TokioClock {
+            handle: served.then_some(handle),
+        }
+    }
+
+    /// Whether wake-ups go to the runtime's timer (`true`) or to pacer's timer thread
+    /// (`false`: a current-thread runtime, or one without a time driver).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let multi = tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap();
+    /// # #[cfg(panic = "unwind")]
+    /// assert!(pacer::clock::TokioClock::from_handle(multi.handle().clone()).uses_runtime_timer());
+    /// let no_time = tokio::runtime::Builder::new_multi_thread().build().unwrap();
+    /// assert!(!pacer::clock::TokioClock::from_handle(no_time.handle().clone()).uses_runtime_timer());
+    /// ```
+    ///
+    /// Under `panic = "abort"` a clock from [`TokioClock::from_handle`] says `false` here:
+    /// see the type's docs.
+    pub fn uses_runtime_timer(&self) -> bool {
+        self.handle.is_some()
     }
 }
 
-/// A wake-up in flight in the runtime. Dropped before it fired — the runtime shut down,
-/// or its timer is disabled and the sleep panicked — it hands the waker to pacer's timer
+/// Whether the runtime behind `handle` has a time driver, found without a panic that
+/// could abort the process.
+///
+/// tokio has no query for this: making a timer on a runtime without one panics. Where
+/// panics unwind, we make one under `catch_unwind` (once per clock; the panic hook prints
+/// tokio's own advice to call `enable_time`). Where they abort, we cannot look, and answer
+/// "no": pacer's timer thread then serves the wake-ups, unless the caller vouched for the
+/// driver with [`TokioClock::assume_time_driver`].
+fn has_time_driver(handle: &tokio::runtime::Handle) -> bool {
+    #[cfg(panic = "unwind")]
+    {
+        let _entered = handle.enter();
+        std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
+    }
+    #[cfg(not(panic = "unwind"))]
+    {
+        let _ = handle;
+        false
+    }
+}
+
+/// A wake-up in flight in the runtime. Dropped before it fired (the runtime shut down, or
+/// a timer that was assumed to exist panicked), it hands the waker to pacer's timer
 /// thread, so the wake-up is never lost.
 struct Pending {
     at: u64,
@@ -89,6 +171,10 @@ impl Clock for TokioClock {
     }
 
     fn wake_at(&self, at: u64, waker: Waker) {
+        let Some(handle) = &self.handle else {
+            timer::wake_at(at, waker);
+            return;
+        };
         let now = self.now();
         if at <= now {
             waker.wake();
@@ -102,7 +188,7 @@ impl Clock for TokioClock {
             at,
             waker: Some(waker),
         };
-        self.handle.spawn(async move {
+        handle.spawn(async move {
             tokio::time::sleep_until(deadline).await;
             if let Some(waker) = pending.waker.take() {
                 waker.wake();

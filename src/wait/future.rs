@@ -8,26 +8,37 @@ use std::sync::Arc;
 
 use super::queue::{Booking, Waiter, Waiters};
 use crate::cell::Cell;
-use crate::clock::Clock;
+use crate::clock::{Clock, Timeline};
 use crate::error::{Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::Params;
 
-/// What a waiting future waits on: a cell, its quota and its queue.
+/// What a waiting future waits on: a cell, its quota, its queue and its time.
 pub(crate) trait Target {
     type Clock: Clock;
 
     fn params(&self) -> Params;
 
+    fn time(&self) -> &Timeline<Self::Clock>;
+
+    /// The queue for this cell (made on demand by a keyed limiter).
     fn waiters(&self) -> Arc<Waiters<Self::Clock>>;
 
-    /// Runs `f` on the cell; the cell must be the same one every time.
-    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> R;
+    /// Runs `f` on the cell, storing it first if need be. `Err` carries the wait until
+    /// there is room to store it (a keyed limiter at its bound); the cell must be the same
+    /// one every time.
+    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Result<R, u64>;
+
+    /// Runs `f` on the cell if it is stored; never stores it.
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Not polled yet: nothing booked.
     Unpolled,
+    /// A keyed limiter had no room to store the key: nothing booked; the clock will wake
+    /// the task at limiter time `until`, and the first poll is tried again then.
+    NoRoom { until: u64 },
     /// Booked and linked in `waiters`.
     Linked,
     /// Finished (admitted, refused, or too large).
@@ -38,7 +49,10 @@ enum Phase {
 pub(crate) struct Acquire<T: Target> {
     target: T,
     n: u32,
-    /// The longest wait accepted, in nanoseconds; `u64::MAX` for no deadline.
+    /// The latest limiter time at which the request may be admitted; `u64::MAX` for no
+    /// deadline. Fixed by the first poll from the wait the caller accepted.
+    deadline: u64,
+    /// The longest wait accepted, in nanoseconds; turned into `deadline` by the first poll.
     max_wait: u64,
     phase: Phase,
     /// The queue the node is linked in, once `phase` is `Linked`.
@@ -61,6 +75,7 @@ impl<T: Target> Acquire<T> {
         Acquire {
             target,
             n,
+            deadline: u64::MAX,
             max_wait,
             phase: Phase::Unpolled,
             waiters: None,
@@ -68,44 +83,72 @@ impl<T: Target> Acquire<T> {
         }
     }
 
+    /// Tries to admit or book; `now` is limiter time, read just before.
     fn first_poll(
         &mut self,
         node: NonNull<Waiter>,
+        now: u64,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), Denied>> {
         let params = self.target.params();
         let Some(cost) = params.cost(self.n) else {
             return Poll::Ready(Err(InsufficientCapacity::new(self.n, params.burst()).into()));
         };
-        let waiters = self.target.waiters();
-        let now = waiters.now();
+        if cost == 0 {
+            // Zero cells are granted at once, whoever waits (they take no one's place).
+            return Poll::Ready(Ok(()));
+        }
+        let max_wait = self.deadline.saturating_sub(now);
         // Fast path without the queue lock: a request that fits now cannot be overtaking
         // anyone, because linked waiters leave no room before their instants.
-        match self
+        let fast = self
             .target
-            .with_cell(|cell| cell.acquire(now, cost, params.tau()))
-        {
-            Ok(_) => return Poll::Ready(Ok(())),
-            Err(wait) if wait > self.max_wait => {
+            .with_cell(|cell| cell.acquire(now, cost, params.tau()));
+        match fast {
+            Ok(Ok(_)) => return Poll::Ready(Ok(())),
+            Ok(Err(wait)) if wait > max_wait => {
                 return Poll::Ready(Err(NotUntil::from_nanos(wait).into()))
             }
-            Err(_) => {}
+            Ok(Err(_)) => {}
+            Err(room) => return self.no_room(now, room, max_wait, cx),
         }
-        let max_wait = self.max_wait;
+        let waiters = self.target.waiters();
         // SAFETY: `node` points into this pinned future, is in no list (phase Unpolled), and
         // `Drop` cancels it before the future's memory goes away.
         let booking = self.target.with_cell(|cell| unsafe {
             waiters.book(cell, &params, node, now, cost, max_wait, cx.waker())
         });
         match booking {
-            Booking::Ready => Poll::Ready(Ok(())),
-            Booking::TooLate(wait) => Poll::Ready(Err(NotUntil::from_nanos(wait).into())),
-            Booking::Linked => {
+            Ok(Booking::Ready) => Poll::Ready(Ok(())),
+            Ok(Booking::TooLate(wait)) => Poll::Ready(Err(NotUntil::from_nanos(wait).into())),
+            Ok(Booking::Linked(arm)) => {
+                waiters.schedule(arm);
                 self.phase = Phase::Linked;
                 self.waiters = Some(waiters);
                 Poll::Pending
             }
+            Err(room) => self.no_room(now, room, max_wait, cx),
         }
+    }
+
+    /// No room to store the key before `room` nanoseconds from `now`: wait for it (nothing
+    /// booked), or give up if that is past the deadline.
+    fn no_room(
+        &mut self,
+        now: u64,
+        room: u64,
+        max_wait: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), Denied>> {
+        if room > max_wait {
+            return Poll::Ready(Err(NotUntil::from_nanos(room).into()));
+        }
+        let until = now.saturating_add(room);
+        self.phase = Phase::NoRoom { until };
+        let time = self.target.time();
+        time.clock()
+            .wake_at(time.to_clock(until), cx.waker().clone());
+        Poll::Pending
     }
 }
 
@@ -119,8 +162,17 @@ impl<T: Target> Future for Acquire<T> {
         let node = NonNull::from(&this.node);
         match this.phase {
             Phase::Done => Poll::Ready(Ok(())),
-            Phase::Unpolled => {
-                let poll = this.first_poll(node, cx);
+            Phase::Unpolled | Phase::NoRoom { .. } => {
+                let now = this.target.time().now();
+                if let Phase::NoRoom { until } = this.phase {
+                    if now < until {
+                        // Woken early: ask again for the same instant.
+                        return this.no_room(now, until - now, u64::MAX, cx);
+                    }
+                } else {
+                    this.deadline = now.saturating_add(this.max_wait);
+                }
+                let poll = this.first_poll(node, now, cx);
                 if poll.is_ready() {
                     this.phase = Phase::Done;
                 }
@@ -154,10 +206,17 @@ impl<T: Target> Drop for Acquire<T> {
         }
         if let Some(waiters) = self.waiters.take() {
             let node = NonNull::from(&self.node);
-            // SAFETY: the node was linked by `book` on `waiters` beside this target's cell,
-            // and is still alive: we are inside its owner's `drop`.
-            self.target
-                .with_cell(|cell| unsafe { waiters.cancel(cell, node) });
+            // The cell is looked up, never stored anew: a keyed limiter that forgot the key
+            // has nothing to refund (see `Waiters::cancel`).
+            let arm = self
+                .target
+                // SAFETY: the node was linked by `book` on `waiters` beside this target's
+                // cell, and is still alive: we are inside its owner's `drop`.
+                .with_stored_cell(|cell| unsafe { waiters.cancel(Some(cell), node) })
+                // SAFETY: as above.
+                .unwrap_or_else(|| unsafe { waiters.cancel(None, node) });
+            // After the cell's lock (a keyed shard's) is released.
+            waiters.schedule(arm);
         }
     }
 }

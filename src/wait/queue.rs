@@ -16,13 +16,27 @@
 //! prefix, marks each node fired and wakes them in order (FIFO, heavy requests included),
 //! with the wakers collected under the lock and woken after it.
 //!
-//! **Cancelling is exact.** A waiter dropped before its instant unlinks itself, gives its
-//! cost back to the TAT and moves every waiter behind it up by that cost. This is the state
-//! the queue would have had if it had never asked: no waiter behind it can have booked
-//! into a gap (a gap means the TAT had fallen behind the clock, which cannot happen while
-//! an earlier booking is still in the future), and no plain check was admitted meanwhile
-//! (see above). A waiter whose instant has passed but which has not been fired yet keeps
-//! its cells: they were admissible at its instant and later bookings may rely on that.
+//! **Cancelling is exact, and decided on the state it changes.** A cancelled waiter gives
+//! its cost back only if *no plain admission has happened since the last booking*: then
+//! the cell still holds the tail's booked TAT, and a compare-and-swap from exactly that
+//! value to the value minus the cost makes the state the queue would have had if the
+//! waiter had never asked (every waiter behind it moves up by the cost; none can have
+//! booked into a gap, since a gap means the TAT had fallen behind the clock, which cannot
+//! happen while an earlier booking is still in the future). Bookings and refunds happen
+//! under the queue lock, so only a plain admission (`check()`, or a first poll admitted at
+//! once) can make the cell differ from the tail's TAT, and plain admissions only move it
+//! forward. A plain admission while waiters are linked must fit after all of them, so it
+//! happens at or after every linked waiter's instant: the cancelled waiter's cells were
+//! then admissible at its instant and someone was admitted behind them. It keeps them,
+//! and if the admission races the refund, the refund's compare-and-swap fails. No clock is
+//! read to decide this, so a cancelling thread preempted for any length of time cannot
+//! hand back cells that were already relied on.
+//!
+//! **Re-entrant clocks.** A clock may wake the queue on the calling thread from inside
+//! `wake_at` (it should only do so when the instant has come). Such a wake-up is noticed,
+//! not recursed into: `schedule` handles it in a loop. A clock that keeps waking early
+//! that way is given up on after a few rounds (the waiters are then fired by later polls
+//! or `fire_due`) instead of overflowing the stack.
 //!
 //! **One timer per queue.** The queue asks its clock to wake it at the front's instant,
 //! and re-arms only when the front's instant is earlier than the wake-up already asked
@@ -35,10 +49,10 @@ use std::task::Wake;
 
 use super::list::{self, Link, LinkedList, Pointers};
 use crate::cell::Cell;
-use crate::clock::Clock;
+use crate::clock::{Clock, Timeline};
 use crate::gcra::{self, Params};
-use crate::sync::{AtomicBool, Mutex, Ordering, UnsafeCell};
-use crate::wake_list::WakeList;
+use crate::sync::{thread_local, AtomicBool, Mutex, Ordering, UnsafeCell};
+use crate::wake_list::{Panic, WakeList};
 
 /// One waiter's node, embedded in its (pinned) future.
 pub(crate) struct Waiter {
@@ -53,8 +67,12 @@ pub(crate) struct Waiter {
 
 #[derive(Debug, Default)]
 struct Slot {
-    /// Limiter time at which the booking becomes admissible.
+    /// Limiter time at which the booking becomes admissible: `ready_at(tat)`.
     instant: u64,
+    /// The TAT this booking left in the cell (moved down with `instant` when a waiter
+    /// ahead gives its cells back). The tail's is what the cell holds while no plain
+    /// admission has happened since it booked.
+    tat: u64,
     /// The booked cost in nanoseconds (`n * T`).
     cost: u64,
     /// The task to wake when fired.
@@ -134,6 +152,9 @@ struct State {
     list: LinkedList<Waiter>,
     /// The earliest instant for which a wake-up is outstanding with the clock.
     armed: Option<u64>,
+    /// Whether the clock was ever asked to wake this queue: only then is there anything for
+    /// it to forget when the queue is dropped.
+    asked_clock: bool,
 }
 
 impl State {
@@ -143,6 +164,7 @@ impl State {
             return false;
         }
         self.armed = Some(instant);
+        self.asked_clock = true;
         true
     }
 
@@ -160,15 +182,20 @@ pub(crate) enum Booking {
     Ready,
     /// Not within the deadline; nothing booked. Carries the wait in nanoseconds.
     TooLate(u64),
-    /// Booked and linked; the node will be fired at its instant.
-    Linked,
+    /// Booked and linked; the node will be fired at its instant. The caller passes the
+    /// `Arm` to [`Waiters::schedule`] once it holds no lock.
+    Linked(Arm),
 }
 
+/// A wake-up the clock must be asked for, handed out by `book` and `cancel` so that the
+/// caller asks after releasing its own locks (asking may run wakers on this thread).
+#[must_use = "pass it to Waiters::schedule"]
+#[derive(Debug)]
+pub(crate) struct Arm(Option<u64>);
+
 /// A queue of waiters beside one cell, with its clock.
-pub(crate) struct Waiters<C> {
-    clock: C,
-    /// The clock reading that is limiter time 0.
-    origin: u64,
+pub(crate) struct Waiters<C: Clock> {
+    time: Timeline<C>,
     state: Mutex<State>,
     /// The waker handed to the clock: fires this queue. It holds a `Weak`, so a clock that
     /// keeps it (a `ManualClock` never advanced again) forms no reference cycle.
@@ -176,7 +203,18 @@ pub(crate) struct Waiters<C> {
 }
 
 /// The clock's handle on a queue.
-struct Fire<C>(Weak<Waiters<C>>);
+struct Fire<C: Clock>(Weak<Waiters<C>>);
+
+// The queue (by address) whose `schedule` is inside `Clock::wake_at` on this thread, and
+// whether the clock woke it re-entrantly. (loom's `thread_local!` has no `const` form.)
+#[cfg(not(loom))]
+thread_local! {
+    static ASKING: core::cell::Cell<(usize, bool)> = const { core::cell::Cell::new((0, false)) };
+}
+#[cfg(loom)]
+thread_local! {
+    static ASKING: core::cell::Cell<(usize, bool)> = core::cell::Cell::new((0, false));
+}
 
 impl<C: Clock> Wake for Fire<C> {
     fn wake(self: Arc<Self>) {
@@ -185,41 +223,75 @@ impl<C: Clock> Wake for Fire<C> {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if let Some(waiters) = self.0.upgrade() {
-            waiters.fire(true);
+            let me = Arc::as_ptr(&waiters).addr();
+            let reentrant = ASKING.with(|asking| {
+                let (queue, _) = asking.get();
+                let reentrant = queue == me;
+                if reentrant {
+                    // Woken from inside our own `wake_at`: `schedule` takes it from here.
+                    asking.set((queue, true));
+                }
+                reentrant
+            });
+            if !reentrant {
+                waiters.fire(true);
+            }
         }
     }
 }
 
-impl<C> core::fmt::Debug for Waiters<C> {
+impl<C: Clock> core::fmt::Debug for Waiters<C> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Waiters")
-            .field("origin", &self.origin)
-            .finish_non_exhaustive()
+        f.debug_struct("Waiters").finish_non_exhaustive()
     }
 }
 
+/// Consecutive early re-entrant wake-ups after which `schedule` stops asking the clock.
+const MAX_EARLY_WAKES: u32 = 16;
+
 impl<C: Clock> Waiters<C> {
-    pub(crate) fn new(clock: C, origin: u64) -> Arc<Waiters<C>> {
+    pub(crate) fn new(time: Timeline<C>) -> Arc<Waiters<C>> {
         Arc::new_cyclic(|weak| Waiters {
-            clock,
-            origin,
+            time,
             state: Mutex::new(State {
                 list: LinkedList::new(),
                 armed: None,
+                asked_clock: false,
             }),
             fire: Waker::from(Arc::new(Fire(weak.clone()))),
         })
     }
 
-    /// Limiter time now.
-    pub(crate) fn now(&self) -> u64 {
-        self.clock.now().saturating_sub(self.origin)
+    /// Asks the clock for the wake-up `book` or `cancel` left to arm. Call it holding no
+    /// lock.
+    pub(crate) fn schedule(&self, arm: Arm) {
+        self.ask_clock(arm.0);
     }
 
-    fn schedule(&self, instant: Option<u64>) {
-        if let Some(instant) = instant {
-            self.clock
-                .wake_at(self.origin.saturating_add(instant), self.fire.clone());
+    /// Asks the clock to wake the queue at `instant`, then at whatever the fires that the
+    /// clock delivers on this very thread leave to arm (see the module docs).
+    fn ask_clock(&self, mut arm: Option<u64>) {
+        let me = core::ptr::from_ref(self).addr();
+        let mut early = 0;
+        while let Some(instant) = arm {
+            let outer = ASKING.with(|asking| asking.replace((me, false)));
+            self.time
+                .clock()
+                .wake_at(self.time.to_clock(instant), self.fire.clone());
+            let (_, woken) = ASKING.with(|asking| asking.replace(outer));
+            if !woken {
+                return;
+            }
+            // The clock woke us on this thread. Fire what is due, and loop to arm next.
+            if self.time.now() < instant {
+                early += 1;
+                if early > MAX_EARLY_WAKES {
+                    // It keeps waking early: stop asking. The next booking asks again.
+                    self.state.lock().armed = None;
+                    return;
+                }
+            }
+            arm = self.fire_round(true);
         }
     }
 
@@ -258,6 +330,7 @@ impl<C: Clock> Waiters<C> {
                 slot(node, |s| {
                     *s = Slot {
                         instant,
+                        tat,
                         cost,
                         waker: Some(waker.clone()),
                     }
@@ -266,8 +339,7 @@ impl<C: Clock> Waiters<C> {
             }
             state.arm(instant).then_some(instant)
         };
-        self.schedule(arm);
-        Booking::Linked
+        Booking::Linked(Arm(arm))
     }
 
     /// A later poll of a linked node: `true` once it has been fired; otherwise refreshes
@@ -284,7 +356,7 @@ impl<C: Clock> Waiters<C> {
         if unsafe { fired(node, Ordering::Acquire) } {
             return true;
         }
-        let now = self.now();
+        let now = self.time.now();
         let (fired_now, due, _old) = {
             let _state = self.state.lock();
             // Relaxed: `fire` stores under this lock, which orders it before us.
@@ -320,58 +392,78 @@ impl<C: Clock> Waiters<C> {
         false
     }
 
-    /// Drops a linked node: unlinks it and, if its instant is still ahead, refunds its cost
-    /// and moves everyone behind it up.
+    /// Drops a linked node: unlinks it and, if no plain admission has relied on its cells
+    /// (module docs), refunds its cost and moves everyone behind it up.
+    ///
+    /// `cell` is `None` when the cell is gone (a keyed limiter forgot the key, which it
+    /// only does once every booking in it is long past): then there is nothing to refund.
     ///
     /// # Safety
     ///
     /// `node` was linked by [`Waiters::book`] on this queue, beside `cell`, and is live.
-    pub(crate) unsafe fn cancel(&self, cell: &Cell, node: NonNull<Waiter>) {
-        let now = self.now();
+    pub(crate) unsafe fn cancel(&self, cell: Option<&Cell>, node: NonNull<Waiter>) -> Arm {
         let (arm, _waker) = {
             let mut state = self.state.lock();
             // Relaxed: `fire` stores under this lock, which orders it before us.
             // SAFETY: `node` is live (caller's contract).
-            let fired = unsafe { fired(node, Ordering::Relaxed) };
-            // SAFETY: `node` is live and we hold the lock.
-            let (instant, cost, waker) =
-                unsafe { slot(node, |s| (s.instant, s.cost, s.waker.take())) };
-            if fired {
+            if unsafe { fired(node, Ordering::Relaxed) } {
                 // Already unlinked by `fire_due`; its cells were spent at its instant.
-                return;
+                return Arm(None);
             }
+            // SAFETY: `node` is live and we hold the lock.
+            let (cost, waker) = unsafe { slot(node, |s| (s.cost, s.waker.take())) };
+            let Some(tail) = state.list.back() else {
+                unreachable!("a linked, unfired waiter is in its list")
+            };
+            // SAFETY: the tail is linked, so live (list rule 3); we hold the lock.
+            let tail_tat = unsafe { slot(tail, |s| s.tat) };
             // SAFETY: `node` is live and linked in this list; we hold the lock.
             let mut behind = unsafe { list::next(node) };
             // SAFETY: as above.
             let removed = unsafe { state.list.remove(node) };
             debug_assert!(removed, "a linked, unfired waiter is in its list");
-            if instant > now {
-                cell.refund(cost);
+            if cell.is_some_and(|cell| cell.refund(tail_tat, cost)) {
                 while let Some(later) = behind {
                     // SAFETY: `later` is linked, so live (list rule 3); we hold the lock.
                     unsafe {
-                        slot(later, |s| s.instant = s.instant.saturating_sub(cost));
+                        slot(later, |s| {
+                            s.instant = s.instant.saturating_sub(cost);
+                            s.tat = s.tat.saturating_sub(cost);
+                        });
                         behind = list::next(later);
                     }
                 }
             }
             (state.arm_front(), waker)
         };
-        self.schedule(arm);
+        // `_waker` is dropped here, after the lock.
+        Arm(arm)
     }
 
     /// Fires every waiter whose instant has come, in queue order, and re-arms the timer for
     /// the next one.
+    ///
+    /// # Panics
+    ///
+    /// If a waiting task's waker panics: resumed once every due waiter has been woken and
+    /// the timer re-armed.
     pub(crate) fn fire_due(&self) {
         self.fire(false);
     }
 
     /// [`Waiters::fire_due`]; `from_clock` when the clock delivered the wake-up we asked for.
     fn fire(&self, from_clock: bool) {
+        let arm = self.fire_round(from_clock);
+        self.ask_clock(arm);
+    }
+
+    /// Unlinks and wakes the due prefix; returns the instant to ask the clock for, if any.
+    fn fire_round(&self, from_clock: bool) -> Option<u64> {
         let mut due = WakeList::new();
         let mut from_clock = from_clock;
-        loop {
-            let now = self.now();
+        let mut panicked: Result<(), Panic> = Ok(());
+        let arm = loop {
+            let now = self.time.now();
             let (arm, more) = {
                 let mut state = self.state.lock();
                 if from_clock || state.armed.is_some_and(|armed| armed <= now) {
@@ -403,25 +495,39 @@ impl<C: Clock> Waiters<C> {
                 }
                 (state.arm_front(), due.is_full())
             };
-            due.wake_all();
-            self.schedule(arm);
+            panicked = panicked.and(due.wake_all());
             if !more {
-                return;
+                break arm;
             }
+        };
+        if let Err(panic) = panicked {
+            // Every due waiter was woken; put the timer back before reporting the panic.
+            self.ask_clock(arm);
+            std::panic::resume_unwind(panic);
         }
+        arm
     }
 
-    /// The clock time at which the front waiter is due, if any.
+    /// The limiter time at which the front waiter is due, if any.
     pub(crate) fn next_deadline(&self) -> Option<u64> {
         let state = self.state.lock();
         let front = state.list.front()?;
         // SAFETY: a linked node is live (list rule 3) and we hold the lock.
-        let instant = unsafe { slot(front, |s| s.instant) };
-        Some(self.origin.saturating_add(instant))
+        Some(unsafe { slot(front, |s| s.instant) })
     }
 
     /// Whether no waiter is linked.
     pub(crate) fn is_empty(&self) -> bool {
         self.state.lock().list.is_empty()
+    }
+}
+
+impl<C: Clock> Drop for Waiters<C> {
+    /// A dropped queue takes its pending wake-ups out of the clock (a process-wide timer
+    /// would otherwise keep them, and this allocation, until their instants).
+    fn drop(&mut self) {
+        if self.state.lock().asked_clock {
+            self.time.clock().forget_waker(&self.fire);
+        }
     }
 }
