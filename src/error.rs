@@ -3,6 +3,18 @@
 use core::fmt;
 use core::time::Duration;
 
+use crate::gcra::{Params, Unfit};
+
+/// The cost of `n` cells under `params`, or the error that says why they never fit:
+/// more than the burst, or (with a burst window saturated at 584 years) a cost past the
+/// end of representable time, which waits for ever.
+pub(crate) fn cost(params: &Params, n: u32) -> Result<u64, Denied> {
+    params.cost(n).map_err(|unfit| match unfit {
+        Unfit::OverBurst => InsufficientCapacity::new(n, params.burst()).into(),
+        Unfit::PastEndOfTime => NotUntil::from_nanos(u64::MAX).into(),
+    })
+}
+
 /// A request that cannot go now, and how long until it could.
 ///
 /// # Examples

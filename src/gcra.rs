@@ -7,10 +7,13 @@
 //! # Implementation notes
 //!
 //! All times are `u64` nanoseconds since the limiter's creation, which covers 584 years.
-//! With emission interval `T` (at least 1 ns) and burst `b`, the tolerance is `tau = b * T`;
-//! [`Params::new`] refuses a `tau` that does not fit in a `u64`, so every cost `n * T` with
-//! `n <= b` fits too. A request for `n` cells at time `now` against the theoretical arrival
-//! time `tat` is admitted iff
+//! With emission interval `T` (at least 1 ns) and burst `b`, the tolerance is
+//! `tau = b * T` and a request's cost is `n * T`, both *saturating* at `u64::MAX`: a
+//! tolerance or a cost past 584 years is indistinguishable from 584 years within any
+//! limiter's lifetime, so a quota like one per hour with a burst of `u32::MAX` is accepted
+//! and behaves as "the whole burst, then one per hour" for as long as time is representable.
+//! A request for `n` cells at time `now` against the theoretical arrival time `tat` is
+//! admitted iff
 //!
 //! ```text
 //! max(tat, now) + n*T - now <= tau
@@ -31,24 +34,21 @@ pub(crate) struct Params {
     interval: u64,
     /// Burst `b`; at least 1.
     burst: u32,
-    /// Tolerance `tau = b * T` in nanoseconds; fits in a `u64` by construction.
+    /// Tolerance `tau = b * T` in nanoseconds, saturated at `u64::MAX` (module docs).
     tau: u64,
 }
 
 impl Params {
-    /// Returns `None` when `interval` or `burst` is zero or `burst * interval` overflows.
+    /// Returns `None` when `interval` or `burst` is zero; `burst * interval` saturates.
     pub(crate) const fn new(interval: u64, burst: u32) -> Option<Params> {
         if interval == 0 || burst == 0 {
             return None;
         }
-        match interval.checked_mul(burst as u64) {
-            Some(tau) => Some(Params {
-                interval,
-                burst,
-                tau,
-            }),
-            None => None,
-        }
+        Some(Params {
+            interval,
+            burst,
+            tau: interval.saturating_mul(burst as u64),
+        })
     }
 
     pub(crate) const fn interval(&self) -> u64 {
@@ -63,16 +63,29 @@ impl Params {
         self.tau
     }
 
-    /// The cost `n * T` of `n` cells, or `None` when `n > burst` (never admissible).
+    /// The cost `n * T` of `n` cells in nanoseconds, or why they can never be admitted.
     #[inline]
-    pub(crate) const fn cost(&self, n: u32) -> Option<u64> {
+    pub(crate) const fn cost(&self, n: u32) -> Result<u64, Unfit> {
         if n > self.burst {
-            None
-        } else {
-            // Cannot overflow: n <= burst and burst * interval fits (checked in `new`).
-            Some(n as u64 * self.interval)
+            return Err(Unfit::OverBurst);
+        }
+        match (n as u64).checked_mul(self.interval) {
+            // n <= burst, so the cost is at most the (possibly saturated) tau.
+            Some(cost) => Ok(cost),
+            // Only where tau saturated: a TAT this far ahead is past the end of time.
+            None => Err(Unfit::PastEndOfTime),
         }
     }
+}
+
+/// Why a request can never be admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unfit {
+    /// More cells than the burst.
+    OverBurst,
+    /// Its cost alone passes `u64::MAX` ns (584 years): only a saturated burst window lets
+    /// such a request within the burst, and no TAT can hold it.
+    PastEndOfTime,
 }
 
 /// Decides one request of weight `cost` at `now` against `tat`, with tolerance `tolerance`.
@@ -134,18 +147,26 @@ mod tests {
     fn params_refuse_zero_and_overflow() {
         assert!(Params::new(0, 1).is_none());
         assert!(Params::new(1, 0).is_none());
-        assert!(Params::new(u64::MAX, 2).is_none());
+        assert_eq!(Params::new(u64::MAX, 2).unwrap().tau(), u64::MAX);
         assert_eq!(Params::new(u64::MAX, 1).unwrap().tau(), u64::MAX);
+        let huge = Params::new(3_600_000_000_000, u32::MAX).unwrap();
+        assert_eq!(huge.tau(), u64::MAX);
+        assert_eq!(huge.cost(u32::MAX), Err(Unfit::PastEndOfTime));
+        assert_eq!(huge.cost(1), Ok(3_600_000_000_000));
+        assert_eq!(
+            remaining(0, 0, &huge),
+            (u64::MAX / 3_600_000_000_000) as u32
+        );
         assert_eq!(p(10, 3).tau(), 30);
     }
 
     #[test]
     fn cost_refuses_more_than_burst() {
         let q = p(10, 3);
-        assert_eq!(q.cost(0), Some(0));
-        assert_eq!(q.cost(3), Some(30));
-        assert_eq!(q.cost(4), None);
-        assert_eq!(q.cost(u32::MAX), None);
+        assert_eq!(q.cost(0), Ok(0));
+        assert_eq!(q.cost(3), Ok(30));
+        assert_eq!(q.cost(4), Err(Unfit::OverBurst));
+        assert_eq!(q.cost(u32::MAX), Err(Unfit::OverBurst));
     }
 
     #[test]

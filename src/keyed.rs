@@ -48,7 +48,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::cell::Cell;
 use crate::clock::{Clock, DefaultClock, Timeline};
-use crate::error::{Denied, InsufficientCapacity, NotUntil};
+use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
 use crate::sync::{Mutex, ReadMostly};
@@ -380,9 +380,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// ```
     pub fn check_key_n(&self, key: &K, n: u32) -> Result<(), Denied> {
         let params = self.params_for(key);
-        let Some(cost) = params.cost(n) else {
-            return Err(InsufficientCapacity::new(n, params.burst()).into());
-        };
+        let cost = error::cost(&params, n)?;
         if cost == 0 {
             return Ok(());
         }

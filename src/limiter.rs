@@ -8,7 +8,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::cell::Cell;
 use crate::clock::{Clock, DefaultClock, Timeline};
-use crate::error::{Denied, InsufficientCapacity, NotUntil};
+use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
 use crate::wait;
@@ -157,9 +157,7 @@ impl<C: Clock> Limiter<C> {
     /// ```
     #[inline]
     pub fn check_n(&self, n: u32) -> Result<(), Denied> {
-        let Some(cost) = self.params.cost(n) else {
-            return Err(InsufficientCapacity::new(n, self.params.burst()).into());
-        };
+        let cost = error::cost(&self.params, n)?;
         if cost == 0 {
             return Ok(());
         }

@@ -52,8 +52,6 @@ pub enum QuotaError {
     IntervalTooShort,
     /// `period / count` is longer than `u64::MAX` nanoseconds (about 584 years).
     IntervalTooLong,
-    /// `burst * emission interval` is longer than `u64::MAX` nanoseconds (about 584 years).
-    BurstTooLarge,
 }
 
 impl fmt::Display for QuotaError {
@@ -67,9 +65,6 @@ impl fmt::Display for QuotaError {
             }
             QuotaError::IntervalTooLong => {
                 "period / count exceeds u64::MAX nanoseconds (about 584 years)"
-            }
-            QuotaError::BurstTooLarge => {
-                "burst * emission interval exceeds u64::MAX nanoseconds (about 584 years)"
             }
         })
     }
@@ -85,10 +80,10 @@ impl Quota {
         assert!(n > 0, "a quota needs a count of at least 1 cell per period");
         let interval = period_nanos / n as u64;
         let interval = if interval == 0 { 1 } else { interval };
-        // burst * interval <= period_nanos (or <= n when clamped), so `new` cannot fail.
+        // Both are at least 1, so `new` cannot fail.
         match Params::new(interval, n) {
             Some(params) => Quota { params },
-            None => panic!("unreachable: burst * interval fits by construction"),
+            None => panic!("unreachable: interval and burst are at least 1"),
         }
     }
 
@@ -148,8 +143,9 @@ impl Quota {
     /// # Errors
     ///
     /// [`QuotaError::ZeroCount`], [`QuotaError::ZeroPeriod`], [`QuotaError::IntervalTooShort`]
-    /// when `period / count` is below 1 ns, [`QuotaError::IntervalTooLong`] or
-    /// [`QuotaError::BurstTooLarge`] beyond 584 years.
+    /// when `period / count` is below 1 ns, [`QuotaError::IntervalTooLong`] when it is
+    /// beyond 584 years. A burst window (`count` intervals) past 584 years is accepted and
+    /// saturates, like [`Quota::with_burst`]'s.
     ///
     /// # Examples
     ///
@@ -176,15 +172,18 @@ impl Quota {
         let interval = u64::try_from(interval).map_err(|_| QuotaError::IntervalTooLong)?;
         Params::new(interval, count)
             .map(|params| Quota { params })
-            .ok_or(QuotaError::BurstTooLarge)
+            .ok_or(QuotaError::ZeroCount)
     }
 
     /// The same rate with a different burst.
     ///
+    /// A burst window (`burst * emission interval`) past `u64::MAX` nanoseconds (584 years)
+    /// saturates there: within any limiter's lifetime that is the same as "unlimited
+    /// backlog", so `Quota::per_hour(1).with_burst(u32::MAX)` is fine.
+    ///
     /// # Panics
     ///
-    /// If `burst == 0` or `burst * emission interval` exceeds 584 years; use
-    /// [`Quota::try_with_burst`] for runtime values.
+    /// If `burst == 0`; use [`Quota::try_with_burst`] for runtime values.
     ///
     /// # Examples
     ///
@@ -203,8 +202,8 @@ impl Quota {
     ///
     /// # Errors
     ///
-    /// [`QuotaError::ZeroBurst`] for 0, [`QuotaError::BurstTooLarge`] when
-    /// `burst * emission interval` exceeds `u64::MAX` nanoseconds.
+    /// [`QuotaError::ZeroBurst`] for 0, the only burst that cannot be (a window past 584
+    /// years saturates, as in [`Quota::with_burst`]).
     ///
     /// # Examples
     ///
@@ -212,14 +211,12 @@ impl Quota {
     /// use pacer::{Quota, QuotaError};
     /// assert_eq!(Quota::per_second(1).try_with_burst(0), Err(QuotaError::ZeroBurst));
     /// assert_eq!(Quota::per_second(1).try_with_burst(40).unwrap().burst(), 40);
+    /// assert_eq!(Quota::per_hour(1).try_with_burst(u32::MAX).unwrap().burst(), u32::MAX);
     /// ```
     pub fn try_with_burst(self, burst: u32) -> Result<Quota, QuotaError> {
-        if burst == 0 {
-            return Err(QuotaError::ZeroBurst);
-        }
         Params::new(self.params.interval(), burst)
             .map(|params| Quota { params })
-            .ok_or(QuotaError::BurstTooLarge)
+            .ok_or(QuotaError::ZeroBurst)
     }
 
     /// How many cells may go at once.

@@ -47,8 +47,13 @@ impl Model {
         }
     }
 
+    /// `b*T`, saturated at `u64::MAX` ns as the spec allows (a window past 584 years).
+    fn tau(&self) -> u128 {
+        (self.b * self.t).min(u128::from(u64::MAX))
+    }
+
     fn admits(&self, now: u128, n: u128) -> bool {
-        self.tat.max(now) + n * self.t - now <= self.b * self.t
+        self.tat.max(now) + n * self.t - now <= self.tau()
     }
 
     /// Admit `n` cells at `now` iff `max(TAT, now) + n*T - now <= b*T`, then
@@ -62,8 +67,12 @@ impl Model {
         if n == 0 {
             return Outcome::Admitted;
         }
+        if n * self.t > u128::from(u64::MAX) {
+            // Within a saturated burst window, but no TAT can hold it: never.
+            return Outcome::Wait(u128::from(u64::MAX));
+        }
         if !self.admits(now, n) {
-            return Outcome::Wait(self.tat - (self.b - n) * self.t - now);
+            return Outcome::Wait(self.tat - (self.tau() - n * self.t) - now);
         }
         let tat = self.tat.max(now) + n * self.t;
         if tat > u128::from(u64::MAX) {

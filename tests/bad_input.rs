@@ -21,19 +21,46 @@ fn fallible_constructors_name_the_problem() {
         Quota::try_new(1, Duration::MAX),
         Err(QuotaError::IntervalTooLong)
     );
-    assert_eq!(
-        Quota::try_new(u32::MAX, Duration::MAX),
-        Err(QuotaError::BurstTooLarge)
-    );
+    // A burst window past 584 years saturates instead of failing.
+    let saturated = Quota::try_new(u32::MAX, Duration::MAX).unwrap();
+    assert_eq!(saturated.burst(), u32::MAX);
     assert_eq!(
         Quota::per_second(1).try_with_burst(0),
         Err(QuotaError::ZeroBurst)
     );
     let longest = Quota::try_new(1, Duration::from_nanos(u64::MAX)).unwrap();
     assert_eq!(longest.try_with_burst(1), Ok(longest));
-    assert_eq!(longest.try_with_burst(2), Err(QuotaError::BurstTooLarge));
+    assert_eq!(longest.try_with_burst(2).unwrap().burst(), 2);
     let err: Box<dyn std::error::Error + Send + Sync> = Box::new(QuotaError::ZeroBurst);
     assert!(err.to_string().contains("burst"));
+}
+
+#[test]
+fn a_burst_window_past_584_years_saturates_instead_of_panicking() {
+    for quota in [
+        Quota::per_hour(1).with_burst(u32::MAX),
+        Quota::per_hour(1).try_with_burst(u32::MAX).unwrap(),
+    ] {
+        assert_eq!(quota.burst(), u32::MAX);
+        assert_eq!(quota.emission_interval(), Duration::from_secs(3_600));
+        let limiter = Limiter::with_clock(quota, ManualClock::new());
+        // The window is 584 years, not 490 000: as many hourly cells as fit in it.
+        let fit = (u64::MAX / 3_600_000_000_000) as u32;
+        assert_eq!(limiter.remaining(), fit);
+        assert!(limiter.check_n(1_000).is_ok());
+        assert_eq!(limiter.remaining(), fit - 1_000);
+        // More than fits in 584 years is never admitted (it waits for ever), not a panic.
+        let never = limiter.check_n(u32::MAX).unwrap_err();
+        assert!(
+            matches!(never, Denied::NotUntil(e) if e.wait_time() == Duration::from_nanos(u64::MAX))
+        );
+    }
+    let slowest = Quota::try_new(1, Duration::from_nanos(u64::MAX))
+        .unwrap()
+        .with_burst(7);
+    let limiter = Limiter::with_clock(slowest, ManualClock::new());
+    assert!(limiter.check().is_ok());
+    assert!(limiter.check().is_err());
 }
 
 #[test]

@@ -84,6 +84,48 @@ proptest! {
     }
 
     #[test]
+    fn saturated_burst_windows_equal_the_saturating_model(
+        interval in 1_000_000_000u64..10_000_000_000_000,
+        burst in prop_oneof![Just(u32::MAX), 1_000_000u32..u32::MAX],
+        ops in prop::collection::vec(
+            prop_oneof![
+                2 => (0u64..u64::MAX / 4).prop_map(Op::Advance),
+                2 => any::<u32>().prop_map(Op::CheckN),
+                1 => (0u32..1_000).prop_map(Op::CheckN),
+                1 => Just(Op::Check),
+                1 => Just(Op::Remaining),
+            ],
+            1..60,
+        )
+    ) {
+        // Bursts whose window (burst * interval) is past u64::MAX ns: accepted, saturated.
+        let quota = Quota::try_new(1, Duration::from_nanos(interval))
+            .unwrap()
+            .with_burst(burst);
+        let clock = ManualClock::new();
+        let limiter = Limiter::with_clock(quota, clock.clone());
+        let mut model = Model::new(quota);
+        let mut now = 0u128;
+        for op in ops {
+            match op {
+                Op::Advance(d) => {
+                    clock.advance(Duration::from_nanos(d));
+                    now = (now + u128::from(d)).min(u128::from(u64::MAX));
+                }
+                Op::Check => {
+                    let real = limiter.check().map_err(Denied::from);
+                    prop_assert_eq!(Outcome::of(real), model.check_n(now, 1));
+                }
+                Op::CheckN(n) => {
+                    prop_assert_eq!(Outcome::of(limiter.check_n(n)), model.check_n(now, n));
+                }
+                Op::Remaining => {}
+            }
+            prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
+        }
+    }
+
+    #[test]
     fn no_window_admits_more_than_burst_plus_its_length_over_the_interval(
         (quota, ops) in quota().prop_flat_map(|q| {
             let step = q.emission_interval().as_nanos() as u64 * 2;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::queue::{Booking, Waiter, Waiters};
 use crate::cell::Cell;
 use crate::clock::{Clock, Timeline};
-use crate::error::{Denied, InsufficientCapacity, NotUntil};
+use crate::error::{self, Denied, NotUntil};
 use crate::gcra::Params;
 
 /// What a waiting future waits on: a cell, its quota, its queue and its time.
@@ -91,8 +91,9 @@ impl<T: Target> Acquire<T> {
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), Denied>> {
         let params = self.target.params();
-        let Some(cost) = params.cost(self.n) else {
-            return Poll::Ready(Err(InsufficientCapacity::new(self.n, params.burst()).into()));
+        let cost = match error::cost(&params, self.n) {
+            Ok(cost) => cost,
+            Err(denied) => return Poll::Ready(Err(denied)),
         };
         if cost == 0 {
             // Zero cells are granted at once, whoever waits (they take no one's place).
