@@ -282,3 +282,145 @@ fn limited_keys_stay_limited_when_retain_recent_shrinks_the_table() {
     }
     assert_eq!(keyed.len(), 10);
 }
+
+#[derive(Debug, Clone)]
+enum Visit {
+    Advance(u64),
+    Recurring(u16),
+    RecurringN(u16, u32),
+    New,
+    Retain,
+}
+
+fn visits() -> impl Strategy<Value = Vec<Visit>> {
+    prop::collection::vec(
+        prop_oneof![
+            2 => (0u64..150_000_000).prop_map(Visit::Advance),
+            6 => (0u16..400).prop_map(Visit::Recurring),
+            2 => (0u16..400, 0u32..5).prop_map(|(k, n)| Visit::RecurringN(k, n)),
+            5 => Just(Visit::New),
+            1 => Just(Visit::Retain),
+        ],
+        1..3_000,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Recurring clients, time passing their refills, and a stream of never-seen keys that
+    /// fills the tables until they sweep (and shrink, and grow): every decision equals a
+    /// map of one `Limiter` per key that never forgets anything.
+    #[test]
+    fn forgetting_under_churn_changes_no_decision(visits in visits()) {
+        let clock = ManualClock::new();
+        let keyed = KeyedLimiter::with_clock(quota(3), clock.clone());
+        let mut never_forgets = std::collections::HashMap::new();
+        let mut next_new = 1_000_000u32;
+        for visit in visits {
+            let (key, n) = match visit {
+                Visit::Advance(d) => {
+                    clock.advance(Duration::from_nanos(d));
+                    continue;
+                }
+                Visit::Retain => {
+                    keyed.retain_recent();
+                    continue;
+                }
+                Visit::Recurring(k) => (u32::from(k), 1),
+                Visit::RecurringN(k, n) => (u32::from(k), n),
+                Visit::New => {
+                    next_new += 1;
+                    (next_new, 1)
+                }
+            };
+            let reference = never_forgets
+                .entry(key)
+                .or_insert_with(|| Limiter::with_clock(quota(3), clock.clone()));
+            prop_assert_eq!(keyed.check_key_n(&key, n), reference.check_n(n), "key {}", key);
+            prop_assert_eq!(keyed.remaining_key(&key), reference.remaining());
+        }
+    }
+}
+
+#[test]
+fn recurring_clients_under_their_limit_stay_stored() {
+    // 20 000 clients at 1 per 100 ms, burst 1, each coming back after its cell refilled:
+    // the normal state of a server. While the tables grow to hold them, replenished keys
+    // may be forgotten (losslessly) and come back; after a few rounds none is forgotten
+    // any more (forgetting one would cost a re-insertion under the write lock on its next
+    // visit).
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(quota(1), clock.clone());
+    for round in 0..8 {
+        for key in 0..20_000u32 {
+            assert!(keyed.check_key(&key).is_ok(), "round {round}, key {key}");
+            if key % 1_000 == 999 {
+                clock.advance(T / 10);
+                if round >= 3 {
+                    assert_eq!(
+                        keyed.len(),
+                        20_000,
+                        "round {round}: a recurring key was forgotten"
+                    );
+                }
+            }
+        }
+        clock.advance(T);
+    }
+}
+
+#[test]
+fn a_rotating_population_keeps_the_table_within_its_bound() {
+    // Every 10 ms, 200 never-seen clients arrive and 200 recent ones come back; each
+    // client's burst window is 200 ms (1 per 100 ms, burst 2). Over 2 000 ticks (100
+    // windows) 400 000 distinct keys pass through.
+    const NEW_PER_TICK: u32 = 200;
+    const WINDOW_TICKS: u32 = 20;
+    let tick = Duration::from_millis(10);
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(quota(2), clock.clone());
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut peak_live = 0usize;
+    let mut max_len = 0usize;
+    // The tick at which each recent key was last admitted (keys of the last window).
+    let mut admitted_at = std::collections::HashMap::<u32, u32>::new();
+    for t in 0..2_000u32 {
+        let first_new = t * NEW_PER_TICK;
+        for key in first_new..first_new + NEW_PER_TICK {
+            if keyed.check_key(&key).is_ok() {
+                admitted_at.insert(key, t);
+            }
+            // A recent key comes back.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let back = (x % u64::from(WINDOW_TICKS * NEW_PER_TICK)) as u32;
+            if let Some(old) = first_new.checked_sub(back + 1) {
+                if keyed.check_key(&old).is_ok() {
+                    admitted_at.insert(old, t);
+                }
+            }
+        }
+        // Live keys (TAT ahead of now) were all admitted within the last burst window.
+        admitted_at.retain(|_, at| t - *at < WINDOW_TICKS);
+        peak_live = peak_live.max(admitted_at.len());
+        max_len = max_len.max(keyed.len());
+        clock.advance(tick);
+    }
+    // Keys live for at most one window; the tables keep those admitted within about two
+    // sweep intervals plus a window, and grow only when three quarters of them are that
+    // recent: measured at about 5x the peak of live keys. Bound: 6x, plus a small table's
+    // worth (128 keys) per shard, of which there are at most 64. A map that never forgets
+    // ends with all 400 000.
+    let bound = peak_live * 6 + 128 * 64;
+    eprintln!("rotating population: at most {max_len} keys stored, peak live {peak_live}");
+    assert!(
+        max_len <= bound,
+        "{max_len} keys stored at most; peak live {peak_live}, bound {bound}"
+    );
+    assert!(
+        peak_live > 3_000,
+        "the test's population is as large as intended"
+    );
+}
