@@ -1,20 +1,30 @@
-//! `check_key` over 100 000 live keys, pacer vs governor's keyed limiter, plus the memory
-//! each stores per key (measured with a counting allocator), in one run.
+//! `check_key`, pacer vs governor's keyed limiter, in the traffic servers see, with the
+//! memory each stores (measured with a counting allocator), in one run:
 //!
-//! `cargo bench --bench keyed`
+//! 1. `under-limit`: 100 000 recurring clients at 1000/s, burst 1, each refilled between
+//!    its visits (the normal state of a server);
+//! 2. `limited`: 100 000 clients at 1/s, burst 1000, every one of them limited;
+//! 3. `zipf`: Zipf-distributed popularity over 1 000 000 clients (s = 1: a few hot keys,
+//!    a long tail) at 100/s, burst 10;
+//! 4. `rotating`: 50 000 active clients at 1000/s, burst 1, the population sliding by
+//!    `PACER_BENCH_NEW_KEYS_PER_SEC` (default 200 000) never-seen keys per second;
+//! 5. `flood`: one thread floods never-seen keys while another checks 100 000 known
+//!    (limited) ones; pacer has `with_max_keys(100_000)`, governor has no bound.
+//!
+//! Regimes 1–4 alternate the two limiters round by round (`PACER_BENCH_ROUNDS`, 2 M
+//! checks per round) and print the per-round throughput ratio's median and spread, on 1
+//! and 2 threads; criterion then measures them once more. `cargo bench --bench keyed`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicIsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 mod common;
-
-const KEYS: u64 = 100_000;
 
 struct Counting;
 
@@ -47,95 +57,283 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-type CheckKey = Arc<dyn Fn(&u64) -> bool + Send + Sync>;
-
-/// Builds each contender with all keys present; returns them with their bytes per key.
-///
-/// The quota (1 per second, burst 1000) keeps every key limited for the whole run, so
-/// both maps hold all 100 000 keys (pacer forgets replenished keys on its own; with a
-/// faster quota it would be measuring a nearly empty map).
-fn contenders() -> Vec<(&'static str, CheckKey, f64)> {
-    let measure = |build: &dyn Fn() -> CheckKey| {
-        let before = LIVE.load(Ordering::Relaxed);
-        let check = build();
-        for k in 0..KEYS {
-            check(&k);
-        }
-        let bytes = LIVE.load(Ordering::Relaxed) - before;
-        (check, bytes as f64 / KEYS as f64)
-    };
-    let (pacer, pacer_mem) = measure(&|| {
-        let l = pacer::KeyedLimiter::<u64>::new(pacer::Quota::per_second(1).with_burst(1_000));
-        Arc::new(move |k: &u64| l.check_key(k).is_ok())
-    });
-    let (governor, governor_mem) = measure(&|| {
-        let q = governor::Quota::per_second(NonZeroU32::MIN)
-            .allow_burst(NonZeroU32::new(1_000).unwrap());
-        let l = governor::RateLimiter::<u64, _, _>::keyed(q);
-        Arc::new(move |k: &u64| l.check_key(k).is_ok())
-    });
-    eprintln!(
-        "memory per key ({KEYS} keys): pacer {pacer_mem:.3} B, governor {governor_mem:.3} B \
-         (ratio {:.4})",
-        pacer_mem / governor_mem
-    );
-    vec![
-        ("pacer", pacer, pacer_mem),
-        ("governor", governor, governor_mem),
-    ]
+fn live_bytes() -> isize {
+    LIVE.load(Ordering::Relaxed)
 }
 
-/// `iters` checks per thread of pseudo-random keys, a different sequence on each thread.
-fn run(check: &CheckKey, threads: usize, iters: u64) -> Duration {
-    let check = check.clone();
+/// A keyed limiter under test: its check, and how many keys it stores.
+#[derive(Clone)]
+struct Contender {
+    check: Arc<dyn Fn(&u64) -> bool + Send + Sync>,
+    len: Arc<dyn Fn() -> usize + Send + Sync>,
+}
+
+fn pacer(quota: pacer::Quota, max_keys: Option<usize>) -> Contender {
+    let mut limiter = pacer::KeyedLimiter::<u64>::new(quota);
+    if let Some(max) = max_keys {
+        limiter = limiter.with_max_keys(max);
+    }
+    let limiter = Arc::new(limiter);
+    let l = limiter.clone();
+    Contender {
+        check: Arc::new(move |k| l.check_key(k).is_ok()),
+        len: Arc::new(move || limiter.len()),
+    }
+}
+
+fn governor(per_second: u32, burst: u32) -> Contender {
+    let quota = governor::Quota::per_second(NonZeroU32::new(per_second).unwrap())
+        .allow_burst(NonZeroU32::new(burst).unwrap());
+    let limiter = Arc::new(governor::RateLimiter::<u64, _, _>::keyed(quota));
+    let l = limiter.clone();
+    Contender {
+        check: Arc::new(move |k| l.check_key(k).is_ok()),
+        len: Arc::new(move || limiter.len()),
+    }
+}
+
+/// Which key the `i`-th check of a thread asks for.
+#[derive(Clone, Copy, Debug)]
+enum Keys {
+    /// Uniform over `0..n`.
+    Uniform(u64),
+    /// Zipf (s = 1) over a million keys, from a precomputed sample.
+    Zipf,
+    /// Uniform over a window of `active` keys that slides by `per_sec` keys per second.
+    Rotating { active: u64, per_sec: u64 },
+}
+
+const ZIPF_KEYS: f64 = 1_000_000.0;
+
+/// 2^20 Zipf(1) samples: rank = N^u - 1 for uniform u (the continuous inverse of a CDF
+/// proportional to ln k), scrambled so that hot keys do not sit side by side.
+fn zipf_sample() -> &'static [u64] {
+    static SAMPLE: OnceLock<Vec<u64>> = OnceLock::new();
+    SAMPLE.get_or_init(|| {
+        let mut x = 0x853c_49e6_748f_ea9bu64;
+        (0..1 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+                let rank = (ZIPF_KEYS.powf(u) - 1.0) as u64;
+                rank.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            })
+            .collect()
+    })
+}
+
+/// The origin of the rotating window, shared by every run so it keeps sliding.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// `iters` checks per thread, a different sequence on each thread.
+fn run(who: &Contender, keys: Keys, threads: usize, iters: u64) -> Duration {
+    let check = who.check.clone();
     common::per_op_across_threads(threads, move |t| {
-        let mut x = 0x2545_f491_4f6c_dd1d ^ (0x9e37_79b9 * t as u64);
-        for _ in 0..iters {
+        let mut x = 0x2545_f491_4f6c_dd1d ^ (0x9e37_79b9 * (t as u64 + 1));
+        let zipf = zipf_sample();
+        let mut base = 0u64;
+        for i in 0..iters {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            black_box(check(&(x % KEYS)));
+            let key = match keys {
+                Keys::Uniform(n) => x % n,
+                Keys::Zipf => zipf[(x as usize) & (zipf.len() - 1)],
+                Keys::Rotating { active, per_sec } => {
+                    if i % 256 == 0 {
+                        base = (epoch().elapsed().as_secs_f64() * per_sec as f64) as u64;
+                    }
+                    base + x % active
+                }
+            };
+            black_box(check(&key));
         }
     })
 }
 
+/// One regime: its name, key pattern, and how to build each contender.
+struct Regime {
+    name: &'static str,
+    keys: Keys,
+    pacer: fn() -> Contender,
+    governor: fn() -> Contender,
+}
+
+fn new_keys_per_sec() -> u64 {
+    std::env::var("PACER_BENCH_NEW_KEYS_PER_SEC")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000)
+}
+
+fn regimes() -> Vec<Regime> {
+    let keys = common::size(100_000, 10_000);
+    vec![
+        Regime {
+            name: "under-limit",
+            keys: Keys::Uniform(keys),
+            pacer: || pacer(pacer::Quota::per_second(1_000).with_burst(1), None),
+            governor: || governor(1_000, 1),
+        },
+        Regime {
+            name: "limited",
+            keys: Keys::Uniform(keys),
+            pacer: || pacer(pacer::Quota::per_second(1).with_burst(1_000), None),
+            governor: || governor(1, 1_000),
+        },
+        Regime {
+            name: "zipf",
+            keys: Keys::Zipf,
+            pacer: || pacer(pacer::Quota::per_second(100).with_burst(10), None),
+            governor: || governor(100, 10),
+        },
+        Regime {
+            name: "rotating",
+            keys: Keys::Rotating {
+                active: keys / 2,
+                per_sec: new_keys_per_sec(),
+            },
+            pacer: || pacer(pacer::Quota::per_second(1_000).with_burst(1), None),
+            governor: || governor(1_000, 1),
+        },
+    ]
+}
+
+/// Builds a contender, warms it with `warm` checks, and returns it with its memory per
+/// stored key and its stored keys.
+fn warmed(build: fn() -> Contender, keys: Keys, warm: u64) -> (Contender, f64, usize) {
+    let before = live_bytes();
+    let who = build();
+    run(&who, keys, 1, warm);
+    let stored = (who.len)();
+    let bytes = (live_bytes() - before) as f64 / stored.max(1) as f64;
+    (who, bytes, stored)
+}
+
 fn bench(c: &mut Criterion) {
-    let contenders = contenders();
-    paired(&contenders);
-    for threads in [1, 2] {
-        let mut group = c.benchmark_group(format!("check_key/100k-keys/{threads}-thread"));
-        for (who, check, _) in &contenders {
-            group.bench_function(BenchmarkId::from_parameter(who), |b| {
-                b.iter_custom(|iters| run(check, threads, iters))
-            });
+    // Made before any memory is measured: every run takes it, whatever its keys.
+    zipf_sample();
+    epoch();
+    let checks: u64 = common::size(2_000_000, 20_000);
+    let rounds = common::rounds();
+    let mut built = Vec::new();
+    for regime in regimes() {
+        let warm = checks * 2;
+        let (p, p_mem, p_len) = warmed(regime.pacer, regime.keys, warm);
+        let (g, g_mem, g_len) = warmed(regime.governor, regime.keys, warm);
+        eprintln!(
+            "\n{}: memory per stored key pacer {p_mem:.1} B ({p_len} keys), governor \
+             {g_mem:.1} B ({g_len} keys); total pacer/governor {:.2}",
+            regime.name,
+            (p_mem * p_len as f64) / (g_mem * g_len as f64)
+        );
+        for threads in [1, 2] {
+            let mut ratios: Vec<f64> = (0..rounds)
+                .map(|_| {
+                    let per_thread = checks / threads as u64;
+                    let tp = run(&p, regime.keys, threads, per_thread);
+                    let tg = run(&g, regime.keys, threads, per_thread);
+                    tg.as_secs_f64() / tp.as_secs_f64()
+                })
+                .collect();
+            let (median, min, max) = common::spread(&mut ratios);
+            eprintln!(
+                "{}: paired rounds, {threads} thread(s): pacer/governor throughput median \
+                 {median:.2}x (min {min:.2}x, max {max:.2}x) over {rounds} rounds of \
+                 {checks} checks",
+                regime.name
+            );
         }
-        group.finish();
+        eprintln!(
+            "{}: after the rounds, stored keys pacer {}, governor {}",
+            regime.name,
+            (p.len)(),
+            (g.len)()
+        );
+        built.push((regime.name, regime.keys, p, g));
+    }
+    flood();
+    for (name, keys, p, g) in &built {
+        for threads in [1, 2] {
+            let mut group = c.benchmark_group(format!("check_key/{name}/{threads}-thread"));
+            for (who, contender) in [("pacer", p), ("governor", g)] {
+                group.bench_function(BenchmarkId::from_parameter(who), |b| {
+                    b.iter_custom(|iters| run(contender, *keys, threads, iters))
+                });
+            }
+            group.finish();
+        }
     }
 }
 
-/// Alternates the contenders round by round and prints the distribution of the per-round
-/// throughput ratio (governor's time / pacer's). On a shared VM the machine's speed drifts
-/// between criterion's back-to-back measurements; a ratio taken within one round, where
-/// both ran seconds apart, is the fairer comparison. `PACER_BENCH_ROUNDS` sets the rounds.
-fn paired(contenders: &[(&'static str, CheckKey, f64)]) {
-    const CHECKS: u64 = 2_000_000;
-    let rounds = common::rounds();
-    let [(_, pacer, _), (_, governor, _)] = contenders else {
-        unreachable!("pacer and governor")
-    };
-    for threads in [1, 2] {
-        let mut ratios: Vec<f64> = (0..rounds)
-            .map(|_| {
-                let p = run(pacer, threads, CHECKS / threads as u64);
-                let g = run(governor, threads, CHECKS / threads as u64);
-                g.as_secs_f64() / p.as_secs_f64()
+/// Regime 5: a flood of never-seen keys on one thread while another checks known keys.
+/// Reports known-key throughput with and without the flood, and memory before and after.
+fn flood() {
+    let known: u64 = common::size(100_000, 10_000);
+    let checks: u64 = common::size(4_000_000, 20_000);
+    let flood_for = Duration::from_millis(common::size(2_000, 50));
+    eprintln!(
+        "\nflood: a thread inserting never-seen keys for {flood_for:?} while another checks \
+         {known} known keys"
+    );
+    let contenders = [
+        (
+            "pacer",
+            pacer(
+                pacer::Quota::per_second(1).with_burst(1_000),
+                Some(known as usize),
+            ),
+        ),
+        ("governor", governor(1, 1_000)),
+    ];
+    for (who, contender) in contenders {
+        let before = live_bytes();
+        run(&contender, Keys::Uniform(known), 1, known * 3);
+        let stored_before = (contender.len)();
+        let mem_before = live_bytes() - before;
+        let quiet = run(&contender, Keys::Uniform(known), 1, checks);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flooded = Arc::new(AtomicU64::new(0));
+        let flooder = {
+            let (stop, flooded, check) = (stop.clone(), flooded.clone(), contender.check.clone());
+            std::thread::spawn(move || {
+                let mut key = 1u64 << 40;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..1_024 {
+                        black_box(check(&key));
+                        key += 1;
+                    }
+                    flooded.fetch_add(1_024, Ordering::Relaxed);
+                }
             })
-            .collect();
-        let (median, min, max) = common::spread(&mut ratios);
+        };
+        let start = Instant::now();
+        let mut during = Duration::ZERO;
+        let mut rounds = 0u32;
+        while start.elapsed() < flood_for {
+            during += run(&contender, Keys::Uniform(known), 1, checks / 10);
+            rounds += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        flooder.join().unwrap();
+        let during = during / rounds.max(1) * 10;
+        let mem_after = live_bytes() - before;
         eprintln!(
-            "paired rounds, {threads} thread(s): pacer/governor throughput median \
-             {median:.2}x, min {min:.2}x, max {max:.2}x over {rounds} rounds of {CHECKS} \
-             checks each",
+            "flood: {who:<8} known-key checks {:.1} M/s quiet, {:.1} M/s during the flood \
+             ({:.2}x); {} new keys offered; stored keys {stored_before} -> {}; memory \
+             {:.1} MB -> {:.1} MB",
+            checks as f64 / quiet.as_secs_f64() / 1e6,
+            checks as f64 / during.as_secs_f64() / 1e6,
+            quiet.as_secs_f64() / during.as_secs_f64(),
+            flooded.load(Ordering::Relaxed),
+            (contender.len)(),
+            mem_before as f64 / 1e6,
+            mem_after as f64 / 1e6,
         );
     }
 }
@@ -143,9 +341,9 @@ fn paired(contenders: &[(&'static str, CheckKey, f64)]) {
 criterion_group! {
     name = benches;
     config = Criterion::default()
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(4))
-        .sample_size(40);
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20);
     targets = bench
 }
 criterion_main!(benches);

@@ -15,7 +15,10 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 mod common;
 
-const WAITERS: u32 = 20_000;
+/// 20 000 waiters in a benchmark run; 2 000 in a test run (`common::quick`).
+fn waiters() -> u32 {
+    common::size(20_000, 2_000)
+}
 const RATE: u32 = 100_000;
 
 fn cpu_time() -> Duration {
@@ -81,7 +84,7 @@ fn contender(name: &str, rt: &tokio::runtime::Runtime) -> Waiter {
 fn run_once(rt: &tokio::runtime::Runtime, waiter: &Waiter) -> (Duration, Duration) {
     let (cpu0, start) = (cpu_time(), Instant::now());
     rt.block_on(async {
-        let tasks: Vec<_> = (0..WAITERS).map(|_| tokio::spawn(waiter())).collect();
+        let tasks: Vec<_> = (0..waiters()).map(|_| tokio::spawn(waiter())).collect();
         for t in tasks {
             t.await.unwrap();
         }
@@ -152,7 +155,7 @@ fn bench(c: &mut Criterion) {
         summary.push((who, wall / runs, cpu / runs));
     }
     group.finish();
-    let ideal = Duration::from_secs(1) * (WAITERS - 1) / RATE;
+    let ideal = Duration::from_secs(1) * (waiters() - 1) / RATE;
     eprintln!("\n20k waiters at 100k/s, ideal wall {ideal:?} (mean over all runs):");
     let pacer_cpu = summary[0].2;
     for (who, wall, cpu) in &summary {
@@ -211,8 +214,10 @@ fn timer_lateness() {
         futures::executor::block_on(pacer_lateness(default_clock)),
     );
 
-    // pacer with `TokioClock`: the same waiters, woken by tokio's millisecond timer.
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // pacer with `TokioClock`: the same waiters, woken by tokio's millisecond timer (a
+    // multi-thread runtime: on a current-thread one, the clock uses pacer's timer).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_time()
         .build()
         .unwrap();

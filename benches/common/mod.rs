@@ -38,8 +38,27 @@ where
     start.elapsed() / threads as u32
 }
 
-/// How many paired rounds to run: `PACER_BENCH_ROUNDS`, 15 by default.
+/// Whether this is a test run (`cargo test --all-targets`), not `cargo bench` (which
+/// passes `--bench`): then a bench only proves it runs, with one tiny round, and leaves
+/// the time to the checks.
+pub(crate) fn quick() -> bool {
+    !std::env::args().any(|a| a == "--bench")
+}
+
+/// `full` in a benchmark run, `tiny` in a test run (see [`quick`]).
+pub(crate) fn size<T>(full: T, tiny: T) -> T {
+    if quick() {
+        tiny
+    } else {
+        full
+    }
+}
+
+/// How many paired rounds to run: `PACER_BENCH_ROUNDS`, 15 by default; 1 in a test run.
 pub(crate) fn rounds() -> usize {
+    if quick() {
+        return 1;
+    }
     std::env::var("PACER_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
