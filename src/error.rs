@@ -147,6 +147,9 @@ pub enum Denied {
     InsufficientCapacity(InsufficientCapacity),
 }
 
+/// Prints the inner error's message. `Denied` is that error, not a wrapper around it:
+/// [`source`](std::error::Error::source) is `None`, so error reporters (anyhow, eyre)
+/// print the message once, not twice.
 impl fmt::Display for Denied {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -156,14 +159,7 @@ impl fmt::Display for Denied {
     }
 }
 
-impl std::error::Error for Denied {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Denied::NotUntil(e) => Some(e),
-            Denied::InsufficientCapacity(e) => Some(e),
-        }
-    }
-}
+impl std::error::Error for Denied {}
 
 impl From<NotUntil> for Denied {
     fn from(e: NotUntil) -> Self {

@@ -215,3 +215,28 @@ fn errors_are_send_sync_static_and_displayable() {
     assert!(!assert_error(limiter.check_n(5).unwrap_err()).is_empty());
     assert!(!assert_error(QuotaError::ZeroCount).is_empty());
 }
+
+#[test]
+fn an_error_chain_reports_a_denial_once() {
+    // What anyhow and eyre print: the error, then each `source()` in turn.
+    fn chain(e: &dyn std::error::Error) -> Vec<String> {
+        let mut out = vec![e.to_string()];
+        let mut next = e.source();
+        while let Some(e) = next {
+            out.push(e.to_string());
+            next = e.source();
+        }
+        out
+    }
+    let limiter = Limiter::with_clock(Quota::per_second(1), ManualClock::new());
+    limiter.check().unwrap();
+    let not_until = limiter.check_n(1).unwrap_err();
+    let never = limiter.check_n(2).unwrap_err();
+    for denied in [not_until, never] {
+        let lines = chain(&denied);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines[0], denied.to_string());
+    }
+    assert!(chain(&not_until)[0].contains("try again in"));
+    assert!(chain(&never)[0].contains("burst is 1"));
+}
