@@ -179,8 +179,8 @@ pub fn waiters_match_model(data: &[u8]) {
             !ready
         });
         assert_eq!(
-            limiter.next_deadline().map(u128::from),
-            queue.front().map(|w| w.1)
+            limiter.next_waiter_due_in().map(|d| d.as_nanos()),
+            queue.front().map(|w| w.1 - now)
         );
         let model_room = (tau.saturating_sub(tat.max(now) - now)) / t;
         assert_eq!(u128::from(limiter.remaining()), model_room);

@@ -335,44 +335,50 @@ impl<C: Clock> Limiter<C> {
         block_on(self.until_ready_within(max))
     }
 
-    /// When the next waiter is due, in this limiter's clock's nanoseconds ([`Clock::now`]);
-    /// `None` when no one waits.
+    /// How long until the next waiter is due, by this limiter's clock (zero if it is due
+    /// already); `None` when no one waits.
     ///
-    /// With [`Limiter::fire_due`] this lets a runtime that embeds pacer drive waiters from
-    /// its own timer instead of (or besides) [`Clock::wake_at`].
+    /// With [`Limiter::wake_due_waiters`] this lets a runtime that embeds pacer drive
+    /// waiters from its own timer instead of (or besides) [`Clock::wake_at`].
     ///
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::{Clock, ManualClock}, Limiter, Quota};
-    /// use std::{future::Future, pin::pin, task::{Context, Waker}};
+    /// use pacer::{clock::ManualClock, Limiter, Quota};
+    /// use std::{future::Future, pin::pin, task::{Context, Waker}, time::Duration};
     ///
     /// let clock = ManualClock::new();
     /// let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), clock.clone());
     /// limiter.check().unwrap();
-    /// assert_eq!(limiter.next_deadline(), None);
+    /// assert_eq!(limiter.next_waiter_due_in(), None);
     ///
     /// let mut wait = pin!(limiter.until_ready());
     /// let _ = wait.as_mut().poll(&mut Context::from_waker(Waker::noop()));
-    /// assert_eq!(limiter.next_deadline(), Some(clock.now() + 100_000_000));
+    /// assert_eq!(limiter.next_waiter_due_in(), Some(Duration::from_millis(100)));
+    /// clock.advance(Duration::from_millis(30));
+    /// assert_eq!(limiter.next_waiter_due_in(), Some(Duration::from_millis(70)));
     /// ```
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.waiters
-            .next_deadline()
-            .map(|instant| self.time.to_clock(instant))
+    pub fn next_waiter_due_in(&self) -> Option<Duration> {
+        let due = self.waiters.next_deadline()?;
+        Some(Duration::from_nanos(due.saturating_sub(self.now())))
     }
 
     /// Wakes, in booking order, every waiter whose instant has come.
     ///
-    /// The clock's timer calls this on its own; an embedding runtime may call it too.
+    /// The clock's timer does this on its own; an embedding runtime may call it too.
+    ///
+    /// # Panics
+    ///
+    /// If a waiting task's waker panics; the panic is resumed after every due waiter was
+    /// woken and the limiter's timer was re-armed.
     ///
     /// # Examples
     ///
     /// ```
     /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(1));
-    /// limiter.fire_due(); // nothing waits: a no-op
+    /// limiter.wake_due_waiters(); // nothing waits: a no-op
     /// ```
-    pub fn fire_due(&self) {
+    pub fn wake_due_waiters(&self) {
         self.waiters.fire_due();
     }
 }

@@ -231,7 +231,7 @@ fn a_clock_that_wakes_early_on_the_calling_thread_is_tolerated() {
     let asked = clock.asked.load(Ordering::SeqCst);
     assert!(asked <= 32, "asked the clock {asked} times");
     assert!(!woken.0.load(Ordering::SeqCst), "woken before its instant");
-    // Once the instant has come, the next poll (or `fire_due`) completes it.
+    // Once the instant has come, the next poll (or `wake_due_waiters`) completes it.
     clock.now.store(100_000_000, Ordering::SeqCst);
     assert_eq!(poll_once(waiter.as_mut(), &waker), Poll::Ready(()));
 }

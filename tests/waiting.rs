@@ -209,7 +209,7 @@ fn futures_never_polled_book_nothing() {
     drop(within);
     clock.advance(3 * T);
     assert_eq!(limiter.remaining(), 3);
-    assert_eq!(limiter.next_deadline(), None);
+    assert_eq!(limiter.next_waiter_due_in(), None);
 }
 
 #[test]
@@ -300,20 +300,23 @@ impl Clock for Driven {
 }
 
 #[test]
-fn an_embedding_runtime_drives_waiters_with_next_deadline_and_fire_due() {
+fn an_embedding_runtime_drives_waiters_with_next_waiter_due_in_and_wake_due_waiters() {
     let clock = Driven::default();
     let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), clock.clone());
     limiter.check().unwrap();
     let mut a = Probe::new(limiter.until_ready());
     let mut b = Probe::new(limiter.until_ready());
     assert!(!a.poll() && !b.poll());
-    let deadline = limiter.next_deadline().unwrap();
-    assert_eq!(deadline, 100_000_000);
-    clock.0.store(deadline, Ordering::SeqCst);
-    limiter.fire_due();
+    let due_in = limiter.next_waiter_due_in().unwrap();
+    assert_eq!(due_in, Duration::from_millis(100));
+    clock.0.store(due_in.as_nanos() as u64, Ordering::SeqCst);
+    limiter.wake_due_waiters();
     assert_eq!((a.woken(), b.woken()), (1, 0));
     assert!(a.poll());
-    assert_eq!(limiter.next_deadline(), Some(200_000_000));
+    assert_eq!(
+        limiter.next_waiter_due_in(),
+        Some(Duration::from_millis(100))
+    );
 }
 
 // ---- real executors, real time: generous bounds, never flaky --------------------------

@@ -80,7 +80,7 @@ fn booking_races_firing_without_losing_the_wake_up() {
         }
         // Either way exactly one cell was spent at 100 ms: the next is due at 200 ms.
         assert_eq!(limiter.check().unwrap_err().wait_time(), T);
-        assert_eq!(limiter.next_deadline(), None, "every node unlinked");
+        assert_eq!(limiter.next_waiter_due_in(), None, "every node unlinked");
     });
 }
 
@@ -114,7 +114,7 @@ fn cancelling_races_firing_with_exact_refunds() {
             assert_eq!(wb.get(), 1, "b woken exactly once at its instant");
             assert!(poll(&mut b, &wb));
         }
-        assert_eq!(limiter.next_deadline(), None, "every node unlinked");
+        assert_eq!(limiter.next_waiter_due_in(), None, "every node unlinked");
     });
 }
 
@@ -147,7 +147,7 @@ fn two_bookers_and_a_firer() {
         clock.advance(T);
         assert!(r1 || poll(&mut f1, &w1));
         assert!(r2 || poll(&mut f2, &w2));
-        assert_eq!(limiter.next_deadline(), None);
+        assert_eq!(limiter.next_waiter_due_in(), None);
         assert_eq!(limiter.check().unwrap_err().wait_time(), T);
     });
 }
@@ -170,7 +170,7 @@ fn a_poll_racing_the_fire_completes_at_most_once_and_frees_the_node_after_it() {
         firer.join().unwrap();
         assert!(wakes.get() <= 1, "double wake");
         // Done or dropped, the cell at 100 ms was spent either way (its instant came).
-        assert_eq!(limiter.next_deadline(), None, "every node unlinked");
+        assert_eq!(limiter.next_waiter_due_in(), None, "every node unlinked");
         if ready {
             assert_eq!(limiter.check().unwrap_err().wait_time(), T);
         }
@@ -225,6 +225,6 @@ fn a_cancel_racing_a_check_across_the_instant_never_exceeds_the_burst() {
         let admissible = u32::from(checked) + limiter.remaining();
         assert!(admissible <= 2, "{admissible} cells admissible at once, burst 2");
         assert!(checked, "the check at 300 ms fits either way");
-        assert_eq!(limiter.next_deadline(), None, "every node unlinked");
+        assert_eq!(limiter.next_waiter_due_in(), None, "every node unlinked");
     });
 }

@@ -65,9 +65,9 @@ pub trait Clock: Clone + Send + Sync + 'static {
     /// calling thread* before [`Clock::now`] has reached `at` breaks this contract: pacer
     /// tolerates it (it notices the re-entrant wake-up, handles it without recursing, and
     /// after a few early wake-ups in a row stops asking until its next booking), but waiters
-    /// are then only woken by later polls or `Limiter::fire_due`. Waking late delays waiters
+    /// are then only woken by later polls or `Limiter::wake_due_waiters`. Waking late delays waiters
     /// by as much. A clock that never wakes leaves async waiters to be driven by
-    /// `Limiter::fire_due`.
+    /// `Limiter::wake_due_waiters`.
     ///
     /// `waker` is a pacer-internal waker (one per limiter, or per waiting key); its `wake`
     /// never blocks and never panics, but it may run the wakers of the limiter's waiting

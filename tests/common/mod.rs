@@ -47,7 +47,7 @@ pub(crate) async fn timeouts_race_wake_ups<C: Clock>(limiter: Arc<Limiter<C>>, r
         // interval the whole burst is back, and no waiter is left in the queue.
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(
-            limiter.next_deadline(),
+            limiter.next_waiter_due_in(),
             None,
             "round {round}: a node leaked"
         );
