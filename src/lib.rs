@@ -41,22 +41,32 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The layers, bottom up: `gcra` (pure arithmetic) and `sync` (the std/loom switch),
+// `cell` (the one atomic word), then `clock` and `wait`, then the two limiters.
 mod cell;
 pub mod clock;
 mod error;
-#[cfg(any(fuzzing, test))]
-#[doc(hidden)]
-#[allow(missing_docs, unreachable_pub)]
-pub mod fuzzing;
 mod gcra;
 mod keyed;
 mod limiter;
 mod quota;
-#[cfg(any(fuzzing, test))]
-mod reference_model;
 mod sync;
 mod wait;
-mod wake_list;
+
+// Test support, apart from the library: the fuzz bodies (public for `fuzz/`, hidden) and
+// the reference model they and `tests/model.rs` check against.
+#[cfg(any(fuzzing, test))]
+#[doc(hidden)]
+#[allow(missing_docs, unreachable_pub)]
+#[path = "testing/fuzzing.rs"]
+pub mod fuzzing;
+#[cfg(any(fuzzing, test))]
+#[path = "testing/reference_model.rs"]
+mod reference_model;
+// So that the reference model names the API as `pacer::…` both here and where
+// `tests/model.rs` includes it: it uses nothing of the crate but its public API.
+#[cfg(any(fuzzing, test))]
+extern crate self as pacer;
 
 pub use error::{Denied, InsufficientCapacity, NotUntil};
 pub use keyed::KeyedLimiter;

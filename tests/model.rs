@@ -12,7 +12,7 @@ use pacer::{Denied, Limiter, Quota};
 use proptest::prelude::*;
 
 // The one reference model, shared with the fuzz targets (see its module docs).
-#[path = "../src/reference_model.rs"]
+#[path = "../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
 use reference_model::{Model, Outcome};

@@ -5,8 +5,7 @@ use core::time::Duration;
 use std::sync::Arc;
 
 use super::Clock;
-use crate::sync::{AtomicU64, Mutex, Ordering};
-use crate::wake_list::WakeList;
+use crate::sync::{AtomicU64, Mutex, Ordering, WakeList};
 
 /// A clock that stands still until [`ManualClock::advance`] moves it; clones share one time.
 ///

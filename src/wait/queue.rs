@@ -51,8 +51,7 @@ use super::list::{self, Link, LinkedList, Pointers};
 use crate::cell::Cell;
 use crate::clock::{Clock, Timeline};
 use crate::gcra::{self, Params};
-use crate::sync::{thread_local, AtomicBool, Mutex, Ordering, UnsafeCell};
-use crate::wake_list::{Panic, WakeList};
+use crate::sync::{thread_local, AtomicBool, Mutex, Ordering, Panic, UnsafeCell, WakeList};
 
 /// One waiter's node, embedded in its (pinned) future.
 pub(crate) struct Waiter {

@@ -2,56 +2,10 @@
 //!
 //! # Implementation notes
 //!
-//! Keys live in a fixed number of shards, each a `hashbrown::HashTable<(K, Cell)>` behind a
-//! read-mostly lock: one word of state per key, the same `Cell` (and so the same
-//! compare-and-swap loop) as the direct limiter. The key's hash is computed once, its top
-//! bits pick the shard and the whole hash probes the table. A key already present is
-//! checked under the shard's *read* lock; only a new key takes the write lock.
-//!
-//! The lock is a read-mostly lock (`crate::sync::ReadMostly`) with a reader slot per core:
-//! each thread read-locks a slot of its own, so checks on different threads write no
-//! common cache line (with one reader count per shard, that line moved between cores on
-//! most checks and a second thread added little). Writers lock every slot, which only
-//! inserting a new key needs. Shards therefore exist only to spread the writers: one per
-//! two cores, so that slots and shards together cost no more than a dashmap's shards.
-//!
-//! **Lossless forgetting.** A key whose TAT is at or before now is indistinguishable from
-//! a new key (TAT 0): both admit a full burst and nothing else. Forgetting it therefore
-//! changes no decision. A key is *live* while its TAT is ahead of now, that is, while it
-//! was admitted within its burst window (its refill time).
-//!
-//! **Forgetting: sweep instead of growing.** A shard forgets keys only when an insert finds
-//! its table without a free slot, the moment the table would otherwise reallocate. It
-//! then forgets the replenished keys that were *not admitted since the previous such
-//! sweep* (a TAT at or before that sweep's time; every admission leaves the TAT ahead of
-//! its own time), and rebuilds the table: twice as large if more than three quarters of it
-//! is left, smaller if less than an eighth is, the same size otherwise. So:
-//!
-//! * a stable population of recurring clients costs only the read path: with no new key
-//!   there is no sweep at all, and while the tables grow to hold the population, a client
-//!   seen since the last sweep survives the next one, so the keys that keep coming back
-//!   count as kept and the table grows to hold them instead of forgetting them (the
-//!   earlier policy, a sweep of every replenished key whenever a shard had doubled, forgot
-//!   every client that was under its limit and re-inserted it under the write lock on its
-//!   next visit: 0.49x governor's throughput in that regime);
-//! * keys that stopped coming are forgotten at the second sweep after their last
-//!   admission, so memory follows the active population: the table grows only when more
-//!   than three quarters of it was admitted within about one sweep interval (plus the
-//!   burst window), and a rotating population settles at a fixed size (measured in
-//!   `tests/keyed.rs`: at most about 5x the keys live at once, where a map that never
-//!   forgets holds every key it ever saw, 70x there);
-//! * a sweep costs O(table) and happens only after at least a quarter of the table was
-//!   inserted since the last one (or the table doubled): amortised O(1) per new key, with
-//!   no background thread; [`KeyedLimiter::retain_recent`] forgets every replenished key
-//!   and shrinks every shard on demand.
-//!
-//! **Bounded under a flood.** With [`KeyedLimiter::with_max_keys`], each shard holds at
-//! most its share of the bound. A new key arriving at a full shard first sweeps it; if every
-//! key there is still limited, the new key is *refused*: the check is denied with the time
-//! until the shard's earliest key is replenished (when a slot will free). Keys already
-//! present keep working. Sweeps of a full shard are skipped until that time, so a flood of
-//! new keys costs O(1) each. Refusing, rather than evicting a limited key, is the only
-//! choice that never lets a client escape its limit by flooding the table.
+//! Keys and their cells live in `store` (shards, the read-mostly lock, the forgetting
+//! policy and the key bound; its docs hold those notes). This file is the public API: it
+//! turns a key into params and a cell, and hands both to the same arithmetic, cell and
+//! waiting path as the direct limiter.
 //!
 //! **Per-key quotas** come from a function of the key ([`KeyedLimiter::with_quota_for`]),
 //! so overrides cost no memory per key and no second map.
@@ -62,23 +16,23 @@
 //! waits (through the clock) until a slot frees, then tries again.
 
 use core::future::Future;
-use core::hash::{BuildHasher, Hash};
+use core::hash::Hash;
 use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-use crossbeam_utils::CachePadded;
-use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::cell::Cell;
 use crate::clock::{Clock, DefaultClock, Timeline};
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
-use crate::sync::{Mutex, ReadMostly};
+use crate::sync::Mutex;
 use crate::wait::future::Target;
 use crate::wait::queue::Waiters;
 use crate::wait::{self, block::block_on};
+use store::{Store, MIN_SWEEP_LEN};
+
+mod store;
 
 type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 
@@ -97,14 +51,9 @@ type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 /// assert_eq!(per_ip.len(), 2);
 /// ```
 pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
-    shards: Box<[CachePadded<ReadMostly<Shard<K>>>]>,
-    /// `64 - log2(shards.len())`: the hash's top bits select the shard.
-    shift: u32,
-    hasher: DefaultHashBuilder,
+    store: Store<K>,
     params: Params,
     quota_for: Option<QuotaFor<K>>,
-    /// Most keys per shard; `usize::MAX` when unbounded.
-    shard_cap: usize,
     time: Timeline<C>,
     /// Queues of the keys that have waiters. Locked only on the waiting path.
     waiters: Mutex<Queues<K, C>>,
@@ -123,87 +72,6 @@ impl<K: Hash + Eq, C: Clock> Queues<K, C> {
         self.map
             .retain(|_, queue| Arc::strong_count(queue) > 1 || !queue.is_empty());
         self.cleaned_len = self.map.len();
-    }
-}
-
-struct Shard<K> {
-    table: HashTable<(K, Cell)>,
-    /// When full and nothing was evictable: the limiter time at which the earliest key
-    /// becomes evictable. No sweep is attempted before.
-    full_until: u64,
-    /// Limiter time of the last sweep that made room to avoid growing.
-    last_sweep: u64,
-}
-
-/// Tables below this many keys grow without sweeping; smaller ones are not worth it.
-const MIN_SWEEP_LEN: usize = 64;
-
-impl<K: Hash> Shard<K> {
-    fn new() -> Shard<K> {
-        Shard {
-            table: HashTable::new(),
-            full_until: 0,
-            last_sweep: 0,
-        }
-    }
-
-    /// Forgets every key whose TAT is at or before `now` (replenished, so forgetting it
-    /// changes nothing); returns the earliest TAT left.
-    fn sweep(&mut self, now: u64) -> Option<u64> {
-        let mut earliest = None::<u64>;
-        self.table.retain(|(_, cell)| {
-            let tat = cell.tat();
-            let keep = tat > now;
-            if keep {
-                earliest = Some(earliest.map_or(tat, |e| e.min(tat)));
-            }
-            keep
-        });
-        earliest
-    }
-
-    /// Before inserting a key into a table with no free slot (the insert would make it
-    /// grow), forgets instead the replenished keys that were not admitted since the last
-    /// such sweep (module docs, "Forgetting"). The table is then rebuilt at a size chosen
-    /// here: twice as large if more than three quarters of it is left, four times what is
-    /// left if less than an eighth is, the same size otherwise.
-    ///
-    /// Rebuilding (rather than leaving hashbrown's tombstones in place) keeps the size
-    /// ours to choose: with tombstones the table reports less capacity than it has, and
-    /// its next insert may grow it whatever this policy decided.
-    fn sweep_instead_of_growing(&mut self, now: u64, hasher: &DefaultHashBuilder) {
-        let capacity = self.table.capacity();
-        if self.table.len() < capacity || capacity < MIN_SWEEP_LEN {
-            return;
-        }
-        // An admission at `t` leaves a TAT above `t`: a TAT at or before the last sweep
-        // means no admission since. `last_sweep <= now`, so such a key is replenished too.
-        self.sweep(self.last_sweep);
-        self.last_sweep = now;
-        let kept = self.table.len();
-        let target = if kept * 4 > capacity * 3 {
-            // Mostly recent: forgetting would free too little to pay for the sweep.
-            capacity * 2
-        } else if kept * 8 < capacity {
-            (kept * 4).max(MIN_SWEEP_LEN)
-        } else {
-            capacity
-        };
-        self.rebuild(target, hasher);
-    }
-
-    /// Moves every key into a fresh table with room for `capacity` keys.
-    ///
-    /// Rehashing needs the map's real hasher: with any other hash the keys would no longer
-    /// be found, and a limited key would come back as new.
-    fn rebuild(&mut self, capacity: usize, hasher: &DefaultHashBuilder) {
-        let mut fresh = HashTable::with_capacity(capacity.max(self.table.len()));
-        for entry in self.table.drain() {
-            fresh.insert_unique(hasher.hash_one(&entry.0), entry, |(k, _)| {
-                hasher.hash_one(k)
-            });
-        }
-        self.table = fresh;
     }
 }
 
@@ -242,23 +110,10 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(limiter.check_key(&1u32).is_err());
     /// ```
     pub fn with_clock(quota: Quota, clock: C) -> KeyedLimiter<K, C> {
-        let cores = std::thread::available_parallelism()
-            .map_or(4, usize::from)
-            .next_power_of_two();
-        // Readers do not contend on a shard (its lock has a reader slot per core, up to 8),
-        // so shards only spread the writers of new keys. Slots times shards is at most four
-        // per core: never more lock memory than a dashmap's four shards per core.
-        let slots = cores.min(8);
-        let shards = (cores / 2).clamp(2, 64);
         KeyedLimiter {
-            shards: (0..shards)
-                .map(|_| CachePadded::new(ReadMostly::new(Shard::new(), slots)))
-                .collect(),
-            shift: 64 - shards.trailing_zeros(),
-            hasher: DefaultHashBuilder::default(),
+            store: Store::new(),
             params: *quota.params(),
             quota_for: None,
-            shard_cap: usize::MAX,
             time: Timeline::starting_now(clock),
             waiters: Mutex::new(Queues {
                 map: HashMap::new(),
@@ -283,7 +138,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(limiter.len() <= 1_000 + 256);
     /// ```
     pub fn with_max_keys(mut self, max: usize) -> KeyedLimiter<K, C> {
-        self.shard_cap = max.div_ceil(self.shards.len()).max(1);
+        self.store.set_max_keys(max);
         self
     }
 
@@ -320,82 +175,17 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         }
     }
 
+    /// Runs `f` on `key`'s cell (stored first if new) and the time now; `Err` carries the
+    /// wait until the key bound leaves room for it. The clock is read once the cell is
+    /// found, so the read overlaps the likely cache miss on it.
     #[inline]
-    fn shard(&self, hash: u64) -> &ReadMostly<Shard<K>> {
-        // `shift` is 63..=58, so the index is below `shards.len()`.
-        &self.shards[(hash >> self.shift) as usize]
-    }
-
-    /// Runs `f` on `key`'s cell and the time now, storing a fresh cell first if the key is
-    /// new. `Err` when the key is new and its shard is full of limited keys: it carries the
-    /// wait until a slot frees. Every path that stores a key comes through here, so the
-    /// bound holds on all of them.
-    ///
-    /// The clock is read only once the cell is found: the read then overlaps the likely
-    /// cache miss on the cell instead of adding to it.
     fn with_cell<R>(&self, key: &K, f: impl FnOnce(&Cell, u64) -> R) -> Result<R, u64> {
-        let hash = self.hasher.hash_one(key);
-        let shard = self.shard(hash);
-        {
-            let shard = shard.read();
-            if let Some((_, cell)) = shard.table.find(hash, |(k, _)| k == key) {
-                return Ok(f(cell, self.now()));
-            }
-            // A flood of new keys at a full shard is refused here, without the write lock.
-            if shard.table.len() >= self.shard_cap {
-                let now = self.now();
-                if now < shard.full_until {
-                    return Err(shard.full_until - now);
-                }
-            }
-        }
-        shard.write(|shard| self.insert_and(shard, hash, key, f))
+        self.store.with_cell(key, || self.now(), f)
     }
 
-    /// Runs `f` on `key`'s cell if it is stored; never stores it.
+    /// Runs `f` on `key`'s cell and the time now if the key is stored.
     fn with_stored_cell<R>(&self, key: &K, f: impl FnOnce(&Cell, u64) -> R) -> Option<R> {
-        let hash = self.hasher.hash_one(key);
-        let shard = self.shard(hash).read();
-        let (_, cell) = shard.table.find(hash, |(k, _)| k == key)?;
-        Some(f(cell, self.now()))
-    }
-
-    /// [`KeyedLimiter::with_cell`]'s path for a key that was not found: under the shard's
-    /// write lock, stores it unless the shard is full of limited keys, then runs `f`.
-    fn insert_and<R>(
-        &self,
-        shard: &mut Shard<K>,
-        hash: u64,
-        key: &K,
-        f: impl FnOnce(&Cell, u64) -> R,
-    ) -> Result<R, u64> {
-        let now = self.now();
-        if shard.table.find(hash, |(k, _)| k == key).is_none() {
-            let len = shard.table.len();
-            if len >= self.shard_cap {
-                if now < shard.full_until {
-                    return Err(shard.full_until - now);
-                }
-                if let Some(earliest) = shard.sweep(now) {
-                    if shard.table.len() >= self.shard_cap {
-                        shard.full_until = earliest;
-                        return Err(earliest - now);
-                    }
-                }
-            } else {
-                shard.sweep_instead_of_growing(now, &self.hasher);
-            }
-            let hasher = &self.hasher;
-            shard
-                .table
-                .insert_unique(hash, (key.clone(), Cell::new()), |(k, _)| {
-                    hasher.hash_one(k)
-                });
-        }
-        match shard.table.find(hash, |(k, _)| k == key) {
-            Some((_, cell)) => Ok(f(cell, now)),
-            None => unreachable!("the key was just found or inserted under this lock"),
-        }
+        self.store.with_stored_cell(key, || self.now(), f)
     }
 
     /// Admits one cell for `key` now, or says how long until one would be admitted.
@@ -639,7 +429,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert_eq!(limiter.len(), 2);
     /// ```
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().table.len()).sum()
+        self.store.len()
     }
 
     /// Whether no key is stored.
@@ -650,7 +440,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(pacer::KeyedLimiter::<u8>::new(pacer::Quota::per_second(1)).is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.shards.iter().all(|s| s.read().table.is_empty())
+        self.store.is_empty()
     }
 
     /// Forgets every key that is indistinguishable from a new one (fully replenished), and
@@ -671,14 +461,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(limiter.is_empty());
     /// ```
     pub fn retain_recent(&self) {
-        let now = self.now();
-        for shard in self.shards.iter() {
-            shard.write(|shard| {
-                shard.sweep(now);
-                shard.rebuild(shard.table.len() * 2, &self.hasher);
-                shard.full_until = 0;
-            });
-        }
+        self.store.retain_recent(self.now());
         self.waiters.lock().clean();
     }
 }

@@ -1,12 +1,14 @@
 //! The spec's GCRA formula as an independent reference model, in `u128` nanoseconds.
 //!
 //! One model for every check that compares pacer with the spec: the fuzz bodies in
-//! `src/fuzzing.rs` use it as a module, and `tests/model.rs` includes this same file with
-//! `#[path]` (integration tests cannot see the library's `cfg(test)` code). It shares no
+//! `src/testing/fuzzing.rs` use it as a module, and `tests/model.rs` includes this same
+//! file with `#[path]` (integration tests cannot see the library's `cfg(test)` code). It
+//! names only pacer's public API, as `pacer::…` (the library is its own `pacer` in
+//! test and fuzzing builds), so it compiles the same in both places. It shares no
 //! code with the limiter: admission is the formula written out, and `remaining` is the
 //! spec's definition (the largest `k` that would be admitted), found by binary search.
 
-use crate::{Denied, Quota};
+use pacer::{Denied, Quota};
 
 /// What a request got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

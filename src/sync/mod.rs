@@ -1,0 +1,111 @@
+//! The one place where pacer gets its synchronisation primitives.
+//!
+//! Under `cfg(loom)` every atomic, mutex, thread-local and spin hint comes from [`loom`],
+//! so the model checker sees each of them; otherwise they are the `std` ones. Nothing else
+//! in the crate names `std::sync::atomic` or `std::sync::Mutex` directly (the timer and
+//! coarse clock threads, which loom builds leave out, say why they do).
+//!
+//! * this file — the std/loom switch, made once: atomics, `UnsafeCell`, `Mutex`,
+//!   `thread_local!`;
+//! * `read_mostly` — the keyed shards' reader-writer lock with a reader slot per core;
+//! * `backoff` — spinning after a failed compare-and-swap, visible to loom;
+//! * `wake_list` — a batch of wakers collected under a lock and woken after it.
+//!
+//! The lock wrappers ignore poisoning: every critical section in pacer leaves its data
+//! consistent before any code that could panic (waking a `Waker` happens outside the lock),
+//! so a poisoned lock carries no broken invariant.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
+#[cfg(loom)]
+pub(crate) use loom::thread_local;
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
+
+mod backoff;
+#[cfg(not(loom))]
+mod read_mostly;
+mod wake_list;
+
+pub(crate) use backoff::Backoff;
+#[cfg(not(loom))]
+pub(crate) use read_mostly::ReadMostly;
+pub(crate) use wake_list::{Panic, WakeList};
+
+#[cfg(loom)]
+use loom::sync as imp;
+#[cfg(not(loom))]
+use std::sync as imp;
+
+/// An `UnsafeCell` with loom's closure API, so the same code runs under both.
+#[cfg(not(loom))]
+#[derive(Debug)]
+pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) const fn new(value: T) -> Self {
+        Self(core::cell::UnsafeCell::new(value))
+    }
+
+    /// Gives `f` a shared raw pointer to the contents.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    /// Gives `f` a unique raw pointer to the contents.
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+/// A mutex whose `lock` never fails (see the module docs on poisoning).
+#[derive(Debug, Default)]
+pub(crate) struct Mutex<T>(imp::Mutex<T>);
+
+/// The guard of [`Mutex`].
+pub(crate) type MutexGuard<'a, T> = imp::MutexGuard<'a, T>;
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self(imp::Mutex::new(value))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Under loom, the read-mostly lock is loom's `RwLock` behind the same three methods: the
+/// slots are a performance device that the model does not need, and loom sees this lock.
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct ReadMostly<T>(loom::sync::RwLock<T>);
+
+#[cfg(loom)]
+impl<T> ReadMostly<T> {
+    pub(crate) fn new(value: T, _slots: usize) -> Self {
+        Self(loom::sync::RwLock::new(value))
+    }
+
+    pub(crate) fn read(&self) -> impl core::ops::Deref<Target = T> + '_ {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn write<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        f(&mut self
+            .0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+}
