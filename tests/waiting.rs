@@ -516,3 +516,20 @@ fn a_wake_up_that_comes_early_is_asked_for_again() {
     assert_eq!(waiter.woken(), 1);
     assert!(waiter.poll());
 }
+
+#[test]
+fn a_full_batch_of_due_waiters_still_arms_the_next_one() {
+    // Waker batches hold 32: with exactly 32 waiters due, the pass that fills the batch
+    // arms the 33rd, and that wake-up must still be asked for (it once was not, and the
+    // 33rd waited for ever).
+    let (clock, limiter) = spent(1);
+    let mut probes: Vec<_> = (0..33).map(|_| Probe::new(limiter.until_ready())).collect();
+    for p in &mut probes {
+        assert!(!p.poll());
+    }
+    clock.advance(T * 32);
+    assert_eq!((0..33).filter(|&i| probes[i].woken() > 0).count(), 32);
+    clock.advance(T);
+    assert_eq!(probes[32].woken(), 1, "the 33rd waiter was never woken");
+    assert!(probes.iter_mut().all(|p| p.poll()));
+}

@@ -461,6 +461,10 @@ impl<C: Clock> Waiters<C> {
         let mut due = WakeList::new();
         let mut from_clock = from_clock;
         let mut panicked: Result<(), Panic> = Ok(());
+        // The latest instant a pass armed: a pass that fills the batch may arm the next
+        // front, and the following pass then finds it armed and arms nothing, so the one
+        // recorded earlier must still be asked for.
+        let mut to_ask = None;
         let arm = loop {
             let now = self.time.now();
             let (arm, more) = {
@@ -495,8 +499,9 @@ impl<C: Clock> Waiters<C> {
                 (state.arm_front(), due.is_full())
             };
             panicked = panicked.and(due.wake_all());
+            to_ask = arm.or(to_ask);
             if !more {
-                break arm;
+                break to_ask;
             }
         };
         if let Err(panic) = panicked {
