@@ -69,7 +69,7 @@ fn slot_hint() -> usize {
 /// Reads between two looks at the current CPU.
 const REFRESH: u32 = 255;
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(miri)))]
 fn current_cpu() -> usize {
     // SAFETY: `sched_getcpu` takes no arguments and has no preconditions; it returns -1
     // (handled below) where the kernel cannot tell.
@@ -77,7 +77,8 @@ fn current_cpu() -> usize {
     usize::try_from(cpu).unwrap_or_else(|_| thread_index())
 }
 
-#[cfg(not(target_os = "linux"))]
+/// Elsewhere (and under Miri, which has no `sched_getcpu`), a per-thread index.
+#[cfg(any(not(target_os = "linux"), miri))]
 fn current_cpu() -> usize {
     thread_index()
 }
