@@ -50,6 +50,11 @@ mod gcra;
 mod keyed;
 mod limiter;
 mod quota;
+mod quota_cell;
+mod snapshot;
+#[cfg(feature = "stream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
+pub mod stream;
 mod sync;
 mod wait;
 
@@ -62,6 +67,7 @@ mod wait;
 pub mod fuzzing;
 #[cfg(any(fuzzing, test))]
 #[path = "testing/reference_model.rs"]
+#[allow(dead_code)] // the fuzz bodies use part of it; `tests/model.rs` uses the rest
 mod reference_model;
 // So that the reference model names the API as `pacer::…` both here and where
 // `tests/model.rs` includes it: it uses nothing of the crate but its public API.
@@ -72,6 +78,8 @@ pub use error::{Denied, InsufficientCapacity, NotUntil};
 pub use keyed::KeyedLimiter;
 pub use limiter::Limiter;
 pub use quota::{Quota, QuotaError};
+pub use snapshot::Snapshot;
+pub use wait::reservation::Reservation;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -11,10 +11,13 @@ use crate::clock::{Clock, DefaultClock, Timeline};
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
+use crate::quota_cell::QuotaCell;
+use crate::snapshot::Snapshot;
 use crate::wait;
 use crate::wait::block::block_on;
-use crate::wait::future::Target;
+use crate::wait::future::{Acquire, Target};
 use crate::wait::queue::Waiters;
+use crate::wait::reservation::Reservation;
 
 /// A rate limiter for one quota, shared by reference (or `Arc`) among threads and tasks.
 ///
@@ -39,7 +42,8 @@ use crate::wait::queue::Waiters;
 /// ```
 pub struct Limiter<C: Clock = DefaultClock> {
     cell: CachePadded<Cell>,
-    params: Params,
+    /// The quota, changeable by `set_quota`; read once per decision.
+    quota: QuotaCell,
     /// The same timeline as `waiters` holds: kept here too so that `check()` reads it
     /// without following the `Arc`.
     time: Timeline<C>,
@@ -85,7 +89,7 @@ impl<C: Clock> Limiter<C> {
         let time = Timeline::starting_now(clock);
         Limiter {
             cell: CachePadded::new(Cell::new()),
-            params: *quota.params(),
+            quota: QuotaCell::new(quota),
             waiters: Waiters::new(time.clone()),
             time,
         }
@@ -100,7 +104,7 @@ impl<C: Clock> Limiter<C> {
     /// assert_eq!(Limiter::new(Quota::per_second(3)).quota(), Quota::per_second(3));
     /// ```
     pub fn quota(&self) -> Quota {
-        Quota::from_params(self.params)
+        Quota::from_params(self.quota.load())
     }
 
     #[inline]
@@ -127,11 +131,9 @@ impl<C: Clock> Limiter<C> {
     /// ```
     #[inline]
     pub fn check(&self) -> Result<(), NotUntil> {
+        let params = self.quota.load();
         let now = self.now();
-        match self
-            .cell
-            .acquire(now, self.params.interval(), self.params.tau())
-        {
+        match self.cell.acquire(now, params.interval(), params.tau()) {
             Ok(_) => Ok(()),
             Err(wait) => Err(NotUntil::from_nanos(wait)),
         }
@@ -157,12 +159,13 @@ impl<C: Clock> Limiter<C> {
     /// ```
     #[inline]
     pub fn check_n(&self, n: u32) -> Result<(), Denied> {
-        let cost = error::cost(&self.params, n)?;
+        let params = self.quota.load();
+        let cost = error::cost(&params, n)?;
         if cost == 0 {
             return Ok(());
         }
         let now = self.now();
-        match self.cell.acquire(now, cost, self.params.tau()) {
+        match self.cell.acquire(now, cost, params.tau()) {
             Ok(_) => Ok(()),
             Err(wait) => Err(NotUntil::from_nanos(wait).into()),
         }
@@ -179,7 +182,127 @@ impl<C: Clock> Limiter<C> {
     /// assert_eq!(limiter.remaining(), 6);
     /// ```
     pub fn remaining(&self) -> u32 {
-        gcra::remaining(self.cell.tat(), self.now(), &self.params)
+        let params = self.quota.load();
+        gcra::remaining(self.cell.tat(), self.now(), &params)
+    }
+
+    /// The limiter's state now, from one reading: burst, what `remaining()` gives, and
+    /// how long until the next cell and until the whole burst is back (see [`Snapshot`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{Limiter, Quota};
+    /// let limiter = Limiter::new(Quota::per_second(100).with_burst(10));
+    /// limiter.check_n(4).unwrap();
+    /// let state = limiter.snapshot();
+    /// assert_eq!((state.burst(), state.remaining()), (10, 6));
+    /// ```
+    pub fn snapshot(&self) -> Snapshot {
+        let params = self.quota.load();
+        let now = self.now();
+        Snapshot::of(params, self.cell.tat(), now)
+    }
+
+    /// How long from now until `n` cells would be admitted (zero if they would be now);
+    /// books and spends nothing. Someone else may take the room first: to hold it, use
+    /// [`Limiter::reserve`].
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{clock::ManualClock, Limiter, Quota};
+    /// use std::time::Duration;
+    /// let limiter = Limiter::with_clock(Quota::per_second(10), ManualClock::new());
+    /// limiter.check_n(10).unwrap();
+    /// assert_eq!(limiter.peek_n(3).unwrap(), Duration::from_millis(300));
+    /// assert_eq!(limiter.peek_n(3).unwrap(), Duration::from_millis(300)); // nothing spent
+    /// assert!(limiter.peek_n(11).is_err());
+    /// ```
+    pub fn peek_n(&self, n: u32) -> Result<Duration, InsufficientCapacity> {
+        let params = self.quota.load();
+        let cost = match error::cost(&params, n) {
+            Ok(cost) => cost,
+            Err(Denied::InsufficientCapacity(e)) => return Err(e),
+            Err(Denied::NotUntil(e)) => return Ok(e.wait_time()),
+        };
+        let now = self.now();
+        Ok(
+            match gcra::admit(self.cell.tat(), now, cost, params.tau()) {
+                Ok(_) => Duration::ZERO,
+                Err(wait) => Duration::from_nanos(wait),
+            },
+        )
+    }
+
+    /// Books `n` cells now and says from when they may be used, as a value that gives them
+    /// back if dropped before then (see [`Reservation`]). Like Go's `Limiter.Reserve`:
+    /// the booking takes its place in the same FIFO as waiters, so nobody overtakes it.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst (nothing booked);
+    /// [`Denied::NotUntil`] only when the booking would pass the end of representable time
+    /// (584 years).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{Limiter, Quota};
+    /// use std::time::Duration;
+    ///
+    /// let limiter = Limiter::new(Quota::per_second(100).with_burst(1));
+    /// limiter.check().unwrap();
+    /// let turn = limiter.reserve(1).unwrap();
+    /// if turn.ready_in() > Duration::from_millis(50) {
+    ///     drop(turn); // not worth waiting: the cell goes back
+    /// } else {
+    ///     turn.wait(); // or `turn.await` in async code
+    /// }
+    /// ```
+    pub fn reserve(&self, n: u32) -> Result<Reservation<'_, C>, Denied> {
+        Reservation::book(Acquire::reservation(self, n))
+    }
+
+    /// Changes the quota while the limiter runs, from any thread, without resetting it.
+    ///
+    /// What carries over, precisely: the limiter's state is its theoretical arrival time,
+    /// and it keeps its meaning in time. The backlog already spent (how far that time is
+    /// ahead of now) stays spent and is judged against the new burst window from the next
+    /// decision on, while the new interval spaces the cells admitted after the change.
+    /// So a limiter whose backlog is 3 s, changed to a quota whose burst window is 2 s,
+    /// admits nothing for 1 s; one changed to a larger burst admits the difference at once.
+    ///
+    /// * Checks take no lock and may run concurrently: each decision reads one quota, old
+    ///   or new, and is judged against exactly the state it replaces, so no decision ever
+    ///   mixes the two. In any window of length `w`, the admitted cells, each weighed by
+    ///   the interval of the quota that admitted it, add up to at most `w` plus the larger
+    ///   burst window of the two.
+    /// * Booked waiters keep their order and their bookings; their instants are re-read
+    ///   against the new burst window (a larger one brings them forward, a smaller one
+    ///   pushes them back), so plain checks still cannot overtake them. Waiters that book
+    ///   later are spaced by the new interval. A waiter dropped before its instant gives
+    ///   back exactly what it booked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{clock::ManualClock, Limiter, Quota};
+    /// let limiter = Limiter::with_clock(Quota::per_second(2), ManualClock::new());
+    /// limiter.check_n(2).unwrap();
+    /// assert!(limiter.check().is_err());
+    /// limiter.set_quota(Quota::per_second(2).with_burst(5)); // 3 more at once
+    /// assert!(limiter.check_n(3).is_ok());
+    /// assert_eq!(limiter.quota(), Quota::per_second(2).with_burst(5));
+    /// ```
+    pub fn set_quota(&self, quota: Quota) {
+        self.quota.store(quota);
+        let arm = self.waiters.requote(quota.params());
+        self.waiters.schedule(arm);
     }
 
     /// Waits its turn for one cell.
@@ -387,7 +510,7 @@ impl<C: Clock> Target for &Limiter<C> {
     type Clock = C;
 
     fn params(&self) -> Params {
-        self.params
+        self.quota.load()
     }
 
     fn time(&self) -> &Timeline<C> {
@@ -404,5 +527,14 @@ impl<C: Clock> Target for &Limiter<C> {
 
     fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R> {
         Some(f(&self.cell))
+    }
+}
+
+impl<C: Clock> Limiter<C> {
+    /// The limiter's timeline (clock and origin), for adapters that hold the limiter by
+    /// another handle (the stream adapter's `Arc`).
+    #[cfg(feature = "stream")]
+    pub(crate) fn time_ref(&self) -> &Timeline<C> {
+        &self.time
     }
 }

@@ -5,6 +5,9 @@
 //! `TAT = max(TAT, t) + n*T`; a denial waits `TAT - (b - n)*T - t`. Every decision, every
 //! wait and every `remaining()` of the real limiter must equal it.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use pacer::clock::ManualClock;
@@ -193,4 +196,154 @@ fn the_sustained_rate_is_the_quota_however_long_each_call_takes() {
     // Checks at 0, 3 ms, ..., 29.997 s: the burst plus one cell per 10 ms of that span,
     // b + floor(29_997 / 10), and not a cell more.
     assert_eq!(admitted, 10 + 29_997 / 10);
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Advance(u64),
+    CheckN(u32),
+    SetQuota(u64, u32),
+    Wait(u32),
+    Reserve(u32),
+    Drop(usize),
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => (0u64..300).prop_map(Step::Advance),
+            3 => (0u32..4).prop_map(Step::CheckN),
+            1 => (10u64..100, 1u32..5).prop_map(|(t, b)| Step::SetQuota(t, b)),
+            3 => (0u32..5).prop_map(Step::Wait),
+            2 => (0u32..5).prop_map(Step::Reserve),
+            2 => any::<usize>().prop_map(Step::Drop),
+        ],
+        1..150,
+    )
+}
+
+/// A booking the model holds: its id, booked TAT and cost.
+type Booked = (usize, u128, u128);
+
+/// Fires the due prefix: what a manual clock's `advance` (or a re-armed queue) does.
+fn fire_due(model: &Model, queue: &mut Vec<Booked>, now: u128) {
+    while queue.first().is_some_and(|b| model.ready_at(b.1) <= now) {
+        queue.remove(0);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Quota changes interleaved with checks, waiters and reservations: every decision,
+    /// every `remaining()`, the next due waiter and which bookings have finished equal a
+    /// model where a change keeps the TAT in time and re-reads booked instants, and a
+    /// cancelled booking gives its cost back unless a plain admission came after the
+    /// last booking.
+    #[test]
+    fn quota_changes_with_checks_waiters_and_reservations_equal_the_model(
+        first in (10u64..100, 1u32..5),
+        steps in steps(),
+    ) {
+        let quota = |(t, b): (u64, u32)| {
+            Quota::try_new(1, Duration::from_nanos(t)).unwrap().with_burst(b)
+        };
+        let clock = ManualClock::new();
+        let limiter = Limiter::with_clock(quota(first), clock.clone());
+        let mut model = Model::new(quota(first));
+        let mut now = 0u128;
+        let mut queue: Vec<Booked> = Vec::new();
+        let mut admitted_since_booking = false;
+        let mut burst = first.1;
+        type Pending<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+        let mut pending: Vec<(usize, Pending<'_>)> = Vec::new();
+        let cx = &mut Context::from_waker(Waker::noop());
+        for (id, step) in steps.into_iter().enumerate() {
+            match step {
+                Step::Advance(d) => {
+                    clock.advance(Duration::from_nanos(d));
+                    now += u128::from(d);
+                }
+                Step::CheckN(n) => {
+                    let expected = model.check_n(now, n);
+                    prop_assert_eq!(Outcome::of(limiter.check_n(n)), expected);
+                    if expected == Outcome::Admitted && n > 0 {
+                        admitted_since_booking = true;
+                    }
+                }
+                Step::SetQuota(t, b) => {
+                    limiter.set_quota(quota((t, b)));
+                    model.set_quota(quota((t, b)));
+                    burst = b;
+                }
+                Step::Wait(n) | Step::Reserve(n) => {
+                    let reserve = matches!(step, Step::Reserve(_));
+                    let mut future: Pending<'_> = if reserve {
+                        match limiter.reserve(n) {
+                            Ok(r) => Box::pin(r),
+                            Err(e) => {
+                                prop_assert!(n > burst, "reserve({}) refused: {:?}", n, e);
+                                continue;
+                            }
+                        }
+                    } else {
+                        let l = &limiter;
+                        Box::pin(async move { let _ = l.until_n_ready(n).await; })
+                    };
+                    let ready = future.as_mut().poll(cx).is_ready();
+                    // The model's first poll: a plain check, else a booking.
+                    let expected_ready = if n == 0 {
+                        true
+                    } else if model.check_n(now, n) == Outcome::Admitted {
+                        admitted_since_booking = true;
+                        true
+                    } else {
+                        match model.book(now, n) {
+                            None => true, // more than the burst: refused at once
+                            Some(tat) if model.ready_at(tat) <= now => {
+                                admitted_since_booking = true;
+                                true
+                            }
+                            Some(tat) => {
+                                queue.push((id, tat, u128::from(n) * model.interval()));
+                                admitted_since_booking = false;
+                                false
+                            }
+                        }
+                    };
+                    prop_assert_eq!(ready, expected_ready, "first poll of booking {}", id);
+                    if !ready {
+                        pending.push((id, future));
+                    }
+                }
+                Step::Drop(i) => {
+                    if pending.is_empty() {
+                        continue;
+                    }
+                    let (id, future) = pending.remove(i % pending.len());
+                    drop(future);
+                    if let Some(pos) = queue.iter().position(|b| b.0 == id) {
+                        let (_, _, cost) = queue.remove(pos);
+                        if !admitted_since_booking {
+                            model.refund(cost);
+                            for later in &mut queue[pos..] {
+                                later.1 -= cost;
+                            }
+                        }
+                    }
+                }
+            }
+            fire_due(&model, &mut queue, now);
+            prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
+            prop_assert_eq!(
+                limiter.next_waiter_due_in().map(|d| d.as_nanos()),
+                queue.first().map(|b| model.ready_at(b.1) - now)
+            );
+            for (id, future) in &mut pending {
+                let done = future.as_mut().poll(cx).is_ready();
+                prop_assert_eq!(done, !queue.iter().any(|b| b.0 == *id), "booking {}", id);
+            }
+            pending.retain_mut(|(id, _)| queue.iter().any(|b| b.0 == *id));
+        }
+    }
 }

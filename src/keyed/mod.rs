@@ -26,6 +26,8 @@ use crate::clock::{Clock, DefaultClock, Timeline};
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
+use crate::quota_cell::QuotaCell;
+use crate::snapshot::Snapshot;
 use crate::sync::Mutex;
 use crate::wait::future::Target;
 use crate::wait::queue::Waiters;
@@ -52,7 +54,8 @@ type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 /// ```
 pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
     store: Store<K>,
-    params: Params,
+    /// The default quota (keys without one of their own), changeable by `set_quota`.
+    quota: QuotaCell,
     quota_for: Option<QuotaFor<K>>,
     time: Timeline<C>,
     /// Queues of the keys that have waiters. Locked only on the waiting path.
@@ -78,7 +81,7 @@ impl<K: Hash + Eq, C: Clock> Queues<K, C> {
 impl<K: Hash + Eq + Clone, C: Clock> core::fmt::Debug for KeyedLimiter<K, C> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("KeyedLimiter")
-            .field("quota", &Quota::from_params(self.params))
+            .field("quota", &Quota::from_params(self.quota.load()))
             .field("len", &self.len())
             .finish_non_exhaustive()
     }
@@ -112,7 +115,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn with_clock(quota: Quota, clock: C) -> KeyedLimiter<K, C> {
         KeyedLimiter {
             store: Store::new(),
-            params: *quota.params(),
+            quota: QuotaCell::new(quota),
             quota_for: None,
             time: Timeline::starting_now(clock),
             waiters: Mutex::new(Queues {
@@ -170,8 +173,8 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     #[inline]
     fn params_for(&self, key: &K) -> Params {
         match &self.quota_for {
-            Some(quota_for) => quota_for(key).map_or(self.params, |q| *q.params()),
-            None => self.params,
+            Some(quota_for) => quota_for(key).map_or_else(|| self.quota.load(), |q| *q.params()),
+            None => self.quota.load(),
         }
     }
 
@@ -255,6 +258,57 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         let params = self.params_for(key);
         self.with_stored_cell(key, |cell, now| gcra::remaining(cell.tat(), now, &params))
             .unwrap_or(params.burst())
+    }
+
+    /// `key`'s state now, from one reading (see [`Snapshot`]); stores nothing (an unknown
+    /// key has its whole burst).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_minute(60));
+    /// limiter.check_key_n(&"alice", 60).unwrap();
+    /// let state = limiter.snapshot_key(&"alice");
+    /// assert_eq!((state.burst(), state.remaining()), (60, 0));
+    /// assert!(state.until_next().as_millis() > 900);
+    /// assert_eq!(limiter.snapshot_key(&"bob").remaining(), 60);
+    /// ```
+    pub fn snapshot_key(&self, key: &K) -> Snapshot {
+        let params = self.params_for(key);
+        self.with_stored_cell(key, |cell, now| Snapshot::of(params, cell.tat(), now))
+            .unwrap_or_else(|| Snapshot::of(params, 0, 0))
+    }
+
+    /// Changes the default quota (the one of keys without a quota of their own) while the
+    /// limiter runs, with the same meaning as [`Limiter::set_quota`](crate::Limiter::set_quota):
+    /// every key's spent backlog carries over, its booked waiters keep their order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{clock::ManualClock, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::with_clock(Quota::per_second(1), ManualClock::new());
+    /// limiter.check_key(&7).unwrap();
+    /// assert!(limiter.check_key(&7).is_err());
+    /// limiter.set_quota(Quota::per_second(1).with_burst(3));
+    /// assert!(limiter.check_key_n(&7, 2).is_ok());
+    /// ```
+    pub fn set_quota(&self, quota: Quota) {
+        self.quota.store(quota);
+        let queues: Vec<_> = {
+            let queues = self.waiters.lock();
+            queues
+                .map
+                .iter()
+                .filter(|(key, _)| self.quota_for.as_ref().is_none_or(|f| f(key).is_none()))
+                .map(|(_, queue)| Arc::clone(queue))
+                .collect()
+        };
+        for queue in queues {
+            let arm = queue.requote(quota.params());
+            queue.schedule(arm);
+        }
     }
 
     /// Waits `key`'s booked turn for one cell (the same FIFO promises as

@@ -49,6 +49,43 @@ impl Model {
         }
     }
 
+    /// Changes the quota: the TAT keeps its meaning in time (pacer's `set_quota`).
+    pub(crate) fn set_quota(&mut self, quota: Quota) {
+        self.t = quota.emission_interval().as_nanos();
+        self.b = u128::from(quota.burst());
+    }
+
+    /// The theoretical arrival time.
+    pub(crate) fn tat(&self) -> u128 {
+        self.tat
+    }
+
+    /// Books `n` cells at `now` within an unlimited wait, like a waiter's first poll:
+    /// returns the booking's TAT, or `None` for more than the burst.
+    pub(crate) fn book(&mut self, now: u128, n: u32) -> Option<u128> {
+        let n = u128::from(n);
+        if n > self.b {
+            return None;
+        }
+        self.tat = self.tat.max(now) + n * self.t;
+        Some(self.tat)
+    }
+
+    /// Gives back `cost` nanoseconds of a cancelled booking.
+    pub(crate) fn refund(&mut self, cost: u128) {
+        self.tat -= cost;
+    }
+
+    /// When a booking that left `tat` may proceed: `tat - tau`, or 0.
+    pub(crate) fn ready_at(&self, tat: u128) -> u128 {
+        tat.saturating_sub(self.tau())
+    }
+
+    /// The interval `T` in nanoseconds.
+    pub(crate) fn interval(&self) -> u128 {
+        self.t
+    }
+
     /// `b*T`, saturated at `u64::MAX` ns as the spec allows (a window past 584 years).
     fn tau(&self) -> u128 {
         (self.b * self.t).min(u128::from(u64::MAX))

@@ -54,6 +54,8 @@ pub(crate) struct Acquire<T: Target> {
     deadline: u64,
     /// The longest wait accepted, in nanoseconds; turned into `deadline` by the first poll.
     max_wait: u64,
+    /// A reservation (see `Slot::keep_when_due`).
+    keep_when_due: bool,
     phase: Phase,
     /// The queue the node is linked in, once `phase` is `Linked`.
     waiters: Option<Arc<Waiters<T::Clock>>>,
@@ -77,9 +79,33 @@ impl<T: Target> Acquire<T> {
             n,
             deadline: u64::MAX,
             max_wait,
+            keep_when_due: false,
             phase: Phase::Unpolled,
             waiters: None,
             node: Waiter::new(),
+        }
+    }
+
+    /// A reservation of `n` cells: booked like a waiter, but once its instant has come it
+    /// keeps its cells when dropped.
+    pub(crate) fn reservation(target: T, n: u32) -> Acquire<T> {
+        let mut acquire = Acquire::new(target, n, u64::MAX);
+        acquire.keep_when_due = true;
+        acquire
+    }
+
+    /// Nanoseconds from now until this request may proceed: 0 once admitted (or before
+    /// the first poll, or refused).
+    pub(crate) fn due_in(self: Pin<&Self>) -> u64 {
+        let this = self.get_ref();
+        match (&this.phase, &this.waiters) {
+            (Phase::Linked, Some(waiters)) => {
+                // SAFETY: the node was linked by `book` on `waiters` and lives in this
+                // pinned future.
+                let instant = unsafe { waiters.instant_of(NonNull::from(&this.node)) };
+                instant.saturating_sub(this.target.time().now())
+            }
+            _ => 0,
         }
     }
 
@@ -100,6 +126,7 @@ impl<T: Target> Acquire<T> {
             return Poll::Ready(Ok(()));
         }
         let max_wait = self.deadline.saturating_sub(now);
+        let keep_when_due = self.keep_when_due;
         // Fast path without the queue lock: a request that fits now cannot be overtaking
         // anyone, because linked waiters leave no room before their instants.
         let fast = self
@@ -117,7 +144,16 @@ impl<T: Target> Acquire<T> {
         // SAFETY: `node` points into this pinned future, is in no list (phase Unpolled), and
         // `Drop` cancels it before the future's memory goes away.
         let booking = self.target.with_cell(|cell| unsafe {
-            waiters.book(cell, &params, node, now, cost, max_wait, cx.waker())
+            waiters.book(
+                cell,
+                &params,
+                node,
+                now,
+                cost,
+                max_wait,
+                keep_when_due,
+                cx.waker(),
+            )
         });
         match booking {
             Ok(Booking::Ready) => Poll::Ready(Ok(())),

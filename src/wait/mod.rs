@@ -4,7 +4,8 @@
 //! * `queue` — waiters beside a cell: booking, firing, cancelling (its docs hold the
 //!   invariant and the fairness argument);
 //! * `future` — the future that books on first poll and refunds on drop;
-//! * `block` — blocking a thread on that same future.
+//! * `block` — blocking a thread on that same future;
+//! * `reservation` — a booking held as a value (`Limiter::reserve`).
 //!
 //! The functions here turn one [`future::Acquire`] into each public result type, so the
 //! direct and the keyed limiter (and any later adapter) share one waiting path.
@@ -13,6 +14,7 @@ pub(crate) mod block;
 pub(crate) mod future;
 pub(crate) mod list;
 pub(crate) mod queue;
+pub(crate) mod reservation;
 
 use core::future::Future;
 use core::time::Duration;

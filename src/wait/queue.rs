@@ -74,6 +74,9 @@ struct Slot {
     tat: u64,
     /// The booked cost in nanoseconds (`n * T`).
     cost: u64,
+    /// A reservation: once its instant has come it keeps its cells when dropped, even if
+    /// the timer has not fired it yet (its holder may have acted on it).
+    keep_when_due: bool,
     /// The task to wake when fired.
     waker: Option<Waker>,
 }
@@ -311,6 +314,7 @@ impl<C: Clock> Waiters<C> {
         now: u64,
         cost: u64,
         max_wait: u64,
+        keep_when_due: bool,
         waker: &Waker,
     ) -> Booking {
         let arm = {
@@ -331,6 +335,7 @@ impl<C: Clock> Waiters<C> {
                         instant,
                         tat,
                         cost,
+                        keep_when_due,
                         waker: Some(waker.clone()),
                     }
                 });
@@ -410,7 +415,15 @@ impl<C: Clock> Waiters<C> {
                 return Arm(None);
             }
             // SAFETY: `node` is live and we hold the lock.
-            let (cost, waker) = unsafe { slot(node, |s| (s.cost, s.waker.take())) };
+            let (cost, instant, keep_when_due, waker) = unsafe {
+                slot(node, |s| {
+                    (s.cost, s.instant, s.keep_when_due, s.waker.take())
+                })
+            };
+            // A reservation whose instant has come keeps its cells (read under the lock,
+            // after the holder's last action on it: a reservation dropped after use has
+            // its instant behind it by this reading).
+            let kept = keep_when_due && instant <= self.time.now();
             let Some(tail) = state.list.back() else {
                 unreachable!("a linked, unfired waiter is in its list")
             };
@@ -421,7 +434,7 @@ impl<C: Clock> Waiters<C> {
             // SAFETY: as above.
             let removed = unsafe { state.list.remove(node) };
             debug_assert!(removed, "a linked, unfired waiter is in its list");
-            if cell.is_some_and(|cell| cell.refund(tail_tat, cost)) {
+            if !kept && cell.is_some_and(|cell| cell.refund(tail_tat, cost)) {
                 while let Some(later) = behind {
                     // SAFETY: `later` is linked, so live (list rule 3); we hold the lock.
                     unsafe {
@@ -518,6 +531,36 @@ impl<C: Clock> Waiters<C> {
         let front = state.list.front()?;
         // SAFETY: a linked node is live (list rule 3) and we hold the lock.
         Some(unsafe { slot(front, |s| s.instant) })
+    }
+
+    /// Re-reads every linked waiter's instant against a new quota's burst window (its
+    /// booked TAT stays): after `Limiter::set_quota`. Returns the wake-up to ask for.
+    pub(crate) fn requote(&self, params: &Params) -> Arm {
+        let mut state = self.state.lock();
+        let mut node = state.list.front();
+        while let Some(n) = node {
+            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
+            unsafe {
+                slot(n, |s| s.instant = gcra::ready_at(s.tat, params));
+                node = list::next(n);
+            }
+        }
+        // The front may now be due earlier or later than the wake-up asked for: ask anew
+        // (an outstanding later wake-up only finds nothing due and re-arms).
+        state.armed = None;
+        Arm(state.arm_front())
+    }
+
+    /// Limiter time at which a linked node is due.
+    ///
+    /// # Safety
+    ///
+    /// `node` was linked by [`Waiters::book`] on this queue and is live.
+    pub(crate) unsafe fn instant_of(&self, node: NonNull<Waiter>) -> u64 {
+        let _state = self.state.lock();
+        // SAFETY: live (caller's contract); we hold the lock. A fired node's slot keeps
+        // its instant.
+        unsafe { slot(node, |s| s.instant) }
     }
 
     /// Whether no waiter is linked.

@@ -1,0 +1,87 @@
+//! The quota a limiter enforces, changeable at runtime without a lock on the check path.
+//!
+//! # Implementation notes
+//!
+//! A quota is two integers (interval and burst; the tolerance is derived), too wide for
+//! one atomic word, and a check must never combine the interval of one quota with the
+//! burst of another. So they sit behind a sequence lock: a writer makes the version odd,
+//! stores both, and makes it even again; a reader loads the version, both fields and the
+//! version again, and retries if the version moved or was odd. Readers write nothing, so
+//! checks on many cores share the line; writers are serialised by a mutex (changes are
+//! rare). A reader only spins while a change is half-written, a few instructions long.
+//!
+//! Orderings: the fields are atomics (a racing read is never undefined behaviour), read
+//! `Relaxed`; the first version load is `Acquire`, pairing with the writer's `Release`
+//! store of the even version, so a reader that sees a version sees the fields stored
+//! before it; an `Acquire` fence before the second version load keeps the field loads
+//! before it, pairing with the writer's `Release` fence after making the version odd, so
+//! a reader that read any field of a newer write sees the version move. (The standard
+//! seqlock with atomics, as in crossbeam's `AtomicCell` fallback.)
+//!
+//! What a change means for the limiter is documented on `Limiter::set_quota`.
+
+use crate::gcra::Params;
+use crate::quota::Quota;
+use crate::sync::{fence, AtomicU32, AtomicU64, Mutex, Ordering};
+
+/// A [`Params`] that can be replaced while checks read it.
+#[derive(Debug)]
+pub(crate) struct QuotaCell {
+    /// Even: stable; odd: a change is being written.
+    version: AtomicU64,
+    interval: AtomicU64,
+    burst: AtomicU32,
+    /// Serialises writers.
+    writer: Mutex<()>,
+}
+
+impl QuotaCell {
+    pub(crate) fn new(quota: Quota) -> QuotaCell {
+        let params = quota.params();
+        QuotaCell {
+            version: AtomicU64::new(0),
+            interval: AtomicU64::new(params.interval()),
+            burst: AtomicU32::new(params.burst()),
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// The current quota's integers, read consistently.
+    #[inline]
+    pub(crate) fn load(&self) -> Params {
+        loop {
+            // Acquire: pairs with the writer's Release store of this (even) version.
+            let before = self.version.load(Ordering::Acquire);
+            // Relaxed: ordered by the version loads around them (module docs).
+            let interval = self.interval.load(Ordering::Relaxed);
+            let burst = self.burst.load(Ordering::Relaxed);
+            // Acquire fence: the field loads above stay before the version load below.
+            fence(Ordering::Acquire);
+            let after = self.version.load(Ordering::Relaxed);
+            if before == after && before.is_multiple_of(2) {
+                if let Some(params) = Params::new(interval, burst) {
+                    return params;
+                }
+            }
+            crate::sync::spin_loop();
+        }
+    }
+
+    /// Replaces the quota; later `load`s see the new one.
+    pub(crate) fn store(&self, quota: Quota) {
+        let params = quota.params();
+        let _writer = self.writer.lock();
+        // Relaxed: only writers change the version, and they hold the mutex.
+        let version = self.version.load(Ordering::Relaxed);
+        // Relaxed store of the odd version, then a Release fence: a reader that sees any
+        // field stored below also sees this odd version (or a later one) on its second load.
+        self.version
+            .store(version.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.interval.store(params.interval(), Ordering::Relaxed);
+        self.burst.store(params.burst(), Ordering::Relaxed);
+        // Release: a reader that loads this even version sees both fields.
+        self.version
+            .store(version.wrapping_add(2), Ordering::Release);
+    }
+}

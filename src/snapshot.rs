@@ -1,0 +1,122 @@
+//! One reading of a limiter's state: what `RateLimit` and `X-RateLimit-*` headers need.
+
+use core::time::Duration;
+
+use crate::gcra::{self, Params};
+use crate::quota::Quota;
+
+/// A limiter's (or one key's) state at one instant, from one reading of its word: the
+/// quota, how many cells a check would admit now, and how long until the next cell and
+/// until the whole burst is back.
+///
+/// All four come from the same TAT and the same clock reading, so they agree with each
+/// other (a header built from them never says "0 left, next in 0 s").
+///
+/// # Examples
+///
+/// ```
+/// use pacer::{clock::ManualClock, Limiter, Quota};
+/// use std::time::Duration;
+///
+/// let limiter = Limiter::with_clock(Quota::per_second(10), ManualClock::new());
+/// limiter.check_n(10).unwrap();
+/// let state = limiter.snapshot();
+/// assert_eq!((state.burst(), state.remaining()), (10, 0));
+/// assert_eq!(state.until_next(), Duration::from_millis(100));
+/// assert_eq!(state.until_full(), Duration::from_secs(1));
+/// // RateLimit: "default";r=0;t=1   RateLimit-Policy: "default";q=10;w=1
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Snapshot {
+    quota: Quota,
+    remaining: u32,
+    until_next: Duration,
+    until_full: Duration,
+}
+
+impl Snapshot {
+    /// The state of a cell holding `tat` at `now` under `params`.
+    pub(crate) fn of(params: Params, tat: u64, now: u64) -> Snapshot {
+        let remaining = gcra::remaining(tat, now, &params);
+        let until_next = if remaining > 0 {
+            0
+        } else {
+            match gcra::admit(tat, now, params.interval(), params.tau()) {
+                Ok(_) => 0,
+                Err(wait) => wait,
+            }
+        };
+        Snapshot {
+            quota: Quota::from_params(params),
+            remaining,
+            until_next: Duration::from_nanos(until_next),
+            until_full: Duration::from_nanos(tat.saturating_sub(now)),
+        }
+    }
+
+    /// The quota in force when the state was read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = pacer::Limiter::new(pacer::Quota::per_minute(30));
+    /// assert_eq!(limiter.snapshot().quota(), pacer::Quota::per_minute(30));
+    /// ```
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// The burst: the most cells a check can ever admit at once (the header "limit").
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(5).with_burst(2));
+    /// assert_eq!(limiter.snapshot().burst(), 2);
+    /// ```
+    pub fn burst(&self) -> u32 {
+        self.quota.burst()
+    }
+
+    /// How many cells `check_n` would have admitted at that instant.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = pacer::Limiter::new(pacer::Quota::per_hour(3));
+    /// limiter.check().unwrap();
+    /// assert_eq!(limiter.snapshot().remaining(), 2);
+    /// ```
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// How long until one more cell would be admitted: zero while `remaining() > 0`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = pacer::Limiter::new(pacer::Quota::per_hour(1));
+    /// assert!(limiter.snapshot().until_next().is_zero());
+    /// limiter.check().unwrap();
+    /// assert!(limiter.snapshot().until_next().as_secs() > 3500);
+    /// ```
+    pub fn until_next(&self) -> Duration {
+        self.until_next
+    }
+
+    /// How long until the whole burst is available again (the header "reset"): zero when
+    /// nothing is spent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(2));
+    /// assert!(limiter.snapshot().until_full().is_zero());
+    /// limiter.check().unwrap();
+    /// assert!(limiter.snapshot().until_full().as_millis() > 400);
+    /// ```
+    pub fn until_full(&self) -> Duration {
+        self.until_full
+    }
+}

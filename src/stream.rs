@@ -1,0 +1,185 @@
+//! A `Stream` paced by a limiter (cargo feature `stream`).
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::Arc;
+
+use futures_core::Stream;
+use pin_project_lite::pin_project;
+
+use crate::cell::Cell;
+use crate::clock::{Clock, Timeline};
+use crate::gcra::Params;
+use crate::limiter::Limiter;
+use crate::wait::future::{Acquire, Target};
+use crate::wait::queue::Waiters;
+
+/// The limiter a throttled stream keeps: made from a `&Limiter` or, for a `'static`
+/// stream, an `Arc<Limiter>` (`throttle` takes either).
+#[derive(Debug)]
+pub struct Handle<'a, C: Clock> {
+    limiter: Shared<'a, C>,
+}
+
+#[derive(Debug)]
+enum Shared<'a, C: Clock> {
+    Borrowed(&'a Limiter<C>),
+    Owned(Arc<Limiter<C>>),
+}
+
+impl<C: Clock> Clone for Handle<'_, C> {
+    fn clone(&self) -> Self {
+        Handle {
+            limiter: match &self.limiter {
+                Shared::Borrowed(l) => Shared::Borrowed(l),
+                Shared::Owned(l) => Shared::Owned(Arc::clone(l)),
+            },
+        }
+    }
+}
+
+impl<'a, C: Clock> From<&'a Limiter<C>> for Handle<'a, C> {
+    fn from(limiter: &'a Limiter<C>) -> Self {
+        Handle {
+            limiter: Shared::Borrowed(limiter),
+        }
+    }
+}
+
+impl<C: Clock> From<Arc<Limiter<C>>> for Handle<'static, C> {
+    fn from(limiter: Arc<Limiter<C>>) -> Self {
+        Handle {
+            limiter: Shared::Owned(limiter),
+        }
+    }
+}
+
+impl<C: Clock> Handle<'_, C> {
+    fn get(&self) -> &Limiter<C> {
+        match &self.limiter {
+            Shared::Borrowed(l) => l,
+            Shared::Owned(l) => l,
+        }
+    }
+}
+
+impl<C: Clock> Target for Handle<'_, C> {
+    type Clock = C;
+
+    fn params(&self) -> Params {
+        Target::params(&self.get())
+    }
+
+    fn time(&self) -> &Timeline<C> {
+        self.get().time_ref()
+    }
+
+    fn waiters(&self) -> Arc<Waiters<C>> {
+        Target::waiters(&self.get())
+    }
+
+    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Result<R, u64> {
+        Target::with_cell(&self.get(), f)
+    }
+
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+        Target::with_stored_cell(&self.get(), f)
+    }
+}
+
+pin_project! {
+    /// A stream whose items come no faster than a limiter allows: see [`throttle`].
+    #[must_use = "streams do nothing unless polled"]
+    pub struct Throttled<'a, S: Stream, C: Clock> {
+        #[pin]
+        stream: S,
+        // The booked turn of `item`, while it waits.
+        #[pin]
+        turn: Option<Acquire<Handle<'a, C>>>,
+        item: Option<S::Item>,
+        limiter: Handle<'a, C>,
+    }
+}
+
+/// Yields `stream`'s items no faster than `limiter` allows, one cell per item.
+///
+/// Each item is taken from `stream` first, then waits its booked turn on the limiter
+/// (the same FIFO as every other waiter of that limiter), then is yielded. So several
+/// throttled streams sharing one limiter are served in the order their items arrived,
+/// and a stream that is slower than the limit is never delayed by it. Dropping the
+/// throttled stream while an item waits gives that item's cell back.
+///
+/// `limiter` is a `&Limiter`, or an `Arc<Limiter>` for a stream that must be `'static`
+/// (to spawn it, say).
+///
+/// # Examples
+///
+/// ```
+/// use futures::StreamExt;
+/// use pacer::{stream::throttle, Limiter, Quota};
+///
+/// let limiter = Limiter::new(Quota::per_second(1000).with_burst(1));
+/// let start = std::time::Instant::now();
+/// let items: Vec<u32> = futures::executor::block_on(
+///     throttle(futures::stream::iter(0..5), &limiter).collect(),
+/// );
+/// assert_eq!(items, [0, 1, 2, 3, 4]);
+/// assert!(start.elapsed().as_millis() >= 4); // one at once, then one per millisecond
+/// ```
+pub fn throttle<'a, S: Stream, C: Clock>(
+    stream: S,
+    limiter: impl Into<Handle<'a, C>>,
+) -> Throttled<'a, S, C> {
+    Throttled {
+        stream,
+        turn: None,
+        item: None,
+        limiter: limiter.into(),
+    }
+}
+
+impl<S: Stream, C: Clock> core::fmt::Debug for Throttled<'_, S, C> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Throttled")
+            .field("waiting", &self.item.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Stream, C: Clock> Stream for Throttled<'_, S, C> {
+    type Item = S::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let mut this = self.project();
+        if this.item.is_none() {
+            match this.stream.poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(item)) => {
+                    *this.item = Some(item);
+                    this.turn
+                        .set(Some(Acquire::new(this.limiter.clone(), 1, u64::MAX)));
+                }
+            }
+        }
+        if let Some(turn) = this.turn.as_mut().as_pin_mut() {
+            match turn.poll(cx) {
+                Poll::Ready(Ok(())) => this.turn.set(None),
+                // One cell always fits; only a booking past the end of representable
+                // time (584 years) is refused, and that item never comes.
+                Poll::Ready(Err(_)) | Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(this.item.take())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let (low, high) = self.stream.size_hint();
+        let waiting = usize::from(self.item.is_some());
+        (
+            low.saturating_add(waiting),
+            high.and_then(|h| h.checked_add(waiting)),
+        )
+    }
+}
