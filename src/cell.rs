@@ -83,6 +83,7 @@ impl Cell {
     /// after every booked instant: the cancelled cells were then relied on and stay spent
     /// (see `crate::wait::queue`). Deciding on the value itself, with no clock reading,
     /// makes an admission racing the refund fail one of the two compare-and-swaps.
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // waiting's
     pub(crate) fn refund(&self, expected: u64, cost: u64) -> bool {
         // Relaxed: the same single-word argument as `acquire`; bookings and refunds are
         // ordered among themselves by the waiter queue's mutex, which made `expected`

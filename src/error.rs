@@ -62,7 +62,7 @@ impl fmt::Display for NotUntil {
     }
 }
 
-impl std::error::Error for NotUntil {}
+impl core::error::Error for NotUntil {}
 
 /// A request for more cells than the burst: no amount of waiting can admit it.
 ///
@@ -125,7 +125,7 @@ impl fmt::Display for InsufficientCapacity {
     }
 }
 
-impl std::error::Error for InsufficientCapacity {}
+impl core::error::Error for InsufficientCapacity {}
 
 /// Why `check_n` said no.
 ///
@@ -148,7 +148,7 @@ pub enum Denied {
 }
 
 /// Prints the inner error's message. `Denied` is that error, not a wrapper around it:
-/// [`source`](std::error::Error::source) is `None`, so error reporters (anyhow, eyre)
+/// [`source`](core::error::Error::source) is `None`, so error reporters (anyhow, eyre)
 /// print the message once, not twice.
 impl fmt::Display for Denied {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -159,7 +159,7 @@ impl fmt::Display for Denied {
     }
 }
 
-impl std::error::Error for Denied {}
+impl core::error::Error for Denied {}
 
 impl From<NotUntil> for Denied {
     fn from(e: NotUntil) -> Self {

@@ -129,6 +129,7 @@ pub(crate) const fn remaining(tat: u64, now: u64, params: &Params) -> u32 {
 /// The instant (limiter time) at which a booking that moved the TAT to `tat` may proceed:
 /// `tat - tau`, or 0 when that is before the limiter's creation.
 #[inline]
+#[cfg_attr(not(feature = "std"), allow(dead_code))] // waiting's
 pub(crate) const fn ready_at(tat: u64, params: &Params) -> u64 {
     tat.saturating_sub(params.tau)
 }

@@ -39,6 +39,7 @@
 //! dropping one before its instant gives its cells back. Waiters park on an intrusive list
 //! (no allocation per waiter) and one timer entry per limiter serves them all.
 
+#![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layers, bottom up: `gcra` (pure arithmetic) and `sync` (the std/loom switch),
@@ -47,6 +48,7 @@ mod cell;
 pub mod clock;
 mod error;
 mod gcra;
+#[cfg(feature = "std")]
 mod keyed;
 mod limiter;
 mod quota;
@@ -56,29 +58,32 @@ mod snapshot;
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
 pub mod stream;
 mod sync;
+#[cfg(feature = "std")]
 mod wait;
 
 // Test support, apart from the library: the fuzz bodies (public for `fuzz/`, hidden) and
 // the reference model they and `tests/model.rs` check against.
-#[cfg(any(fuzzing, test))]
+#[cfg(all(feature = "std", any(fuzzing, test)))]
 #[doc(hidden)]
 #[allow(missing_docs, unreachable_pub)]
 #[path = "testing/fuzzing.rs"]
 pub mod fuzzing;
-#[cfg(any(fuzzing, test))]
+#[cfg(all(feature = "std", any(fuzzing, test)))]
 #[path = "testing/reference_model.rs"]
 #[allow(dead_code)] // the fuzz bodies use part of it; `tests/model.rs` uses the rest
 mod reference_model;
 // So that the reference model names the API as `pacer::…` both here and where
 // `tests/model.rs` includes it: it uses nothing of the crate but its public API.
-#[cfg(any(fuzzing, test))]
+#[cfg(all(feature = "std", any(fuzzing, test)))]
 extern crate self as pacer;
 
 pub use error::{Denied, InsufficientCapacity, NotUntil};
+#[cfg(feature = "std")]
 pub use keyed::KeyedLimiter;
 pub use limiter::Limiter;
 pub use quota::{Quota, QuotaError};
 pub use snapshot::Snapshot;
+#[cfg(feature = "std")]
 pub use wait::reservation::Reservation;
 
 /// The README's examples, compiled and run as doc tests.

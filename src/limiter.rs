@@ -1,23 +1,32 @@
 //! The direct limiter: one quota, one cell, shared by threads and tasks.
 
-use core::future::Future;
 use core::time::Duration;
-use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
 use crate::cell::Cell;
-use crate::clock::{Clock, DefaultClock, Timeline};
+use crate::clock::{Clock, Timeline};
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
-use crate::gcra::{self, Params};
+use crate::gcra;
 use crate::quota::Quota;
 use crate::quota_cell::QuotaCell;
 use crate::snapshot::Snapshot;
-use crate::wait;
-use crate::wait::block::block_on;
-use crate::wait::future::{Acquire, Target};
-use crate::wait::queue::Waiters;
-use crate::wait::reservation::Reservation;
+
+// Waiting, blocking and the default clock need `std`.
+#[cfg(feature = "std")]
+use {
+    crate::clock::DefaultClock,
+    crate::gcra::Params,
+    crate::wait::{
+        self,
+        block::block_on,
+        future::{Acquire, Target},
+        queue::Waiters,
+        reservation::Reservation,
+    },
+    core::future::Future,
+    std::sync::Arc,
+};
 
 /// A rate limiter for one quota, shared by reference (or `Arc`) among threads and tasks.
 ///
@@ -40,13 +49,17 @@ use crate::wait::reservation::Reservation;
 /// let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
 /// assert!(admitted >= 5); // the burst, plus whatever the rate refilled meanwhile
 /// ```
-pub struct Limiter<C: Clock = DefaultClock> {
+pub struct Limiter<
+    #[cfg(feature = "std")] C: Clock = DefaultClock,
+    #[cfg(not(feature = "std"))] C: Clock,
+> {
     cell: CachePadded<Cell>,
     /// The quota, changeable by `set_quota`; read once per decision.
     quota: QuotaCell,
     /// The same timeline as `waiters` holds: kept here too so that `check()` reads it
     /// without following the `Arc`.
     time: Timeline<C>,
+    #[cfg(feature = "std")]
     waiters: Arc<Waiters<C>>,
 }
 
@@ -59,6 +72,7 @@ impl<C: Clock> core::fmt::Debug for Limiter<C> {
     }
 }
 
+#[cfg(feature = "std")]
 impl Limiter {
     /// A limiter on the default clock.
     ///
@@ -90,6 +104,7 @@ impl<C: Clock> Limiter<C> {
         Limiter {
             cell: CachePadded::new(Cell::new()),
             quota: QuotaCell::new(quota),
+            #[cfg(feature = "std")]
             waiters: Waiters::new(time.clone()),
             time,
         }
@@ -264,6 +279,7 @@ impl<C: Clock> Limiter<C> {
     ///     turn.wait(); // or `turn.await` in async code
     /// }
     /// ```
+    #[cfg(feature = "std")]
     pub fn reserve(&self, n: u32) -> Result<Reservation<'_, C>, Denied> {
         Reservation::book(Acquire::reservation(self, n))
     }
@@ -301,8 +317,11 @@ impl<C: Clock> Limiter<C> {
     /// ```
     pub fn set_quota(&self, quota: Quota) {
         self.quota.store(quota);
-        let arm = self.waiters.requote(quota.params());
-        self.waiters.schedule(arm);
+        #[cfg(feature = "std")]
+        {
+            let arm = self.waiters.requote(quota.params());
+            self.waiters.schedule(arm);
+        }
     }
 
     /// Waits its turn for one cell.
@@ -322,6 +341,7 @@ impl<C: Clock> Limiter<C> {
     ///     }
     /// });
     /// ```
+    #[cfg(feature = "std")]
     pub fn until_ready(&self) -> impl Future<Output = ()> + Send + '_ {
         wait::ready(self)
     }
@@ -342,6 +362,7 @@ impl<C: Clock> Limiter<C> {
     ///     assert!(limiter.until_n_ready(101).await.is_err());
     /// });
     /// ```
+    #[cfg(feature = "std")]
     pub fn until_n_ready(
         &self,
         n: u32,
@@ -368,6 +389,7 @@ impl<C: Clock> Limiter<C> {
     ///     assert!(err.wait_time() > Duration::from_secs(58));
     /// });
     /// ```
+    #[cfg(feature = "std")]
     pub fn until_ready_within(
         &self,
         max: Duration,
@@ -395,6 +417,7 @@ impl<C: Clock> Limiter<C> {
     ///     assert!(matches!(late, Err(Denied::NotUntil(_))));
     /// });
     /// ```
+    #[cfg(feature = "std")]
     pub fn until_n_ready_within(
         &self,
         n: u32,
@@ -417,6 +440,7 @@ impl<C: Clock> Limiter<C> {
     /// }
     /// assert!(start.elapsed().as_millis() >= 4);
     /// ```
+    #[cfg(feature = "std")]
     pub fn wait(&self) {
         block_on(self.until_ready());
     }
@@ -435,6 +459,7 @@ impl<C: Clock> Limiter<C> {
     /// limiter.wait_n(10).unwrap();
     /// assert!(limiter.wait_n(11).is_err());
     /// ```
+    #[cfg(feature = "std")]
     pub fn wait_n(&self, n: u32) -> Result<(), InsufficientCapacity> {
         block_on(self.until_n_ready(n))
     }
@@ -454,6 +479,7 @@ impl<C: Clock> Limiter<C> {
     /// limiter.wait_within(Duration::ZERO).unwrap();
     /// assert!(limiter.wait_within(Duration::from_millis(1)).is_err());
     /// ```
+    #[cfg(feature = "std")]
     pub fn wait_within(&self, max: Duration) -> Result<(), NotUntil> {
         block_on(self.until_ready_within(max))
     }
@@ -481,6 +507,7 @@ impl<C: Clock> Limiter<C> {
     /// clock.advance(Duration::from_millis(30));
     /// assert_eq!(limiter.next_waiter_due_in(), Some(Duration::from_millis(70)));
     /// ```
+    #[cfg(feature = "std")]
     pub fn next_waiter_due_in(&self) -> Option<Duration> {
         let due = self.waiters.next_deadline()?;
         Some(Duration::from_nanos(due.saturating_sub(self.now())))
@@ -501,11 +528,13 @@ impl<C: Clock> Limiter<C> {
     /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(1));
     /// limiter.wake_due_waiters(); // nothing waits: a no-op
     /// ```
+    #[cfg(feature = "std")]
     pub fn wake_due_waiters(&self) {
         self.waiters.fire_due();
     }
 }
 
+#[cfg(feature = "std")]
 impl<C: Clock> Target for &Limiter<C> {
     type Clock = C;
 

@@ -70,7 +70,7 @@ impl fmt::Display for QuotaError {
     }
 }
 
-impl std::error::Error for QuotaError {}
+impl core::error::Error for QuotaError {}
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 

@@ -7,8 +7,10 @@
 //! burst of another. So they sit behind a sequence lock: a writer makes the version odd,
 //! stores both, and makes it even again; a reader loads the version, both fields and the
 //! version again, and retries if the version moved or was odd. Readers write nothing, so
-//! checks on many cores share the line; writers are serialised by a mutex (changes are
-//! rare). A reader only spins while a change is half-written, a few instructions long.
+//! checks on many cores share the line. A writer takes the odd version by a
+//! compare-and-swap from an even one, which also serialises writers (changes are rare;
+//! no mutex, so this works without `std`). A reader only spins while a change is
+//! half-written, a few instructions long.
 //!
 //! Orderings: the fields are atomics (a racing read is never undefined behaviour), read
 //! `Relaxed`; the first version load is `Acquire`, pairing with the writer's `Release`
@@ -22,7 +24,7 @@
 
 use crate::gcra::Params;
 use crate::quota::Quota;
-use crate::sync::{fence, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// A [`Params`] that can be replaced while checks read it.
 #[derive(Debug)]
@@ -31,8 +33,6 @@ pub(crate) struct QuotaCell {
     version: AtomicU64,
     interval: AtomicU64,
     burst: AtomicU32,
-    /// Serialises writers.
-    writer: Mutex<()>,
 }
 
 impl QuotaCell {
@@ -42,7 +42,6 @@ impl QuotaCell {
             version: AtomicU64::new(0),
             interval: AtomicU64::new(params.interval()),
             burst: AtomicU32::new(params.burst()),
-            writer: Mutex::new(()),
         }
     }
 
@@ -70,13 +69,28 @@ impl QuotaCell {
     /// Replaces the quota; later `load`s see the new one.
     pub(crate) fn store(&self, quota: Quota) {
         let params = quota.params();
-        let _writer = self.writer.lock();
-        // Relaxed: only writers change the version, and they hold the mutex.
-        let version = self.version.load(Ordering::Relaxed);
-        // Relaxed store of the odd version, then a Release fence: a reader that sees any
-        // field stored below also sees this odd version (or a later one) on its second load.
-        self.version
-            .store(version.wrapping_add(1), Ordering::Relaxed);
+        // Take the odd version from an even one: the writers' lock. Acquire on success:
+        // pairs with the previous writer's Release of this even version, so its field
+        // stores come before ours. A failed attempt only retries (Relaxed).
+        let mut version = self.version.load(Ordering::Relaxed);
+        loop {
+            if version.is_multiple_of(2) {
+                match self.version.compare_exchange_weak(
+                    version,
+                    version.wrapping_add(1),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(seen) => version = seen,
+                }
+            } else {
+                crate::sync::spin_loop();
+                version = self.version.load(Ordering::Relaxed);
+            }
+        }
+        // Release fence: a reader that sees any field stored below also sees the odd
+        // version (or a later one) on its second load.
         fence(Ordering::Release);
         self.interval.store(params.interval(), Ordering::Relaxed);
         self.burst.store(params.burst(), Ordering::Relaxed);

@@ -7,10 +7,11 @@
 //! drive pacer's waiters from its own timer: implement `Clock` over the runtime's time and
 //! schedule the given waker there.
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 mod coarse;
+#[cfg(feature = "std")]
 mod manual;
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 mod timer;
 #[cfg(all(feature = "tokio", not(loom)))]
 mod tokio;
@@ -18,8 +19,9 @@ mod tokio;
 #[cfg(all(feature = "tokio", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub use self::tokio::TokioClock;
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 pub use coarse::CoarseClock;
+#[cfg(feature = "std")]
 pub use manual::ManualClock;
 
 use core::task::Waker;
@@ -116,6 +118,7 @@ impl<C: Clock> Timeline<C> {
         Timeline { clock, origin }
     }
 
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // waiting's
     pub(crate) fn clock(&self) -> &C {
         &self.clock
     }
@@ -127,6 +130,7 @@ impl<C: Clock> Timeline<C> {
     }
 
     /// The clock reading at limiter time `t`, saturating at `u64::MAX`.
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // waiting's
     #[inline]
     pub(crate) fn to_clock(&self, t: u64) -> u64 {
         self.origin.saturating_add(t)
@@ -150,21 +154,22 @@ impl<C: Clock> Timeline<C> {
 /// let a = clock.now();
 /// assert!(clock.now() >= a);
 /// ```
+#[cfg(feature = "std")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultClock {
     _private: (),
 }
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 struct Origin {
     clock: quanta::Clock,
     raw: u64,
 }
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 static ORIGIN: std::sync::OnceLock<Origin> = std::sync::OnceLock::new();
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 impl Clock for DefaultClock {
     #[inline]
     fn now(&self) -> u64 {

@@ -15,10 +15,16 @@
 //! consistent before any code that could panic (waking a `Waker` happens outside the lock),
 //! so a poisoned lock carries no broken invariant.
 
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use core::sync::atomic::AtomicBool;
+#[cfg(all(not(loom), target_has_atomic = "64"))]
+pub(crate) use core::sync::atomic::AtomicU64;
+#[cfg(not(loom))]
+pub(crate) use core::sync::atomic::{fence, AtomicU32, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
-#[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+#[cfg(all(not(loom), not(target_has_atomic = "64")))]
+pub(crate) use portable_atomic::AtomicU64;
 
 /// A spin-wait hint; under loom, a point where another thread may run.
 #[inline]
@@ -34,30 +40,32 @@ pub(crate) use loom::cell::UnsafeCell;
 
 #[cfg(loom)]
 pub(crate) use loom::thread_local;
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 pub(crate) use std::thread_local;
 
 mod backoff;
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 mod read_mostly;
+#[cfg(feature = "std")]
 mod wake_list;
 
 pub(crate) use backoff::Backoff;
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 pub(crate) use read_mostly::ReadMostly;
+#[cfg(feature = "std")]
 pub(crate) use wake_list::{Panic, WakeList};
 
 #[cfg(loom)]
 use loom::sync as imp;
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 use std::sync as imp;
 
 /// An `UnsafeCell` with loom's closure API, so the same code runs under both.
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 #[derive(Debug)]
 pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
 impl<T> UnsafeCell<T> {
     pub(crate) const fn new(value: T) -> Self {
         Self(core::cell::UnsafeCell::new(value))
@@ -75,12 +83,15 @@ impl<T> UnsafeCell<T> {
 }
 
 /// A mutex whose `lock` never fails (see the module docs on poisoning).
+#[cfg(any(feature = "std", loom))]
 #[derive(Debug, Default)]
 pub(crate) struct Mutex<T>(imp::Mutex<T>);
 
 /// The guard of [`Mutex`].
+#[cfg(any(feature = "std", loom))]
 pub(crate) type MutexGuard<'a, T> = imp::MutexGuard<'a, T>;
 
+#[cfg(any(feature = "std", loom))]
 impl<T> Mutex<T> {
     pub(crate) fn new(value: T) -> Self {
         Self(imp::Mutex::new(value))
