@@ -17,6 +17,18 @@ use crate::wait::queue::Waiters;
 
 /// The limiter a throttled stream keeps: made from a `&Limiter` or, for a `'static`
 /// stream, an `Arc<Limiter>` (`throttle` takes either).
+///
+/// # Examples
+///
+/// ```
+/// use pacer::{stream::Handle, Limiter, Quota};
+/// use std::sync::Arc;
+///
+/// let limiter = Arc::new(Limiter::new(Quota::per_second(10)));
+/// let owned: Handle<'static, _> = Arc::clone(&limiter).into();
+/// let borrowed: Handle<'_, _> = (&*limiter).into();
+/// # drop((owned, borrowed));
+/// ```
 #[derive(Debug)]
 pub struct Handle<'a, C: Clock> {
     limiter: Shared<'a, C>,
@@ -90,6 +102,19 @@ impl<C: Clock> Target for Handle<'_, C> {
 
 pin_project! {
     /// A stream whose items come no faster than a limiter allows: see [`throttle`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use futures::StreamExt;
+    /// use pacer::{stream::{throttle, Throttled}, Limiter, Quota};
+    ///
+    /// let limiter = Limiter::new(Quota::per_second(100));
+    /// // It holds a booked place while an item waits, so it is pinned to be polled.
+    /// let paced: Throttled<'_, _, _> = throttle(futures::stream::iter(["a", "b"]), &limiter);
+    /// let mut paced = Box::pin(paced);
+    /// assert_eq!(futures::executor::block_on(paced.next()), Some("a"));
+    /// ```
     #[must_use = "streams do nothing unless polled"]
     pub struct Throttled<'a, S: Stream, C: Clock> {
         #[pin]
