@@ -48,6 +48,9 @@ mod cell;
 pub mod clock;
 mod error;
 mod gcra;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod http;
 #[cfg(feature = "std")]
 mod keyed;
 mod limiter;

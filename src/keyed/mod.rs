@@ -36,6 +36,14 @@ use store::{Store, MIN_SWEEP_LEN};
 
 mod store;
 
+/// An admission that can be given back: the TAT it left and its cost.
+#[cfg(feature = "tower")]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Undo {
+    tat: u64,
+    cost: u64,
+}
+
 type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 
 /// Rate limits per key: every key behaves exactly like its own [`Limiter`](crate::Limiter).
@@ -141,8 +149,31 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(limiter.len() <= 1_000 + 256);
     /// ```
     pub fn with_max_keys(mut self, max: usize) -> KeyedLimiter<K, C> {
-        self.store.set_max_keys(max);
+        self.set_max_keys(max);
         self
+    }
+
+    /// [`KeyedLimiter::with_max_keys`] in place.
+    pub(crate) fn set_max_keys(&mut self, max: usize) {
+        self.store.set_max_keys(max);
+    }
+
+    /// `check_key`, returning what [`KeyedLimiter::undo`] needs to give the cell back
+    /// (the HTTP middleware's several limits: a refusal by a later one undoes the earlier).
+    #[cfg(feature = "tower")]
+    pub(crate) fn check_key_undoably(&self, key: &K) -> Result<Undo, NotUntil> {
+        let params = self.params_for(key);
+        let cost = params.interval();
+        self.with_cell(key, |cell, now| cell.acquire(now, cost, params.tau()))
+            .and_then(|admitted| admitted.map(|tat| Undo { tat, cost }))
+            .map_err(NotUntil::from_nanos)
+    }
+
+    /// Gives back the cell an admission took, if nothing was admitted on that key since
+    /// (else it stays spent: the limit only errs on the strict side).
+    #[cfg(feature = "tower")]
+    pub(crate) fn undo(&self, key: &K, undo: Undo) {
+        let _ = self.with_stored_cell(key, |cell, _| cell.refund(undo.tat, undo.cost));
     }
 
     /// Gives some keys a quota of their own: `quota_for(key)` returns `Some(quota)` for

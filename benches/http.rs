@@ -1,0 +1,124 @@
+//! Per-request overhead of pacer's tower layer vs tower-governor's on the same axum
+//! router, in the same run: an in-process `Service::call` loop over 10 000 client
+//! addresses (axum's `ConnectInfo`), on 1 and 2 threads. Overhead is each layered
+//! router's time per request minus that of the same router with a layer that does nothing
+//! (any layer makes axum box each route, which is not the limiter's cost); quotas are
+//! generous, so every
+//! request is admitted (the path every request of a healthy server takes).
+//!
+//! `cargo bench --bench http`
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use http::Request;
+use tower::ServiceExt;
+
+mod common;
+
+const CLIENTS: u32 = 10_000;
+
+fn router() -> Router {
+    Router::new().route("/", get(|| async { "ok" }))
+}
+
+fn contenders() -> Vec<(&'static str, Router)> {
+    let pacer_layer = pacer::http::RateLimitLayer::new().limit(pacer::http::Limit::new(
+        "per-ip",
+        pacer::Quota::per_second(1_000_000).with_burst(1_000_000),
+        pacer::http::KeySource::peer_ip(),
+    ));
+    let governor_config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_nanosecond(1_000)
+        .burst_size(1_000_000)
+        .finish()
+        .expect("a valid tower-governor config");
+    vec![
+        // Any layer makes axum box each route: a no-op layer is the baseline, so that what
+        // is measured is each limiter's own work.
+        (
+            "noop-layer",
+            router().layer(tower::util::MapRequestLayer::new(|r: Request<Body>| r)),
+        ),
+        ("pacer", router().layer(pacer_layer)),
+        (
+            "tower-governor",
+            router().layer(tower_governor::GovernorLayer::new(governor_config)),
+        ),
+    ]
+}
+
+/// `iters` requests per thread from rotating client addresses; returns time per request.
+fn run(app: &Router, threads: usize, iters: u64) -> Duration {
+    let app = app.clone();
+    common::per_op_across_threads(threads, move |t| {
+        futures::executor::block_on(async {
+            for i in 0..iters {
+                let client = (i as u32).wrapping_mul(2_654_435_761) % CLIENTS + t as u32 * CLIENTS;
+                let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + client));
+                let mut request = Request::get("/").body(Body::empty()).unwrap();
+                request
+                    .extensions_mut()
+                    .insert(ConnectInfo(SocketAddr::new(ip, 40_000)));
+                let response = app.clone().oneshot(request).await.unwrap();
+                black_box(response.status());
+            }
+        })
+    })
+}
+
+fn bench(c: &mut Criterion) {
+    let contenders = contenders();
+    // Paired rounds: all three in turn, round after round, overhead ratio per round.
+    let requests: u64 = common::size(200_000, 2_000);
+    let rounds = common::rounds();
+    for threads in [1, 2] {
+        let mut ratios = Vec::new();
+        let mut pacer_ns = Vec::new();
+        let mut governor_ns = Vec::new();
+        for _ in 0..rounds {
+            let per = requests / threads as u64;
+            let times: Vec<f64> = contenders
+                .iter()
+                .map(|(_, app)| run(app, threads, per).as_nanos() as f64 / per as f64)
+                .collect();
+            let (bare, pacer, governor) = (times[0], times[1], times[2]);
+            pacer_ns.push(pacer - bare);
+            governor_ns.push(governor - bare);
+            ratios.push((pacer - bare) / (governor - bare));
+        }
+        let (median, min, max) = common::spread(&mut ratios);
+        let (p, _, _) = common::spread(&mut pacer_ns);
+        let (g, _, _) = common::spread(&mut governor_ns);
+        eprintln!(
+            "http, {threads} thread(s): overhead per request pacer {p:.0} ns, tower-governor \
+             {g:.0} ns; pacer/tower-governor median {median:.2} (min {min:.2}, max {max:.2}) \
+             over {rounds} rounds of {requests} requests"
+        );
+    }
+    for threads in [1, 2] {
+        let mut group = c.benchmark_group(format!("http/{threads}-thread"));
+        for (who, app) in &contenders {
+            group.bench_function(BenchmarkId::from_parameter(who), |b| {
+                b.iter_custom(|iters| run(app, threads, iters))
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20);
+    targets = bench
+}
+criterion_main!(benches);

@@ -1,0 +1,59 @@
+//! An axum server limiting each client address: 5 requests per second, bursts of 10
+//! (IPv6 clients by /64), and 100 per second for the whole service. Refusals are
+//! `429 Too Many Requests` with `Retry-After` and the IETF `RateLimit` fields; every
+//! response carries the fields.
+//!
+//! ```sh
+//! cargo run --example http_server --features axum
+//! for i in $(seq 12); do curl -si http://127.0.0.1:3000/ | head -1; done
+//! ```
+//!
+//! `PACER_HTTP_ADDR` picks another address; `PACER_HTTP_SECONDS` stops it after a while.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use pacer::http::{KeySource, Limit, RateLimitLayer};
+use pacer::Quota;
+
+#[tokio::main]
+async fn main() {
+    let layer = RateLimitLayer::new()
+        .limit(Limit::new(
+            "per-ip",
+            Quota::per_second(5).with_burst(10),
+            KeySource::peer_ip(),
+        ))
+        .limit(Limit::new(
+            "global",
+            Quota::per_second(100),
+            KeySource::global(),
+        ))
+        .headers_on_success(true);
+    let app = Router::new()
+        .route("/", get(|| async { "hello\n" }))
+        .layer(layer);
+    let addr = std::env::var("PACER_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .unwrap_or_else(|e| panic!("cannot listen on {addr}: {e}"));
+    println!(
+        "listening on http://{} (per client: 5/s, bursts of 10; whole service: 100/s)",
+        listener.local_addr().expect("a bound address")
+    );
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    );
+    match std::env::var("PACER_HTTP_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(seconds) => {
+            let _ = tokio::time::timeout(Duration::from_secs(seconds), server).await;
+        }
+        None => server.await.expect("the server failed"),
+    }
+}

@@ -1,0 +1,487 @@
+//! Which client a request comes from: the peer address, through trusted proxies only,
+//! IPv6 grouped by prefix; or a header, one shared key, or a closure.
+
+use core::fmt;
+use core::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use http::{Extensions, HeaderMap, Method, Request, Uri};
+
+/// A request's head, borrowed: what key functions and exemption filters look at.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::http::Head;
+/// let request = http::Request::get("/health").body(()).unwrap();
+/// let head = Head::of(&request);
+/// assert_eq!(head.uri().path(), "/health");
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Head<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    extensions: &'a Extensions,
+}
+
+impl<'a> Head<'a> {
+    /// The head of `request` (nothing is copied).
+    pub fn of<B>(request: &'a Request<B>) -> Head<'a> {
+        Head {
+            method: request.method(),
+            uri: request.uri(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
+    }
+
+    /// The request method.
+    pub fn method(&self) -> &'a Method {
+        self.method
+    }
+
+    /// The request URI.
+    pub fn uri(&self) -> &'a Uri {
+        self.uri
+    }
+
+    /// The request headers.
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.headers
+    }
+
+    /// The request extensions (where servers put the peer address).
+    pub fn extensions(&self) -> &'a Extensions {
+        self.extensions
+    }
+}
+
+/// The key one limit counts a request under.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::http::ClientKey;
+/// let key = ClientKey::Text("api-key-123".into());
+/// assert_ne!(key, ClientKey::Global);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ClientKey {
+    /// A client address (IPv6 already cut to its prefix).
+    Ip(IpAddr),
+    /// A header value or any other text: an API key, a token, a tenant.
+    Text(Box<str>),
+    /// Every request counts under one key.
+    Global,
+}
+
+/// An IP network: an address and a prefix length, such as `10.0.0.0/8` or `fd00::/8`.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::http::Network;
+/// let net: Network = "10.0.0.0/8".parse().unwrap();
+/// assert!(net.contains("10.1.2.3".parse().unwrap()));
+/// assert!(!net.contains("11.0.0.1".parse().unwrap()));
+/// assert!("10.0.0.0/33".parse::<Network>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Network {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+/// Why a network could not be parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkError(String);
+
+impl fmt::Display for NetworkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not an IP network (address/prefix): {}", self.0)
+    }
+}
+
+impl core::error::Error for NetworkError {}
+
+impl core::str::FromStr for Network {
+    type Err = NetworkError;
+
+    fn from_str(s: &str) -> Result<Network, NetworkError> {
+        let bad = || NetworkError(s.to_owned());
+        let (addr, prefix) = match s.split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr.trim().parse().map_err(|_| bad())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p.trim().parse::<u8>().map_err(|_| bad())?,
+            None => max,
+        };
+        if prefix > max {
+            return Err(bad());
+        }
+        Ok(Network { addr, prefix })
+    }
+}
+
+impl Network {
+    /// Whether `ip` is inside this network (IPv4-mapped IPv6 addresses count as IPv4).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let net: pacer::http::Network = "2001:db8::/32".parse().unwrap();
+    /// assert!(net.contains("2001:db8::1".parse().unwrap()));
+    /// ```
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, canonical(ip)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                mask(u128::from(u32::from(net)), 32, self.prefix)
+                    == mask(u128::from(u32::from(ip)), 32, self.prefix)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                mask(u128::from(net), 128, self.prefix) == mask(u128::from(ip), 128, self.prefix)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The top `prefix` bits of a `bits`-wide address.
+fn mask(addr: u128, bits: u32, prefix: u8) -> u128 {
+    let prefix = u32::from(prefix).min(bits);
+    if prefix == 0 {
+        return 0;
+    }
+    let keep = u128::MAX << (bits - prefix);
+    let width = if bits == 128 {
+        u128::MAX
+    } else {
+        (1u128 << bits) - 1
+    };
+    addr & keep & width
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) as the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Where a limit reads its key from. Built by the constructors below.
+#[derive(Clone)]
+pub struct KeySource {
+    kind: Kind,
+}
+
+/// A key function of the request's head.
+type KeyFn = Arc<dyn Fn(&Head<'_>) -> Option<ClientKey> + Send + Sync>;
+
+#[derive(Clone)]
+enum Kind {
+    Peer {
+        trusted: Arc<[Network]>,
+        ipv6_prefix: u8,
+    },
+    Header(http::HeaderName),
+    Global,
+    Custom(KeyFn),
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Peer {
+                trusted,
+                ipv6_prefix,
+            } => f
+                .debug_struct("Peer")
+                .field("trusted_proxies", &trusted.len())
+                .field("ipv6_prefix", ipv6_prefix)
+                .finish(),
+            Kind::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            Kind::Global => f.write_str("Global"),
+            Kind::Custom(_) => f.write_str("Custom"),
+        }
+    }
+}
+
+impl KeySource {
+    /// The connection's peer address, IPv6 grouped by /64 (one client usually owns a whole
+    /// /64). Forwarding headers are ignored: any client can write them. The address comes
+    /// from axum's `ConnectInfo<SocketAddr>` (feature `axum`) or a `SocketAddr` in the
+    /// request's extensions (insert it yourself with hyper).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let by_ip = pacer::http::KeySource::peer_ip();
+    /// # let _ = by_ip;
+    /// ```
+    pub fn peer_ip() -> KeySource {
+        KeySource {
+            kind: Kind::Peer {
+                trusted: Arc::from([]),
+                ipv6_prefix: 64,
+            },
+        }
+    }
+
+    /// The client address behind trusted proxies: when the peer is one of `proxies`, the
+    /// right-most address of `Forwarded` (its `for=`), or else of `X-Forwarded-For`, that
+    /// is not itself in `proxies`. Everything left of it was written by the client and is
+    /// ignored, so a spoofed left-most entry changes nothing. IPv6 grouped by /64.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::http::KeySource;
+    /// let behind_lb = KeySource::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
+    /// # let _ = behind_lb;
+    /// ```
+    pub fn behind_proxies(proxies: impl IntoIterator<Item = Network>) -> KeySource {
+        KeySource {
+            kind: Kind::Peer {
+                trusted: proxies.into_iter().collect(),
+                ipv6_prefix: 64,
+            },
+        }
+    }
+
+    /// Groups IPv6 clients by this prefix length instead of /64 (128: every address on its
+    /// own). No effect on other sources.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let by_56 = pacer::http::KeySource::peer_ip().ipv6_prefix(56);
+    /// # let _ = by_56;
+    /// ```
+    pub fn ipv6_prefix(mut self, prefix: u8) -> KeySource {
+        if let Kind::Peer { ipv6_prefix, .. } = &mut self.kind {
+            *ipv6_prefix = prefix.min(128);
+        }
+        self
+    }
+
+    /// A header's value (an API key, a token); a request without it has no key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let by_api_key = pacer::http::KeySource::header(http::HeaderName::from_static("x-api-key"));
+    /// # let _ = by_api_key;
+    /// ```
+    pub fn header(name: http::HeaderName) -> KeySource {
+        KeySource {
+            kind: Kind::Header(name),
+        }
+    }
+
+    /// One key for every request: a limit on the whole service.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let whole_service = pacer::http::KeySource::global();
+    /// # let _ = whole_service;
+    /// ```
+    pub fn global() -> KeySource {
+        KeySource { kind: Kind::Global }
+    }
+
+    /// Any function of the request's head; `None` means no key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::http::{ClientKey, KeySource};
+    /// let by_tenant = KeySource::from_fn(|head| {
+    ///     let host = head.uri().host()?;
+    ///     Some(ClientKey::Text(host.into()))
+    /// });
+    /// # let _ = by_tenant;
+    /// ```
+    pub fn from_fn(
+        f: impl Fn(&Head<'_>) -> Option<ClientKey> + Send + Sync + 'static,
+    ) -> KeySource {
+        KeySource {
+            kind: Kind::Custom(Arc::new(f)),
+        }
+    }
+
+    /// The key of a request, or `None` when it has none.
+    pub(crate) fn key(&self, head: &Head<'_>) -> Option<ClientKey> {
+        match &self.kind {
+            Kind::Global => Some(ClientKey::Global),
+            Kind::Header(name) => {
+                let value = head.headers().get(name)?.to_str().ok()?;
+                Some(ClientKey::Text(value.into()))
+            }
+            Kind::Custom(f) => f(head),
+            Kind::Peer {
+                trusted,
+                ipv6_prefix,
+            } => {
+                let peer = peer_addr(head)?;
+                let client = client_behind(peer, head.headers(), trusted)?;
+                Some(ClientKey::Ip(group(client, *ipv6_prefix)))
+            }
+        }
+    }
+}
+
+/// The connection's peer address from the request's extensions.
+fn peer_addr(head: &Head<'_>) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = head
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0.ip());
+    }
+    head.extensions().get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+/// The right-most untrusted hop: `peer` itself unless it is a trusted proxy.
+fn client_behind(peer: IpAddr, headers: &HeaderMap, trusted: &[Network]) -> Option<IpAddr> {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|net| net.contains(ip));
+    if !is_trusted(peer) {
+        return Some(canonical(peer));
+    }
+    let hops = forwarded_for(headers).or_else(|| x_forwarded_for(headers))?;
+    let mut leftmost = None;
+    for hop in hops.into_iter().rev() {
+        // A hop we cannot read ends the chain: nothing to its left can be trusted.
+        let ip = hop?;
+        if !is_trusted(ip) {
+            return Some(canonical(ip));
+        }
+        leftmost = Some(ip);
+    }
+    // Every hop is a trusted proxy: the request started at the left-most of them.
+    leftmost.map(canonical)
+}
+
+/// The `for=` addresses of every `Forwarded` header, in order; `None` if there is none.
+fn forwarded_for(headers: &HeaderMap) -> Option<Vec<Option<IpAddr>>> {
+    let mut hops = Vec::new();
+    for value in headers.get_all(http::header::FORWARDED) {
+        let value = value.to_str().ok();
+        for element in value.into_iter().flat_map(|v| v.split(',')) {
+            for pair in element.split(';') {
+                let Some((name, addr)) = pair.split_once('=') else {
+                    continue;
+                };
+                if name.trim().eq_ignore_ascii_case("for") {
+                    hops.push(parse_node(addr.trim().trim_matches('"')));
+                }
+            }
+        }
+    }
+    (!hops.is_empty()).then_some(hops)
+}
+
+/// The addresses of every `X-Forwarded-For` header, in order; `None` if there is none.
+fn x_forwarded_for(headers: &HeaderMap) -> Option<Vec<Option<IpAddr>>> {
+    let hops: Vec<_> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .flat_map(|v| v.to_str().ok().into_iter().flat_map(|v| v.split(',')))
+        .map(|hop| parse_node(hop.trim()))
+        .collect();
+    (!hops.is_empty()).then_some(hops)
+}
+
+/// An address as forwarding headers write it: `1.2.3.4`, `1.2.3.4:80`, `[::1]`,
+/// `[::1]:80`, `::1`.
+fn parse_node(node: &str) -> Option<IpAddr> {
+    if let Ok(ip) = node.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sock) = node.parse::<SocketAddr>() {
+        return Some(sock.ip());
+    }
+    node.strip_prefix('[')
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|v6| v6.parse::<Ipv6Addr>().ok())
+        .map(IpAddr::V6)
+}
+
+/// An IPv6 client cut to its prefix (IPv4 as is).
+fn group(ip: IpAddr, ipv6_prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(mask(u128::from(v6), 128, ipv6_prefix))),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_right_most_untrusted_hop_is_the_client() {
+        let trusted = ["10.0.0.0/8".parse().unwrap()];
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 10.0.0.2")]);
+        assert_eq!(
+            client_behind(ip("10.0.0.1"), &h, &trusted),
+            Some(ip("1.2.3.4"))
+        );
+        // An untrusted peer is the client, whatever it writes.
+        assert_eq!(
+            client_behind(ip("5.5.5.5"), &h, &trusted),
+            Some(ip("5.5.5.5"))
+        );
+        // Forwarded wins over X-Forwarded-For, and its bracketed IPv6 with port parses.
+        let h = headers(&[
+            (
+                "forwarded",
+                "for=6.6.6.6;proto=http, for=\"[2001:db8::7]:443\"",
+            ),
+            ("x-forwarded-for", "9.9.9.9"),
+        ]);
+        assert_eq!(
+            client_behind(ip("10.0.0.1"), &h, &trusted),
+            Some(ip("2001:db8::7"))
+        );
+        // An unreadable hop ends the chain.
+        let h = headers(&[("x-forwarded-for", "1.2.3.4, garbage")]);
+        assert_eq!(client_behind(ip("10.0.0.1"), &h, &trusted), None);
+    }
+
+    #[test]
+    fn ipv6_is_grouped_by_prefix_and_mapped_ipv4_is_ipv4() {
+        assert_eq!(group(ip("2001:db8:1:2:aaaa::1"), 64), ip("2001:db8:1:2::"));
+        assert_eq!(
+            group(ip("2001:db8:1:2:aaaa::1"), 128),
+            ip("2001:db8:1:2:aaaa::1")
+        );
+        assert_eq!(group(ip("2001:db8::1"), 0), ip("::"));
+        assert_eq!(canonical(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));
+        let net: Network = "1.2.3.0/24".parse().unwrap();
+        assert!(net.contains(ip("::ffff:1.2.3.9")));
+        assert!("300.1.1.1/8".parse::<Network>().is_err());
+        assert!("::/129".parse::<Network>().is_err());
+    }
+}

@@ -1,0 +1,682 @@
+//! Rate limiting for HTTP servers: a tower middleware (cargo feature `tower`) for axum,
+//! hyper services and tonic, answering `429 Too Many Requests` with `Retry-After` and
+//! the IETF `RateLimit-Policy` / `RateLimit` fields.
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use pacer::http::{KeySource, Limit, RateLimitLayer};
+//! use pacer::Quota;
+//!
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(
+//!         RateLimitLayer::new()
+//!             // Every client address (IPv6 by /64): 10 per second, bursts of 20.
+//!             .limit(Limit::new("per-ip", Quota::per_second(10).with_burst(20), KeySource::peer_ip()))
+//!             // And the whole service: 1000 per second.
+//!             .limit(Limit::new("global", Quota::per_second(1000), KeySource::global())),
+//!     );
+//! // Serve it with `into_make_service_with_connect_info::<SocketAddr>()` so the peer
+//! // address is known (see `examples/http_server.rs`).
+//! ```
+//!
+//! # Implementation notes
+//!
+//! * **Several limits at once.** A request passes only if every limit admits it. Limits
+//!   are checked in order; when a later one refuses, the cells the earlier ones just
+//!   admitted are given back by a compare-and-swap from exactly the state they left, so a
+//!   refused request spends nothing (if another request was admitted on that key in the
+//!   nanoseconds between, the cell stays spent: the limits only ever err on the strict
+//!   side).
+//! * **Refusals** carry `Retry-After` in whole seconds *rounded up*, never earlier than
+//!   the moment the request would be admitted (tower-governor truncates, so a client told
+//!   `0` for a 0.9 s wait retries early and is refused again), and `RateLimit-Policy`
+//!   (`"name";q=burst;w=window`) and `RateLimit` (`"name";r=remaining;t=seconds until
+//!   full`) for every limit, read from one snapshot each. gRPC requests
+//!   (`content-type: application/grpc…`) get a trailers-only `RESOURCE_EXHAUSTED`
+//!   (`grpc-status: 8`) instead, which tonic clients understand.
+//! * **Keys** come from the peer address (forwarding headers only through configured
+//!   trusted proxies, right-most untrusted hop first), grouped by /64 for IPv6, or from a
+//!   header, one global key, or a closure ([`KeySource`]). A request without a key is
+//!   handled as configured ([`MissingKey`]), never with a 500.
+//! * **Waiting instead of refusing** ([`RateLimitLayer::wait_up_to`]): a request may wait
+//!   its booked turn (pacer's FIFO) up to a maximum, then proceeds or is refused. A client
+//!   that goes away drops the request's future, which gives its booked cells back.
+//! * **Memory** needs no clean-up task: each limit is a [`KeyedLimiter`] that forgets
+//!   idle clients on its own, with a bound on stored keys (1 000 000 by default).
+//! * `OPTIONS` requests (CORS preflights) are not limited by default ([`RateLimitLayer::exempt`]).
+
+mod key;
+
+pub use key::{ClientKey, Head, KeySource, Network, NetworkError};
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+
+use core::task::{Context, Poll};
+use core::time::Duration;
+use std::sync::Arc;
+
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Request, Response, StatusCode};
+
+use crate::clock::{Clock, DefaultClock};
+use crate::keyed::{KeyedLimiter, Undo};
+use crate::{NotUntil, Quota, Snapshot};
+
+/// One limit of a [`RateLimitLayer`]: a name (shown in the `RateLimit` fields), a quota
+/// per key, and where the key comes from.
+#[derive(Clone)]
+pub struct Limit<C: Clock = DefaultClock> {
+    name: Arc<str>,
+    limiter: Arc<KeyedLimiter<ClientKey, C>>,
+    source: KeySource,
+}
+
+impl<C: Clock> fmt::Debug for Limit<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stored keys per limit unless [`Limit::with_max_keys`] says otherwise.
+const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+impl Limit {
+    /// A limit of `quota` per key from `source`, on the default clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{http::{KeySource, Limit}, Quota};
+    /// let per_ip = Limit::new("per-ip", Quota::per_minute(600), KeySource::peer_ip());
+    /// # let _ = per_ip;
+    /// ```
+    pub fn new(name: &str, quota: Quota, source: KeySource) -> Limit {
+        Limit::with_clock(name, quota, source, DefaultClock::default())
+    }
+}
+
+impl<C: Clock> Limit<C> {
+    /// A limit on the given clock (a `ManualClock` in tests).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{clock::ManualClock, http::{KeySource, Limit}, Quota};
+    /// let limit = Limit::with_clock("api", Quota::per_second(5), KeySource::global(), ManualClock::new());
+    /// # let _ = limit;
+    /// ```
+    pub fn with_clock(name: &str, quota: Quota, source: KeySource, clock: C) -> Limit<C> {
+        Limit {
+            name: name.into(),
+            limiter: Arc::new(
+                KeyedLimiter::with_clock(quota, clock).with_max_keys(DEFAULT_MAX_KEYS),
+            ),
+            source,
+        }
+    }
+
+    /// Bounds the keys this limit stores (see [`KeyedLimiter::with_max_keys`]). Call it
+    /// before cloning the limit: a clone shares the limiter, and then this changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{http::{KeySource, Limit}, Quota};
+    /// let small = Limit::new("per-ip", Quota::per_second(1), KeySource::peer_ip()).with_max_keys(10_000);
+    /// # let _ = small;
+    /// ```
+    pub fn with_max_keys(mut self, max: usize) -> Limit<C> {
+        if let Some(limiter) = Arc::get_mut(&mut self.limiter) {
+            limiter.set_max_keys(max);
+        }
+        self
+    }
+
+    /// The keyed limiter behind this limit: to check, retune (`set_quota`) or inspect it
+    /// outside the middleware.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{http::{ClientKey, KeySource, Limit}, Quota};
+    /// let limit = Limit::new("api", Quota::per_second(5), KeySource::global());
+    /// assert_eq!(limit.limiter().remaining_key(&ClientKey::Global), 5);
+    /// ```
+    pub fn limiter(&self) -> &KeyedLimiter<ClientKey, C> {
+        &self.limiter
+    }
+}
+
+/// What to do with a request that has no key for a limit (no peer address, no such
+/// header, a forwarding chain that cannot be read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Count it under one key shared by every keyless request (the default): it is
+    /// limited, and it cannot exhaust anyone else's budget.
+    #[default]
+    Shared,
+    /// Do not apply this limit to it.
+    Skip,
+    /// Refuse it with this status (for example `400 Bad Request`).
+    Refuse(StatusCode),
+}
+
+type Exempt = Arc<dyn Fn(&Head<'_>) -> bool + Send + Sync>;
+
+/// A tower [`Layer`](tower_layer::Layer) that rate-limits requests; see the [module
+/// docs](self).
+#[derive(Clone)]
+pub struct RateLimitLayer<C: Clock = DefaultClock> {
+    config: Arc<Config<C>>,
+}
+
+#[derive(Clone)]
+struct Config<C: Clock> {
+    limits: Vec<Limit<C>>,
+    exempt: Exempt,
+    missing: MissingKey,
+    headers_on_success: bool,
+    wait_up_to: Option<Duration>,
+}
+
+impl<C: Clock> fmt::Debug for RateLimitLayer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limits", &self.config.limits)
+            .field("missing", &self.config.missing)
+            .field("headers_on_success", &self.config.headers_on_success)
+            .field("wait_up_to", &self.config.wait_up_to)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock> Default for RateLimitLayer<C> {
+    fn default() -> Self {
+        RateLimitLayer {
+            config: Arc::new(Config {
+                limits: Vec::new(),
+                exempt: Arc::new(|head: &Head<'_>| head.method() == http::Method::OPTIONS),
+                missing: MissingKey::Shared,
+                headers_on_success: false,
+                wait_up_to: None,
+            }),
+        }
+    }
+}
+
+impl RateLimitLayer {
+    /// A layer with no limit yet (add them with [`RateLimitLayer::limit`]); `OPTIONS`
+    /// requests exempt.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let layer = pacer::http::RateLimitLayer::new();
+    /// # let _ = layer;
+    /// ```
+    pub fn new() -> RateLimitLayer {
+        RateLimitLayer::default()
+    }
+}
+
+impl<C: Clock> RateLimitLayer<C> {
+    fn config(&mut self) -> &mut Config<C> {
+        Arc::make_mut(&mut self.config)
+    }
+
+    /// Adds a limit; a request passes only if every limit admits it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{http::{KeySource, Limit, RateLimitLayer}, Quota};
+    /// let layer = RateLimitLayer::new()
+    ///     .limit(Limit::new("per-ip", Quota::per_second(10), KeySource::peer_ip()));
+    /// # let _ = layer;
+    /// ```
+    pub fn limit(mut self, limit: Limit<C>) -> RateLimitLayer<C> {
+        self.config().limits.push(limit);
+        self
+    }
+
+    /// Which requests are not limited at all (default: `OPTIONS`, so CORS preflights
+    /// never eat a client's budget). Replaces the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let layer = pacer::http::RateLimitLayer::new()
+    ///     .exempt(|head| head.method() == http::Method::OPTIONS || head.uri().path() == "/health");
+    /// # let _ = layer;
+    /// ```
+    pub fn exempt(
+        mut self,
+        exempt: impl Fn(&Head<'_>) -> bool + Send + Sync + 'static,
+    ) -> RateLimitLayer<C> {
+        self.config().exempt = Arc::new(exempt);
+        self
+    }
+
+    /// What to do with a request that has no key for a limit (default
+    /// [`MissingKey::Shared`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::http::{MissingKey, RateLimitLayer};
+    /// let strict = RateLimitLayer::new().on_missing_key(MissingKey::Refuse(http::StatusCode::BAD_REQUEST));
+    /// # let _ = strict;
+    /// ```
+    pub fn on_missing_key(mut self, missing: MissingKey) -> RateLimitLayer<C> {
+        self.config().missing = missing;
+        self
+    }
+
+    /// Also puts the `RateLimit-Policy` and `RateLimit` fields on responses that passed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let layer = pacer::http::RateLimitLayer::new().headers_on_success(true);
+    /// # let _ = layer;
+    /// ```
+    pub fn headers_on_success(mut self, on: bool) -> RateLimitLayer<C> {
+        self.config().headers_on_success = on;
+        self
+    }
+
+    /// Instead of refusing at once, a request waits its booked turn for up to `max`, then
+    /// proceeds, or is refused if its turn would come later. Limits are waited for in
+    /// order; a request refused by a later limit keeps the cells that earlier ones gave
+    /// it after waiting (they were admitted at their instant). A request whose client goes
+    /// away while it waits gives its booked cells back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let patient = pacer::http::RateLimitLayer::new().wait_up_to(std::time::Duration::from_millis(250));
+    /// # let _ = patient;
+    /// ```
+    pub fn wait_up_to(mut self, max: Duration) -> RateLimitLayer<C> {
+        self.config().wait_up_to = Some(max);
+        self
+    }
+}
+
+impl<S, C: Clock> tower_layer::Layer<S> for RateLimitLayer<C> {
+    type Service = RateLimit<S, C>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, C> {
+        RateLimit {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] wraps around yours.
+#[derive(Clone)]
+pub struct RateLimit<S, C: Clock = DefaultClock> {
+    inner: S,
+    config: Arc<Config<C>>,
+}
+
+impl<S, C: Clock> fmt::Debug for RateLimit<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit").finish_non_exhaustive()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`RateLimit`]'s `call`: the inner service's own future when the
+    /// decision was made at once (no allocation), a ready refusal, or (wait mode) a boxed
+    /// wait followed by the call.
+    pub struct ResponseFuture<F, R, E> {
+        #[pin]
+        state: State<F, R, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = Projected]
+    enum State<F, R, E> {
+        // Admitted: the inner call, and the fields to add to its response.
+        Admitted {
+            #[pin]
+            inner: F,
+            fields: Option<http::HeaderMap>,
+        },
+        // Refused (or refused for a missing key): the response until it is returned.
+        Refused { response: Option<Response<R>> },
+        // Waiting its booked turn, then the inner call.
+        Waiting {
+            future: Pin<Box<dyn Future<Output = Result<Response<R>, E>> + Send>>,
+        },
+    }
+}
+
+impl<F, R, E> ResponseFuture<F, R, E> {
+    fn admitted(inner: F, fields: Option<http::HeaderMap>) -> Self {
+        ResponseFuture {
+            state: State::Admitted { inner, fields },
+        }
+    }
+
+    fn refused(response: Response<R>) -> Self {
+        ResponseFuture {
+            state: State::Refused {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<F, R, E> fmt::Debug for ResponseFuture<F, R, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.state {
+            State::Admitted { .. } => "ResponseFuture::Admitted",
+            State::Refused { .. } => "ResponseFuture::Refused",
+            State::Waiting { .. } => "ResponseFuture::Waiting",
+        })
+    }
+}
+
+impl<F, R, E> Future for ResponseFuture<F, R, E>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+{
+    type Output = Result<Response<R>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            Projected::Admitted { inner, fields } => {
+                let mut response = match inner.poll(cx) {
+                    Poll::Ready(Ok(response)) => response,
+                    other => return other,
+                };
+                if let Some(fields) = fields.take() {
+                    response.headers_mut().extend(fields);
+                }
+                Poll::Ready(Ok(response))
+            }
+            Projected::Refused { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending, // polled after completion
+            },
+            Projected::Waiting { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<S, B, R, C> tower_service::Service<Request<B>> for RateLimit<S, C>
+where
+    S: tower_service::Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+    R: From<String> + Send + 'static,
+    C: Clock,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, R, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let config = &*self.config;
+        if (config.exempt)(&Head::of(&request)) {
+            return ResponseFuture::admitted(self.inner.call(request), None);
+        }
+        if config.wait_up_to.is_some() {
+            // The ready service goes into the wait; a clone takes its place (tower's swap).
+            let clone = self.inner.clone();
+            let mut inner = core::mem::replace(&mut self.inner, clone);
+            let config = Arc::clone(&self.config);
+            return ResponseFuture {
+                state: State::Waiting {
+                    future: Box::pin(async move {
+                        let keys = match keys(&config, &Head::of(&request)) {
+                            Ok(keys) => keys,
+                            Err(status) => return Ok(plain_refusal(status)),
+                        };
+                        if let Err(refused) = admit_waiting(&config, &keys).await {
+                            return Ok(refusal(&config, &keys, &Head::of(&request), refused));
+                        }
+                        let mut response = inner.call(request).await?;
+                        if config.headers_on_success {
+                            put_fields(config.limits.iter().zip(&keys), response.headers_mut());
+                        }
+                        Ok(response)
+                    }),
+                },
+            };
+        }
+        let head = Head::of(&request);
+        match admit_now(config, &head) {
+            Ok(()) => {
+                let fields = config.headers_on_success.then(|| {
+                    let mut fields = http::HeaderMap::new();
+                    if let Ok(keys) = keys(config, &head) {
+                        put_fields(config.limits.iter().zip(&keys), &mut fields);
+                    }
+                    fields
+                });
+                ResponseFuture::admitted(self.inner.call(request), fields)
+            }
+            Err(Refusal::MissingKey(status)) => ResponseFuture::refused(plain_refusal(status)),
+            Err(Refusal::Limited(refused)) => {
+                let keys = keys(config, &head).unwrap_or_default();
+                ResponseFuture::refused(refusal(config, &keys, &head, refused))
+            }
+        }
+    }
+}
+
+/// The key of one limit for this request: `Ok(None)` skips the limit.
+fn key<C: Clock>(
+    config: &Config<C>,
+    limit: &Limit<C>,
+    head: &Head<'_>,
+) -> Result<Option<ClientKey>, StatusCode> {
+    match limit.source.key(head) {
+        Some(key) => Ok(Some(key)),
+        None => match config.missing {
+            MissingKey::Shared => Ok(Some(ClientKey::Text("<no key>".into()))),
+            MissingKey::Skip => Ok(None),
+            MissingKey::Refuse(status) => Err(status),
+        },
+    }
+}
+
+/// Every limit's key for this request.
+fn keys<C: Clock>(
+    config: &Config<C>,
+    head: &Head<'_>,
+) -> Result<Vec<Option<ClientKey>>, StatusCode> {
+    config
+        .limits
+        .iter()
+        .map(|limit| key(config, limit, head))
+        .collect()
+}
+
+enum Refusal {
+    MissingKey(StatusCode),
+    Limited(Refused),
+}
+
+/// Takes one cell from every limit, or none (module docs). Allocates only to remember
+/// what to undo when more than one limit applies.
+fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<(), Refusal> {
+    let mut taken: Vec<(usize, ClientKey, Undo)> = Vec::new();
+    let last = config.limits.len().saturating_sub(1);
+    for (i, limit) in config.limits.iter().enumerate() {
+        let key = match key(config, limit, head) {
+            Ok(Some(key)) => key,
+            Ok(None) => continue,
+            Err(status) => {
+                undo_all(config, taken);
+                return Err(Refusal::MissingKey(status));
+            }
+        };
+        match limit.limiter.check_key_undoably(&key) {
+            // The last limit's admission never needs undoing.
+            Ok(_) if i == last => {}
+            Ok(undo) => taken.push((i, key, undo)),
+            Err(e) => {
+                undo_all(config, taken);
+                return Err(Refusal::Limited(refused(i, e)));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn undo_all<C: Clock>(config: &Config<C>, taken: Vec<(usize, ClientKey, Undo)>) {
+    for (i, key, undo) in taken {
+        config.limits[i].limiter.undo(&key, undo);
+    }
+}
+
+/// Which limit refused, and how long until it would admit.
+struct Refused {
+    limit: usize,
+    wait: Duration,
+}
+
+/// Wait mode: each limit's booked turn in order, within the configured maximum.
+async fn admit_waiting<C: Clock>(
+    config: &Config<C>,
+    keys: &[Option<ClientKey>],
+) -> Result<(), Refused> {
+    let max = config.wait_up_to.unwrap_or_default();
+    for (i, (limit, key)) in config.limits.iter().zip(keys).enumerate() {
+        let Some(key) = key else { continue };
+        if let Err(e) = limit.limiter.until_key_ready_within(key, max).await {
+            return Err(refused(i, e));
+        }
+    }
+    Ok(())
+}
+
+fn refused(limit: usize, e: NotUntil) -> Refused {
+    Refused {
+        limit,
+        wait: e.wait_time(),
+    }
+}
+
+/// Whole seconds, rounded up: a client told this never retries before its turn.
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+fn plain_refusal<R: From<String>>(status: StatusCode) -> Response<R> {
+    let mut response = Response::new(R::from(format!("{status}\n")));
+    *response.status_mut() = status;
+    response
+}
+
+/// The 429 (or gRPC `RESOURCE_EXHAUSTED`) for a refused request.
+fn refusal<C: Clock, R: From<String>>(
+    config: &Config<C>,
+    keys: &[Option<ClientKey>],
+    head: &Head<'_>,
+    refused: Refused,
+) -> Response<R> {
+    let retry_after = ceil_secs(refused.wait).max(1);
+    let name = &config.limits[refused.limit].name;
+    let grpc = head
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    let mut response = if grpc {
+        let mut response = Response::new(R::from(String::new()));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            HeaderName::from_static("grpc-status"),
+            HeaderValue::from_static("8"),
+        );
+        if let Ok(message) =
+            HeaderValue::from_str(&format!("rate limited by {name}: retry in {retry_after} s"))
+        {
+            headers.insert(HeaderName::from_static("grpc-message"), message);
+        }
+        response
+    } else {
+        let mut response = Response::new(R::from(format!(
+            "Too Many Requests: limit \"{name}\", retry in {retry_after} s\n"
+        )));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    };
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    put_fields(config.limits.iter().zip(keys), response.headers_mut());
+    response
+}
+
+/// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers) for every
+/// limit that applies to this request.
+fn put_fields<'a, C: Clock>(
+    limits: impl Iterator<Item = (&'a Limit<C>, &'a Option<ClientKey>)>,
+    headers: &mut http::HeaderMap,
+) {
+    let mut policies = Vec::new();
+    let mut states = Vec::new();
+    for (limit, key) in limits {
+        let Some(key) = key else { continue };
+        let state: Snapshot = limit.limiter.snapshot_key(key);
+        let quota = state.quota();
+        let window = quota.emission_interval() * quota.burst();
+        policies.push(format!(
+            "\"{}\";q={};w={}",
+            limit.name,
+            quota.burst(),
+            ceil_secs(window).max(1)
+        ));
+        states.push(format!(
+            "\"{}\";r={};t={}",
+            limit.name,
+            state.remaining(),
+            ceil_secs(state.until_full())
+        ));
+    }
+    for (name, items) in [("ratelimit-policy", policies), ("ratelimit", states)] {
+        if let Ok(value) = HeaderValue::from_str(&items.join(", ")) {
+            if !items.is_empty() {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ceil_secs;
+    use core::time::Duration;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(ceil_secs(Duration::from_millis(900)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_nanos(2_000_000_001)), 3);
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+    }
+}

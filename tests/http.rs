@@ -1,0 +1,384 @@
+//! The tower middleware behind a real axum server on 127.0.0.1, driven by a real hyper
+//! client: status codes and exact header values (on a manual clock), per-key isolation,
+//! trusted proxies, IPv6 grouping, several limits, exemptions, gRPC, waiting with client
+//! disconnects, and the GCRA bound over a window of real time.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use pacer::clock::ManualClock;
+use pacer::http::{KeySource, Limit, MissingKey, RateLimitLayer};
+use pacer::Quota;
+
+/// Serves `layer` around a `200 ok` route on an ephemeral loopback port.
+async fn serve(layer: RateLimitLayer<ManualClock>) -> SocketAddr {
+    serve_router(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await
+}
+
+async fn serve_router(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+fn client() -> Client<HttpConnector, Body> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: http::HeaderMap,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap())
+            .unwrap_or("<none>")
+    }
+}
+
+async fn send(
+    addr: SocketAddr,
+    build: impl FnOnce(http::request::Builder) -> http::request::Builder,
+) -> Reply {
+    let request = build(Request::get(format!("http://{addr}/")))
+        .body(Body::empty())
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let _ = response.into_body().collect().await.unwrap();
+    Reply { status, headers }
+}
+
+async fn get_plain(addr: SocketAddr) -> Reply {
+    send(addr, |b| b).await
+}
+
+fn per_ip(clock: &ManualClock, quota: Quota) -> Limit<ManualClock> {
+    Limit::with_clock("per-ip", quota, KeySource::peer_ip(), clock.clone())
+}
+
+#[tokio::test]
+async fn refusals_are_429_with_retry_after_rounded_up_and_ratelimit_fields() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::default()
+        .limit(per_ip(&clock, Quota::per_second(1).with_burst(2)))
+        .headers_on_success(true);
+    let addr = serve(layer).await;
+    let first = get_plain(addr).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.header("ratelimit-policy"), "\"per-ip\";q=2;w=2");
+    assert_eq!(first.header("ratelimit"), "\"per-ip\";r=1;t=1");
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    let refused = get_plain(addr).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), "1");
+    assert_eq!(refused.header("ratelimit"), "\"per-ip\";r=0;t=2");
+    // 0.9 s to wait: rounded up to 1, never down to 0 (the retry would come too early).
+    clock.advance(Duration::from_millis(100));
+    let refused = get_plain(addr).await;
+    assert_eq!(refused.header("retry-after"), "1");
+    assert_eq!(refused.header("ratelimit"), "\"per-ip\";r=0;t=2");
+    clock.advance(Duration::from_millis(900));
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn each_key_has_its_own_budget() {
+    let clock = ManualClock::new();
+    let by_key = Limit::with_clock(
+        "per-key",
+        Quota::per_hour(1),
+        KeySource::header(http::HeaderName::from_static("x-api-key")),
+        clock.clone(),
+    );
+    let addr = serve(RateLimitLayer::default().limit(by_key)).await;
+    let with_key = |key: &'static str| move |b: http::request::Builder| b.header("x-api-key", key);
+    assert_eq!(send(addr, with_key("a")).await.status, StatusCode::OK);
+    assert_eq!(
+        send(addr, with_key("a")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(addr, with_key("b")).await.status, StatusCode::OK);
+    // No header: counted under one shared key by default, so it is limited too.
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    assert_eq!(get_plain(addr).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_request_without_a_key_can_be_refused_instead() {
+    let clock = ManualClock::new();
+    let by_key = Limit::with_clock(
+        "per-key",
+        Quota::per_hour(1),
+        KeySource::header(http::HeaderName::from_static("x-api-key")),
+        clock,
+    );
+    let layer = RateLimitLayer::default()
+        .limit(by_key)
+        .on_missing_key(MissingKey::Refuse(StatusCode::BAD_REQUEST));
+    let addr = serve(layer).await;
+    assert_eq!(get_plain(addr).await.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn only_trusted_proxies_are_believed_and_the_spoofed_left_is_ignored() {
+    let clock = ManualClock::new();
+    // The test client connects from 127.0.0.1: trusted here, so X-Forwarded-For counts.
+    let behind_lb = Limit::with_clock(
+        "per-ip",
+        Quota::per_hour(1),
+        KeySource::behind_proxies([
+            "127.0.0.0/8".parse().unwrap(),
+            "10.0.0.0/8".parse().unwrap(),
+        ]),
+        clock.clone(),
+    );
+    let addr = serve(RateLimitLayer::default().limit(behind_lb)).await;
+    let xff = |v: &'static str| move |b: http::request::Builder| b.header("x-forwarded-for", v);
+    assert_eq!(
+        send(addr, xff("6.6.6.6, 1.2.3.4, 10.0.0.9")).await.status,
+        StatusCode::OK
+    );
+    // The client rewrote its left-most entry: still 1.2.3.4, still limited.
+    assert_eq!(
+        send(addr, xff("7.7.7.7, 1.2.3.4")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(addr, xff("1.2.3.5")).await.status, StatusCode::OK);
+    // An untrusted peer is keyed by itself, whatever it claims: without trust, 127.0.0.1
+    // is the key and its claims change nothing.
+    let direct = per_ip(&clock, Quota::per_hour(1));
+    let addr = serve(RateLimitLayer::default().limit(direct)).await;
+    assert_eq!(send(addr, xff("1.1.1.1")).await.status, StatusCode::OK);
+    assert_eq!(
+        send(addr, xff("2.2.2.2")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn ipv6_clients_are_grouped_by_prefix() {
+    let clock = ManualClock::new();
+    let by_64 = Limit::with_clock(
+        "per-ip",
+        Quota::per_hour(1),
+        KeySource::behind_proxies(["127.0.0.0/8".parse().unwrap()]),
+        clock.clone(),
+    );
+    let addr = serve(RateLimitLayer::default().limit(by_64)).await;
+    let xff = |v: &'static str| move |b: http::request::Builder| b.header("x-forwarded-for", v);
+    assert_eq!(
+        send(addr, xff("2001:db8:1:2::a")).await.status,
+        StatusCode::OK
+    );
+    // Another address of the same /64: the same client.
+    assert_eq!(
+        send(addr, xff("2001:db8:1:2:ffff::b")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(addr, xff("2001:db8:1:3::a")).await.status,
+        StatusCode::OK
+    );
+    // With /128, every address is its own client.
+    let by_128 = Limit::with_clock(
+        "per-ip",
+        Quota::per_hour(1),
+        KeySource::behind_proxies(["127.0.0.0/8".parse().unwrap()]).ipv6_prefix(128),
+        clock,
+    );
+    let addr = serve(RateLimitLayer::default().limit(by_128)).await;
+    assert_eq!(send(addr, xff("2001:db8::a")).await.status, StatusCode::OK);
+    assert_eq!(send(addr, xff("2001:db8::b")).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_refusal_by_a_later_limit_spends_nothing_from_the_earlier() {
+    let clock = ManualClock::new();
+    let per_key = Limit::with_clock(
+        "per-key",
+        Quota::per_hour(1),
+        KeySource::header(http::HeaderName::from_static("x-api-key")),
+        clock.clone(),
+    );
+    let global = Limit::with_clock(
+        "global",
+        Quota::per_second(1),
+        KeySource::global(),
+        clock.clone(),
+    );
+    let addr = serve(RateLimitLayer::default().limit(per_key).limit(global)).await;
+    let with_key = |key: &'static str| move |b: http::request::Builder| b.header("x-api-key", key);
+    assert_eq!(send(addr, with_key("x")).await.status, StatusCode::OK);
+    let refused = send(addr, with_key("y")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.header("retry-after") == "1");
+    assert!(refused.header("ratelimit").contains("\"global\";r=0"));
+    // y's hourly cell was given back when the global limit refused: after a second, y
+    // passes (had it been spent, y would wait an hour).
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send(addr, with_key("y")).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn options_requests_are_exempt_by_default() {
+    let clock = ManualClock::new();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|| async { "ok" }).options(|| async { "preflight" }),
+        )
+        .layer(RateLimitLayer::default().limit(per_ip(&clock, Quota::per_hour(1))));
+    let addr = serve_router(app).await;
+    for _ in 0..3 {
+        assert_eq!(
+            send(addr, |b| b.method(Method::OPTIONS)).await.status,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    assert_eq!(get_plain(addr).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn grpc_requests_get_resource_exhausted() {
+    let clock = ManualClock::new();
+    let addr = serve(RateLimitLayer::default().limit(per_ip(&clock, Quota::per_hour(1)))).await;
+    let grpc = |b: http::request::Builder| b.header("content-type", "application/grpc");
+    assert_eq!(send(addr, grpc).await.status, StatusCode::OK);
+    let refused = send(addr, grpc).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::OK,
+        "gRPC carries errors in grpc-status"
+    );
+    assert_eq!(refused.header("grpc-status"), "8");
+    assert_eq!(refused.header("content-type"), "application/grpc");
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn realtime_waiting_mode_proceeds_in_turn_and_a_client_that_leaves_gives_its_cell_back() {
+    multi_thread().block_on(async {
+        let patient = |quota| {
+            let limit = Limit::new("per-ip", quota, KeySource::peer_ip());
+            let layer = RateLimitLayer::new()
+                .limit(limit.clone())
+                .wait_up_to(Duration::from_secs(5));
+            (
+                limit,
+                Router::new()
+                    .route("/", get(|| async { "ok" }))
+                    .layer(layer),
+            )
+        };
+        let (_, app) = patient(Quota::per_second(10).with_burst(1));
+        let addr = serve_router(app).await;
+        assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+        // The next one waits its turn (about 100 ms) instead of a 429.
+        let start = Instant::now();
+        assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+        assert!(
+            start.elapsed() >= Duration::from_millis(80),
+            "{:?}",
+            start.elapsed()
+        );
+
+        // One per second: the first passes, the second books 1 s ahead (the bucket then
+        // full 2 s from now) and its client gives up after 50 ms.
+        let (limit, app) = patient(Quota::per_second(1).with_burst(1));
+        let addr = serve_router(app).await;
+        assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+        let gone = tokio::time::timeout(Duration::from_millis(50), get_plain(addr)).await;
+        assert!(gone.is_err(), "the request was still waiting");
+        // The server notices the closed connection and drops the waiting request, which
+        // gives its booking back: the bucket is then full 1 s after the first request,
+        // not 2 s. Without the refund it would read over 1.4 s for the next half second.
+        let key = pacer::http::ClientKey::Ip("127.0.0.1".parse().unwrap());
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut until_full = Duration::MAX;
+        while Instant::now() < deadline {
+            until_full = limit.limiter().snapshot_key(&key).until_full();
+            if until_full < Duration::from_millis(1_000) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            until_full < Duration::from_millis(1_000),
+            "the departed client's cell was not given back ({until_full:?} until full)"
+        );
+    });
+}
+
+#[test]
+fn realtime_the_number_of_200s_over_a_window_is_the_gcra_bound() {
+    multi_thread().block_on(async {
+        // 20 per second, burst 5; requests back to back for about a second.
+        let layer = RateLimitLayer::new().limit(Limit::new(
+            "per-ip",
+            Quota::per_second(20).with_burst(5),
+            KeySource::peer_ip(),
+        ));
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let addr = serve_router(app).await;
+        let client = client();
+        let start = Instant::now();
+        let mut ok = 0u64;
+        let mut sent = 0u64;
+        while start.elapsed() < Duration::from_millis(1_000) && sent < 20_000 {
+            let request = Request::get(format!("http://{addr}/"))
+                .body(Body::empty())
+                .unwrap();
+            let response = client.request(request).await.unwrap();
+            if response.status() == StatusCode::OK {
+                ok += 1;
+            }
+            let _ = response.into_body().collect().await;
+            sent += 1;
+        }
+        let elapsed = start.elapsed();
+        // GCRA: at most burst + elapsed / T cells in the window (T = 50 ms); and, with
+        // requests arriving far faster than the rate, at least that minus one interval's
+        // worth lost at each end.
+        let bound = 5 + (elapsed.as_millis() as u64) / 50;
+        assert!(ok <= bound, "{ok} admitted, bound {bound} over {elapsed:?}");
+        assert!(
+            ok + 2 >= bound,
+            "{ok} admitted, bound {bound} over {elapsed:?} ({sent} sent)"
+        );
+    });
+}
