@@ -1,9 +1,13 @@
-//! The atomic cell: the second layer, and the only code that touches a limiter's state word.
+//! The state word: the second layer ("the cell layer"), and the only code that touches a
+//! limiter's atomic.
+//!
+//! Naming: a *cell* is what a request asks for (the unit of a quota, as in "`check_n(3)`
+//! asks for 3 cells"); the atomic that keeps a limiter's state is a [`TatWord`].
 //!
 //! # Implementation notes
 //!
-//! A cell is one `AtomicU64` holding the theoretical arrival time (TAT) in nanoseconds since
-//! the limiter's creation. Every update is a compare-and-swap from the value this thread
+//! A `TatWord` is one `AtomicU64` holding the theoretical arrival time (TAT) in
+//! nanoseconds since the limiter's creation. Every update is a compare-and-swap from the value this thread
 //! last observed to the value [`gcra::admit`] computed from it, so each admission is judged
 //! against exactly the state it replaces: two threads can never both spend the same room.
 //!
@@ -24,17 +28,17 @@
 use crate::gcra;
 use crate::sync::{AtomicU64, Backoff, Ordering};
 
-/// One GCRA state word. See the module docs.
+/// One GCRA state word: the theoretical arrival time. See the module docs.
 #[derive(Debug)]
-pub(crate) struct Cell {
+pub(crate) struct TatWord {
     /// The theoretical arrival time, in nanoseconds since the limiter's creation.
     tat: AtomicU64,
 }
 
-impl Cell {
+impl TatWord {
     /// A fresh cell: TAT 0, so a full burst is admissible at once.
-    pub(crate) fn new() -> Cell {
-        Cell {
+    pub(crate) fn new() -> TatWord {
+        TatWord {
             tat: AtomicU64::new(0),
         }
     }
@@ -100,8 +104,8 @@ impl Cell {
     }
 }
 
-impl Default for Cell {
+impl Default for TatWord {
     fn default() -> Self {
-        Cell::new()
+        TatWord::new()
     }
 }

@@ -101,15 +101,15 @@ struct ReadmeDoctests;
 pub mod __loom {
     /// The atomic cell, exactly as the limiters use it.
     #[derive(Debug, Default)]
-    pub struct Cell(crate::cell::Cell);
+    pub struct TatWord(crate::cell::TatWord);
 
-    impl Cell {
+    impl TatWord {
         /// A fresh cell (TAT 0).
-        pub fn new() -> Cell {
-            Cell(crate::cell::Cell::new())
+        pub fn new() -> TatWord {
+            TatWord(crate::cell::TatWord::new())
         }
 
-        /// `crate::cell::Cell::acquire`.
+        /// `crate::cell::TatWord::acquire`.
         pub fn acquire(&self, now: u64, cost: u64, tolerance: u64) -> Result<u64, u64> {
             self.0.acquire(now, cost, tolerance)
         }

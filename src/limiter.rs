@@ -4,7 +4,7 @@ use core::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
-use crate::cell::Cell;
+use crate::cell::TatWord;
 use crate::clock::{Clock, Timeline};
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra;
@@ -53,7 +53,7 @@ pub struct Limiter<
     #[cfg(feature = "std")] C: Clock = DefaultClock,
     #[cfg(not(feature = "std"))] C: Clock,
 > {
-    cell: CachePadded<Cell>,
+    cell: CachePadded<TatWord>,
     /// The quota, changeable by `set_quota`; read once per decision.
     quota: QuotaCell,
     /// The same timeline as `waiters` holds: kept here too so that `check()` reads it
@@ -102,7 +102,7 @@ impl<C: Clock> Limiter<C> {
     pub fn with_clock(quota: Quota, clock: C) -> Limiter<C> {
         let time = Timeline::starting_now(clock);
         Limiter {
-            cell: CachePadded::new(Cell::new()),
+            cell: CachePadded::new(TatWord::new()),
             quota: QuotaCell::new(quota),
             #[cfg(feature = "std")]
             waiters: Waiters::new(time.clone()),
@@ -550,11 +550,11 @@ impl<C: Clock> Target for &Limiter<C> {
         Arc::clone(&self.waiters)
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Result<R, u64> {
+    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
         Ok(f(&self.cell))
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Option<R> {
         Some(f(&self.cell))
     }
 }

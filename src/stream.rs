@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures_core::Stream;
 use pin_project_lite::pin_project;
 
-use crate::cell::Cell;
+use crate::cell::TatWord;
 use crate::clock::{Clock, Timeline};
 use crate::gcra::Params;
 use crate::limiter::Limiter;
@@ -91,11 +91,11 @@ impl<C: Clock> Target for Handle<'_, C> {
         Target::waiters(&self.get())
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Result<R, u64> {
+    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
         Target::with_cell(&self.get(), f)
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Option<R> {
         Target::with_stored_cell(&self.get(), f)
     }
 }

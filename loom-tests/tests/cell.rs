@@ -5,7 +5,7 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use pacer::__loom::{admit, Cell};
+use pacer::__loom::{admit, TatWord};
 
 const T: u64 = 10;
 
@@ -58,7 +58,7 @@ fn check_linearizable(requests: Vec<Vec<u64>>, burst: u64) {
     let tau = burst * T;
     let allowed = sequential_outcomes(&requests, 0, tau);
     loom::model(move || {
-        let cell = Arc::new(Cell::new());
+        let cell = Arc::new(TatWord::new());
         let handles: Vec<_> = requests
             .iter()
             .cloned()

@@ -21,7 +21,7 @@ use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::cell::Cell;
+use crate::cell::TatWord;
 use crate::clock::{Clock, DefaultClock, Timeline};
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
@@ -213,12 +213,12 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// wait until the key bound leaves room for it. The clock is read once the cell is
     /// found, so the read overlaps the likely cache miss on it.
     #[inline]
-    fn with_cell<R>(&self, key: &K, f: impl FnOnce(&Cell, u64) -> R) -> Result<R, u64> {
+    fn with_cell<R>(&self, key: &K, f: impl FnOnce(&TatWord, u64) -> R) -> Result<R, u64> {
         self.store.with_cell(key, || self.now(), f)
     }
 
     /// Runs `f` on `key`'s cell and the time now if the key is stored.
-    fn with_stored_cell<R>(&self, key: &K, f: impl FnOnce(&Cell, u64) -> R) -> Option<R> {
+    fn with_stored_cell<R>(&self, key: &K, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
         self.store.with_stored_cell(key, || self.now(), f)
     }
 
@@ -582,11 +582,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Target for KeyTarget<'_, K, C> {
         )
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Result<R, u64> {
+    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
         self.limiter.with_cell(&self.key, |cell, _| f(cell))
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Option<R> {
         self.limiter.with_stored_cell(&self.key, |cell, _| f(cell))
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! # Implementation notes
 //!
-//! Keys live in a fixed number of shards, each a `hashbrown::HashTable<(K, Cell)>` behind a
-//! read-mostly lock: one word of state per key, the same `Cell` (and so the same
+//! Keys live in a fixed number of shards, each a `hashbrown::HashTable<(K, TatWord)>` behind a
+//! read-mostly lock: one word of state per key, the same `TatWord` (and so the same
 //! compare-and-swap loop) as the direct limiter. The key's hash is computed once, its top
 //! bits pick the shard and the whole hash probes the table. A key already present is
 //! checked under the shard's *read* lock; only a new key takes the write lock.
@@ -67,7 +67,7 @@ use core::hash::{BuildHasher, Hash};
 use crossbeam_utils::CachePadded;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use crate::cell::Cell;
+use crate::cell::TatWord;
 use crate::sync::ReadMostly;
 
 /// Every key's cell, in shards.
@@ -116,13 +116,13 @@ impl<K: Hash + Eq + Clone> Store<K> {
     /// wait until a slot frees. Every path that stores a key comes through here, so the
     /// bound holds on all of them.
     ///
-    /// The clock is read only once the cell is found: the read then overlaps the likely
-    /// cache miss on the cell instead of adding to it.
+    /// The clock is read only once the key's word is found: the read then overlaps the likely
+    /// cache miss on the word instead of adding to it.
     pub(super) fn with_cell<R>(
         &self,
         key: &K,
         now: impl Fn() -> u64,
-        f: impl FnOnce(&Cell, u64) -> R,
+        f: impl FnOnce(&TatWord, u64) -> R,
     ) -> Result<R, u64> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
@@ -147,7 +147,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
         &self,
         key: &K,
         now: impl Fn() -> u64,
-        f: impl FnOnce(&Cell, u64) -> R,
+        f: impl FnOnce(&TatWord, u64) -> R,
     ) -> Option<R> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash).read();
@@ -163,7 +163,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
         hash: u64,
         key: &K,
         now: u64,
-        f: impl FnOnce(&Cell, u64) -> R,
+        f: impl FnOnce(&TatWord, u64) -> R,
     ) -> Result<R, u64> {
         if shard.table.find(hash, |(k, _)| k == key).is_none() {
             let len = shard.table.len();
@@ -183,7 +183,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
             let hasher = &self.hasher;
             shard
                 .table
-                .insert_unique(hash, (key.clone(), Cell::new()), |(k, _)| {
+                .insert_unique(hash, (key.clone(), TatWord::new()), |(k, _)| {
                     hasher.hash_one(k)
                 });
         }
@@ -216,7 +216,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
 }
 
 struct Shard<K> {
-    table: HashTable<(K, Cell)>,
+    table: HashTable<(K, TatWord)>,
     /// When full and nothing was evictable: the limiter time at which the earliest key
     /// becomes evictable. No sweep is attempted before.
     full_until: u64,

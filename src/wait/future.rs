@@ -7,7 +7,7 @@ use core::task::{Context, Poll};
 use std::sync::Arc;
 
 use super::queue::{Booking, Waiter, Waiters};
-use crate::cell::Cell;
+use crate::cell::TatWord;
 use crate::clock::{Clock, Timeline};
 use crate::error::{self, Denied, NotUntil};
 use crate::gcra::Params;
@@ -26,10 +26,10 @@ pub(crate) trait Target {
     /// Runs `f` on the cell, storing it first if need be. `Err` carries the wait until
     /// there is room to store it (a keyed limiter at its bound); the cell must be the same
     /// one every time.
-    fn with_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Result<R, u64>;
+    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64>;
 
     /// Runs `f` on the cell if it is stored; never stores it.
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&Cell) -> R) -> Option<R>;
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Option<R>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

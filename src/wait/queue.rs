@@ -2,7 +2,7 @@
 //!
 //! # Implementation notes
 //!
-//! **Invariant.** Every linked waiter has booked its cost in the cell's TAT (the same word
+//! **Invariant.** Every linked waiter has booked its cost in the limiter's TAT (the same word
 //! `check()` reads), and its *instant* (when its booking becomes admissible) is stored in
 //! its node. Instants never decrease along the list: bookings happen under the queue lock
 //! in list order, and each moves the TAT forward by its cost from at least where the last
@@ -18,13 +18,13 @@
 //!
 //! **Cancelling is exact, and decided on the state it changes.** A cancelled waiter gives
 //! its cost back only if *no plain admission has happened since the last booking*: then
-//! the cell still holds the tail's booked TAT, and a compare-and-swap from exactly that
+//! the word still holds the tail's booked TAT, and a compare-and-swap from exactly that
 //! value to the value minus the cost makes the state the queue would have had if the
 //! waiter had never asked (every waiter behind it moves up by the cost; none can have
 //! booked into a gap, since a gap means the TAT had fallen behind the clock, which cannot
 //! happen while an earlier booking is still in the future). Bookings and refunds happen
 //! under the queue lock, so only a plain admission (`check()`, or a first poll admitted at
-//! once) can make the cell differ from the tail's TAT, and plain admissions only move it
+//! once) can make the word differ from the tail's TAT, and plain admissions only move it
 //! forward. A plain admission while waiters are linked must fit after all of them, so it
 //! happens at or after every linked waiter's instant: the cancelled waiter's cells were
 //! then admissible at its instant and someone was admitted behind them. It keeps them,
@@ -48,7 +48,7 @@ use std::sync::{Arc, Weak};
 use std::task::Wake;
 
 use super::list::{self, Link, LinkedList, Pointers};
-use crate::cell::Cell;
+use crate::cell::TatWord;
 use crate::clock::{Clock, Timeline};
 use crate::gcra::{self, Params};
 use crate::sync::{thread_local, AtomicBool, Mutex, Ordering, Panic, UnsafeCell, WakeList};
@@ -68,8 +68,8 @@ pub(crate) struct Waiter {
 struct Slot {
     /// Limiter time at which the booking becomes admissible: `ready_at(tat)`.
     instant: u64,
-    /// The TAT this booking left in the cell (moved down with `instant` when a waiter
-    /// ahead gives its cells back). The tail's is what the cell holds while no plain
+    /// The TAT this booking left in the word (moved down with `instant` when a waiter
+    /// ahead gives its cells back). The tail's is what the word holds while no plain
     /// admission has happened since it booked.
     tat: u64,
     /// The booked cost in nanoseconds (`n * T`).
@@ -308,7 +308,7 @@ impl<C: Clock> Waiters<C> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn book(
         &self,
-        cell: &Cell,
+        cell: &TatWord,
         params: &Params,
         node: NonNull<Waiter>,
         now: u64,
@@ -399,13 +399,13 @@ impl<C: Clock> Waiters<C> {
     /// Drops a linked node: unlinks it and, if no plain admission has relied on its cells
     /// (module docs), refunds its cost and moves everyone behind it up.
     ///
-    /// `cell` is `None` when the cell is gone (a keyed limiter forgot the key, which it
+    /// `word` is `None` when the word is gone (a keyed limiter forgot the key, which it
     /// only does once every booking in it is long past): then there is nothing to refund.
     ///
     /// # Safety
     ///
-    /// `node` was linked by [`Waiters::book`] on this queue, beside `cell`, and is live.
-    pub(crate) unsafe fn cancel(&self, cell: Option<&Cell>, node: NonNull<Waiter>) -> Arm {
+    /// `node` was linked by [`Waiters::book`] on this queue, beside `word`, and is live.
+    pub(crate) unsafe fn cancel(&self, word: Option<&TatWord>, node: NonNull<Waiter>) -> Arm {
         let (arm, _waker) = {
             let mut state = self.state.lock();
             // Relaxed: `fire` stores under this lock, which orders it before us.
@@ -434,7 +434,7 @@ impl<C: Clock> Waiters<C> {
             // SAFETY: as above.
             let removed = unsafe { state.list.remove(node) };
             debug_assert!(removed, "a linked, unfired waiter is in its list");
-            if !kept && cell.is_some_and(|cell| cell.refund(tail_tat, cost)) {
+            if !kept && word.is_some_and(|word| word.refund(tail_tat, cost)) {
                 while let Some(later) = behind {
                     // SAFETY: `later` is linked, so live (list rule 3); we hold the lock.
                     unsafe {
