@@ -162,10 +162,8 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// (the HTTP middleware's several limits: a refusal by a later one undoes the earlier).
     #[cfg(feature = "tower")]
     pub(crate) fn check_key_undoably(&self, key: &K) -> Result<Undo, NotUntil> {
-        let params = self.params_for(key);
-        let cost = params.interval();
-        self.with_cell(key, |cell, now| cell.acquire(now, cost, params.tau()))
-            .and_then(|admitted| admitted.map(|tat| Undo { tat, cost }))
+        self.acquire_one(key)
+            .map(|(tat, cost)| Undo { tat, cost })
             .map_err(NotUntil::from_nanos)
     }
 
@@ -238,12 +236,19 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// ```
     #[inline]
     pub fn check_key(&self, key: &K) -> Result<(), NotUntil> {
+        self.acquire_one(key)
+            .map(drop)
+            .map_err(NotUntil::from_nanos)
+    }
+
+    /// One cell for `key`: the TAT its admission left and its cost, or the wait in
+    /// nanoseconds (also for a new key refused by the key bound).
+    #[inline]
+    fn acquire_one(&self, key: &K) -> Result<(u64, u64), u64> {
         let params = self.params_for(key);
-        self.with_cell(key, |cell, now| {
-            cell.acquire(now, params.interval(), params.tau())
-        })
-        .and_then(|admitted| admitted.map(drop))
-        .map_err(NotUntil::from_nanos)
+        let cost = params.interval();
+        self.with_cell(key, |word, now| word.acquire(now, cost, params.tau()))
+            .and_then(|admitted| admitted.map(|tat| (tat, cost)))
     }
 
     /// Admits `n` cells for `key` at once, or none.
