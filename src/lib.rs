@@ -56,6 +56,9 @@ mod keyed;
 mod limiter;
 mod quota;
 mod quota_cell;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod snapshot;
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]

@@ -1,0 +1,456 @@
+//! One quota across a fleet: GCRA with its state in Redis (cargo feature `redis`).
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
+//! use pacer::redis::{FailurePolicy, RedisLimiter};
+//! use pacer::Quota;
+//!
+//! // Every worker of the fleet builds the same limiter: together they admit 100/s.
+//! let limiter = RedisLimiter::connect("redis://127.0.0.1/", Quota::per_second(100))
+//!     .await?
+//!     .on_failure(FailurePolicy::FailClosed);
+//! if limiter.check_key("partner-api").await.is_ok() {
+//!     // call the API
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Implementation notes
+//!
+//! * **The same decisions as pacer's GCRA**, made server-side by one Lua script per call
+//!   (sent with `EVALSHA`; the `redis` crate loads it again if the script cache was
+//!   flushed), in integer microseconds read from the Redis server's `TIME`: one clock for
+//!   the whole fleet, so machines whose clocks drift cannot over-admit. No
+//!   `redis.replicate_commands()` (Redis 5+ replicates scripts by their effects).
+//! * **One Redis key per limited key**, `prefix:{key}`: the key is its own hash tag, so a
+//!   Redis Cluster spreads keys over its slots. Each expires once it has refilled, so Redis
+//!   memory follows the active keys.
+//! * **A local fast path that cannot over-admit**: a key Redis just refused is refused
+//!   locally until the instant Redis gave, so a flood of refusals for one key costs no
+//!   round trips. Admissions always ask Redis.
+//! * **When Redis is unreachable or slow** (each call has a timeout), the configured
+//!   [`FailurePolicy`] decides: refuse, admit, or fall back to an in-process limiter with a
+//!   share of the quota. The connection reconnects in the background.
+//! * **A Redis restart loses the state**: every key then starts with a full burst again
+//!   (at most one extra burst per key across the restart).
+//! * Resolution: Redis time is in microseconds, so a quota's interval must be at least
+//!   1 µs (a million per second); finer quotas are refused with an error.
+
+use core::fmt;
+use core::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use redis::aio::ConnectionManager;
+
+use crate::{KeyedLimiter, NotUntil, Quota};
+
+/// The GCRA decision, in microseconds. `ARGV`: interval, tolerance, cost, and a fixed
+/// time (empty: the server's `TIME`). Returns `{1, tat}` when admitted, `{0, wait}` when
+/// not, `{2, remaining}` for a read (cost -1).
+const SCRIPT: &str = r"
+local interval = tonumber(ARGV[1])
+local tau = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local now
+if ARGV[4] ~= '' then
+  now = tonumber(ARGV[4])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+local base = tat
+if now > base then base = now end
+local backlog = base - now
+if cost < 0 then
+  if backlog >= tau then return {2, 0} end
+  return {2, math.floor((tau - backlog) / interval)}
+end
+if backlog > tau - cost then
+  return {0, backlog - (tau - cost)}
+end
+if cost == 0 then return {1, tat} end
+local new = base + cost
+if ARGV[4] ~= '' then
+  -- Test mode: the server's clock is not the decisions' clock, so no expiry by it.
+  redis.call('SET', KEYS[1], string.format('%d', new))
+else
+  redis.call('SET', KEYS[1], string.format('%d', new), 'PX', math.ceil((new - now) / 1000) + 1)
+end
+return {1, new}
+";
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// What to do when Redis cannot answer (unreachable, or slower than the timeout).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Refuse: [`RedisDenied::Unavailable`]. Never more than the quota; nothing passes
+    /// while Redis is down.
+    FailClosed,
+    /// Admit: the service keeps working, unlimited while Redis is down.
+    FailOpen,
+    /// Decide in process with this quota (typically the fleet's quota divided by the
+    /// number of workers), per key. The fleet may then exceed the quota by at most the
+    /// sum of the local quotas.
+    Local(Quota),
+}
+
+/// Why a Redis-backed limiter could not be built.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RedisLimitError {
+    /// The URL is not a Redis URL, or the server could not be reached or is not Redis.
+    Connect(redis::RedisError),
+    /// The quota's interval is below Redis time's microsecond resolution.
+    IntervalBelowMicrosecond,
+}
+
+impl fmt::Display for RedisLimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisLimitError::Connect(e) => write!(f, "cannot use Redis: {e}"),
+            RedisLimitError::IntervalBelowMicrosecond => {
+                f.write_str("the quota's interval is below 1 µs, Redis time's resolution")
+            }
+        }
+    }
+}
+
+impl core::error::Error for RedisLimitError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            RedisLimitError::Connect(e) => Some(e),
+            RedisLimitError::IntervalBelowMicrosecond => None,
+        }
+    }
+}
+
+/// Why a check was refused.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RedisDenied {
+    /// Rate limited; try again after the wait.
+    NotUntil(NotUntil),
+    /// More cells than the burst: never admissible.
+    InsufficientCapacity,
+    /// Redis could not answer and the policy is [`FailurePolicy::FailClosed`].
+    Unavailable(redis::RedisError),
+    /// The key is empty or longer than [`MAX_KEY_LEN`].
+    BadKey,
+}
+
+impl fmt::Display for RedisDenied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisDenied::NotUntil(e) => e.fmt(f),
+            RedisDenied::InsufficientCapacity => f.write_str("more cells than the burst"),
+            RedisDenied::Unavailable(e) => write!(f, "Redis unavailable (failing closed): {e}"),
+            RedisDenied::BadKey => write!(f, "keys are 1 to {MAX_KEY_LEN} bytes"),
+        }
+    }
+}
+
+impl core::error::Error for RedisDenied {}
+
+/// A limiter whose state lives in Redis, shared by every process that uses the same
+/// Redis, prefix and quota. See the [module docs](self).
+pub struct RedisLimiter {
+    conn: ConnectionManager,
+    script: redis::Script,
+    quota: Quota,
+    prefix: String,
+    timeout: Duration,
+    policy: FailurePolicy,
+    local: Option<KeyedLimiter<String>>,
+    /// Keys Redis refused, and until when (the local fast path).
+    refused: Mutex<HashMap<String, Instant>>,
+    /// Test mode: decisions at this Redis time (µs) instead of the server's `TIME`.
+    fixed_time: Mutex<Option<u64>>,
+}
+
+impl fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("quota", &self.quota)
+            .field("prefix", &self.prefix)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Refused keys remembered locally at most (the map is cleared when it fills).
+const MAX_REMEMBERED: usize = 100_000;
+
+impl RedisLimiter {
+    /// Connects to `url` (`redis://host:port/db`) and checks it answers like Redis. The
+    /// connection reconnects in the background after failures.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimitError::Connect`] for a bad URL or a server that is not Redis;
+    /// [`RedisLimitError::IntervalBelowMicrosecond`] for a quota finer than 1 µs.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
+    /// let limiter = pacer::redis::RedisLimiter::connect("redis://127.0.0.1:6379/", pacer::Quota::per_second(10)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str, quota: Quota) -> Result<RedisLimiter, RedisLimitError> {
+        if quota.emission_interval() < Duration::from_micros(1) {
+            return Err(RedisLimitError::IntervalBelowMicrosecond);
+        }
+        let client = redis::Client::open(url).map_err(RedisLimitError::Connect)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(1);
+        let mut conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(RedisLimitError::Connect)?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisLimitError::Connect)?;
+        Ok(RedisLimiter {
+            conn,
+            script: redis::Script::new(SCRIPT),
+            quota,
+            prefix: "pacer".into(),
+            timeout: Duration::from_millis(250),
+            policy: FailurePolicy::FailClosed,
+            local: None,
+            refused: Mutex::new(HashMap::new()),
+            fixed_time: Mutex::new(None),
+        })
+    }
+
+    /// The prefix of every Redis key (default `pacer`): limiters with different prefixes
+    /// are independent.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
+    /// let limiter = pacer::redis::RedisLimiter::connect("redis://127.0.0.1/", pacer::Quota::per_second(10))
+    ///     .await?
+    ///     .with_prefix("billing");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_prefix(mut self, prefix: &str) -> RedisLimiter {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long one call may take before the failure policy decides (default 250 ms).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
+    /// let limiter = pacer::redis::RedisLimiter::connect("redis://127.0.0.1/", pacer::Quota::per_second(10))
+    ///     .await?
+    ///     .with_timeout(std::time::Duration::from_millis(50));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_timeout(mut self, timeout: Duration) -> RedisLimiter {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What to do when Redis cannot answer (default [`FailurePolicy::FailClosed`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
+    /// use pacer::{redis::{FailurePolicy, RedisLimiter}, Quota};
+    /// // 8 workers share 800/s; without Redis each keeps to its share.
+    /// let limiter = RedisLimiter::connect("redis://127.0.0.1/", Quota::per_second(800))
+    ///     .await?
+    ///     .on_failure(FailurePolicy::Local(Quota::per_second(100)));
+    /// # Ok(()) }
+    /// ```
+    pub fn on_failure(mut self, policy: FailurePolicy) -> RedisLimiter {
+        self.local = match &policy {
+            FailurePolicy::Local(quota) => Some(KeyedLimiter::new(*quota)),
+            _ => None,
+        };
+        self.policy = policy;
+        self
+    }
+
+    /// Test mode: every later decision is made at this Redis time (microseconds) instead
+    /// of the server's clock, so a reference model can see the same time. `None` returns
+    /// to the server's clock.
+    #[doc(hidden)]
+    pub fn set_fixed_time(&self, micros: Option<u64>) {
+        *self.fixed_time.lock().unwrap_or_else(|e| e.into_inner()) = micros;
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Admits one cell for `key`, fleet-wide.
+    ///
+    /// # Errors
+    ///
+    /// See [`RedisDenied`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: pacer::redis::RedisLimiter) {
+    /// match limiter.check_key("tenant-42").await {
+    ///     Ok(()) => { /* go */ }
+    ///     Err(denied) => eprintln!("{denied}"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn check_key(&self, key: &str) -> Result<(), RedisDenied> {
+        self.check_key_n(key, 1).await
+    }
+
+    /// Admits `n` cells for `key` at once, or none, fleet-wide.
+    ///
+    /// # Errors
+    ///
+    /// See [`RedisDenied`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: pacer::redis::RedisLimiter) {
+    /// let batch_ok = limiter.check_key_n("exports", 5).await.is_ok();
+    /// # }
+    /// ```
+    pub async fn check_key_n(&self, key: &str, n: u32) -> Result<(), RedisDenied> {
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(RedisDenied::BadKey);
+        }
+        if n > self.quota.burst() {
+            return Err(RedisDenied::InsufficientCapacity);
+        }
+        if let Some(wait) = self.locally_refused(key) {
+            return Err(RedisDenied::NotUntil(NotUntil::from_nanos(wait)));
+        }
+        let cost = self.micros(n);
+        match self.run(key, cost).await {
+            Ok((1, _)) => Ok(()),
+            Ok((_, wait_us)) => {
+                let wait = Duration::from_micros(u64::try_from(wait_us).unwrap_or(0));
+                self.remember_refusal(key, wait);
+                Err(RedisDenied::NotUntil(NotUntil::from_nanos(
+                    u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
+                )))
+            }
+            Err(e) => self.on_unavailable(key, n, e),
+        }
+    }
+
+    /// How many cells a check for `key` would admit now; spends nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisDenied::Unavailable`] when Redis cannot answer (whatever the policy: there
+    /// is no decision to make), [`RedisDenied::BadKey`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: pacer::redis::RedisLimiter) {
+    /// let left = limiter.remaining("tenant-42").await.unwrap_or(0);
+    /// # }
+    /// ```
+    pub async fn remaining(&self, key: &str) -> Result<u32, RedisDenied> {
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(RedisDenied::BadKey);
+        }
+        match self.run(key, -1).await {
+            Ok((_, remaining)) => Ok(u32::try_from(remaining).unwrap_or(u32::MAX)),
+            Err(e) => Err(RedisDenied::Unavailable(e)),
+        }
+    }
+
+    /// `n` cells of the quota in microseconds.
+    fn micros(&self, n: u32) -> i64 {
+        let interval = self.quota.emission_interval().as_micros();
+        i64::try_from(interval.saturating_mul(u128::from(n))).unwrap_or(i64::MAX)
+    }
+
+    async fn run(&self, key: &str, cost: i64) -> Result<(i64, i64), redis::RedisError> {
+        let tau = self.micros(self.quota.burst());
+        let interval = self.micros(1);
+        let fixed = *self.fixed_time.lock().unwrap_or_else(|e| e.into_inner());
+        let time = fixed.map(|t| t.to_string()).unwrap_or_default();
+        let mut conn = self.conn.clone();
+        let call = async {
+            self.script
+                .key(format!("{}:{{{}}}", self.prefix, key))
+                .arg(interval)
+                .arg(tau)
+                .arg(cost)
+                .arg(time)
+                .invoke_async::<(i64, i64)>(&mut conn)
+                .await
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "timed out",
+                format!("no answer within {:?}", self.timeout),
+            ))),
+        }
+    }
+
+    fn locally_refused(&self, key: &str) -> Option<u64> {
+        let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        let until = *refused.get(key)?;
+        let left = until.checked_duration_since(Instant::now())?;
+        Some(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn remember_refusal(&self, key: &str, wait: Duration) {
+        if self
+            .fixed_time
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return; // test mode: local time means nothing there
+        }
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused.len() >= MAX_REMEMBERED {
+            refused.clear();
+        }
+        refused.insert(key.to_owned(), Instant::now() + wait);
+    }
+
+    fn on_unavailable(&self, key: &str, n: u32, e: redis::RedisError) -> Result<(), RedisDenied> {
+        match &self.policy {
+            FailurePolicy::FailOpen => Ok(()),
+            FailurePolicy::Local(_) => match &self.local {
+                Some(local) => {
+                    local
+                        .check_key_n(&key.to_owned(), n)
+                        .map_err(|denied| match denied {
+                            crate::Denied::NotUntil(e) => RedisDenied::NotUntil(e),
+                            crate::Denied::InsufficientCapacity(_) => {
+                                RedisDenied::InsufficientCapacity
+                            }
+                        })
+                }
+                None => Err(RedisDenied::Unavailable(e)),
+            },
+            _ => Err(RedisDenied::Unavailable(e)),
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The Redis-backed limiter against a real `redis-server` on 127.0.0.1, which each test
+//! starts on a port of its own (and stops): decisions equal the reference model at the
+//! same (fixed) time, two clients share one quota, and the faults: the server going away
+//! mid-run and coming back, a slow server, a flushed script cache, bad input.
+//! `.ci/run` installs `redis-server` from Debian's packages when it is missing.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use pacer::redis::{FailurePolicy, RedisDenied, RedisLimitError, RedisLimiter};
+use pacer::Quota;
+
+#[path = "../src/testing/reference_model.rs"]
+#[allow(dead_code)]
+mod reference_model;
+use reference_model::{Model, Outcome};
+
+/// A `redis-server` on a free loopback port, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Server::on(port)
+    }
+
+    fn on(port: u16) -> Server {
+        let mut child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--enable-debug-command",
+                "yes",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is not installed (bash .ci/run installs it)");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Server { child, port };
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("redis-server did not start on port {port}");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn outcome(result: Result<(), RedisDenied>) -> Outcome {
+    match result {
+        Ok(()) => Outcome::Admitted,
+        Err(RedisDenied::NotUntil(e)) => Outcome::Wait(e.wait_time().as_nanos()),
+        Err(RedisDenied::InsufficientCapacity) => Outcome::Never,
+        Err(other) => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn decisions_equal_the_reference_model_at_the_same_time() {
+    let server = Server::start();
+    runtime().block_on(async {
+        // Intervals in whole microseconds (Redis time's unit), the model in nanoseconds.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..6u64 {
+            let interval_us = 1 + next() % 5_000;
+            let burst = 1 + (next() % 8) as u32;
+            let quota = Quota::try_new(1, Duration::from_micros(interval_us))
+                .unwrap()
+                .with_burst(burst);
+            let limiter = RedisLimiter::connect(&server.url(), quota)
+                .await
+                .unwrap()
+                .with_prefix(&format!("model{case}"));
+            let mut model = Model::new(quota);
+            let start_us = 1_000_000_000u64;
+            let mut now_us = start_us;
+            for step in 0..150 {
+                match next() % 4 {
+                    0 => now_us += next() % (interval_us * 3),
+                    _ => {
+                        let n = (next() % u64::from(burst + 2)) as u32;
+                        limiter.set_fixed_time(Some(now_us));
+                        let real = outcome(limiter.check_key_n("k", n).await);
+                        let expected = model.check_n(u128::from(now_us - start_us) * 1_000, n);
+                        assert_eq!(real, expected, "case {case}, step {step}, n {n}");
+                        let left = limiter.remaining("k").await.unwrap();
+                        assert_eq!(
+                            u128::from(left),
+                            model.remaining(u128::from(now_us - start_us) * 1_000),
+                            "case {case}, step {step}"
+                        );
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn two_clients_sharing_a_key_admit_exactly_the_bound() {
+    let server = Server::start();
+    runtime().block_on(async {
+        // 10 per second, burst 5; two workers with their own connections, at fixed times
+        // 0, 10 ms, ..., 990 ms: the bound for that second is 5 + 9 = 14 (cells at 0,
+        // then one per 100 ms up to 900 ms).
+        let quota = Quota::per_second(10).with_burst(5);
+        let a = RedisLimiter::connect(&server.url(), quota).await.unwrap();
+        let b = RedisLimiter::connect(&server.url(), quota).await.unwrap();
+        let mut admitted = 0;
+        for tick in 0..100u64 {
+            let t = 5_000_000 + tick * 10_000;
+            for worker in [&a, &b] {
+                worker.set_fixed_time(Some(t));
+                for _ in 0..3 {
+                    if worker.check_key("shared").await.is_ok() {
+                        admitted += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(admitted, 14);
+    });
+}
+
+#[test]
+fn the_real_clock_paces_and_a_refused_key_is_refused_locally() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(2))
+            .await
+            .unwrap();
+        assert!(limiter.check_key_n("k", 2).await.is_ok());
+        let wait = match limiter.check_key("k").await {
+            Err(RedisDenied::NotUntil(e)) => e.wait_time(),
+            other => panic!("{other:?}"),
+        };
+        assert!(wait > Duration::from_millis(300) && wait <= Duration::from_millis(500));
+        // Refused again without asking Redis: stop the server, the answer is the same.
+        drop(server);
+        assert!(matches!(
+            limiter.check_key("k").await,
+            Err(RedisDenied::NotUntil(_))
+        ));
+    });
+}
+
+#[test]
+fn the_server_going_away_applies_the_policy_and_service_resumes() {
+    let server = Server::start();
+    let port = server.port;
+    let url = server.url();
+    runtime().block_on(async {
+        let quota = Quota::per_second(1000);
+        let closed = RedisLimiter::connect(&url, quota)
+            .await
+            .unwrap()
+            .with_timeout(Duration::from_millis(200));
+        let open = RedisLimiter::connect(&url, quota)
+            .await
+            .unwrap()
+            .with_timeout(Duration::from_millis(200))
+            .on_failure(FailurePolicy::FailOpen);
+        let local = RedisLimiter::connect(&url, quota)
+            .await
+            .unwrap()
+            .with_timeout(Duration::from_millis(200))
+            .on_failure(FailurePolicy::Local(Quota::per_hour(2)));
+        assert!(closed.check_key("a").await.is_ok());
+        drop(server);
+        assert!(matches!(
+            closed.check_key("b").await,
+            Err(RedisDenied::Unavailable(_))
+        ));
+        assert!(open.check_key("b").await.is_ok());
+        // The local share: 2 per hour for this key, then refused.
+        assert!(local.check_key("c").await.is_ok());
+        assert!(local.check_key("c").await.is_ok());
+        assert!(matches!(
+            local.check_key("c").await,
+            Err(RedisDenied::NotUntil(_))
+        ));
+        // The server comes back (state lost: a fresh burst); the connection reconnects.
+        let _back = Server::on(port);
+        let mut resumed = false;
+        for _ in 0..100 {
+            if closed.check_key("d").await.is_ok() {
+                resumed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(resumed, "no service after the server came back");
+    });
+}
+
+#[test]
+fn a_slow_server_times_out_and_a_flushed_script_cache_is_reloaded() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(100))
+            .await
+            .unwrap()
+            .with_timeout(Duration::from_millis(100));
+        assert!(limiter.check_key("k").await.is_ok());
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(limiter.check_key("k").await.is_ok(), "EVALSHA fell back");
+        // The server sleeps 1 s: the call gives up after 100 ms and fails closed.
+        let sleeper = tokio::spawn(async move {
+            let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+            let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg("1")
+                .query_async(&mut admin)
+                .await;
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let start = std::time::Instant::now();
+        assert!(matches!(
+            limiter.check_key("k").await,
+            Err(RedisDenied::Unavailable(_))
+        ));
+        assert!(start.elapsed() < Duration::from_millis(900));
+        sleeper.await.unwrap();
+    });
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let server = Server::start();
+    runtime().block_on(async {
+        assert!(matches!(
+            RedisLimiter::connect("not a url", Quota::per_second(1)).await,
+            Err(RedisLimitError::Connect(_))
+        ));
+        // A port where nothing (or something that is not Redis) answers.
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/", silent.local_addr().unwrap());
+        drop(silent);
+        assert!(RedisLimiter::connect(&url, Quota::per_second(1))
+            .await
+            .is_err());
+        assert!(matches!(
+            RedisLimiter::connect(&server.url(), Quota::per_second(2_000_000)).await,
+            Err(RedisLimitError::IntervalBelowMicrosecond)
+        ));
+        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(1))
+            .await
+            .unwrap();
+        let long = "x".repeat(pacer::redis::MAX_KEY_LEN + 1);
+        assert!(matches!(
+            limiter.check_key(&long).await,
+            Err(RedisDenied::BadKey)
+        ));
+        assert!(matches!(
+            limiter.check_key("").await,
+            Err(RedisDenied::BadKey)
+        ));
+        assert!(matches!(
+            limiter.check_key_n("k", 2).await,
+            Err(RedisDenied::InsufficientCapacity)
+        ));
+    });
+}
