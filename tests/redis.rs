@@ -308,3 +308,73 @@ fn bad_input_gets_clear_errors() {
         ));
     });
 }
+
+#[test]
+fn waiters_across_clients_are_served_in_booking_order() {
+    let server = Server::start();
+    runtime().block_on(async {
+        // 20 per second, burst 1: after a spent cell, bookings are 50 ms apart.
+        let quota = Quota::per_second(20).with_burst(1);
+        let a = std::sync::Arc::new(RedisLimiter::connect(&server.url(), quota).await.unwrap());
+        let b = std::sync::Arc::new(RedisLimiter::connect(&server.url(), quota).await.unwrap());
+        assert!(a.check_key("q").await.is_ok());
+        let start = std::time::Instant::now();
+        let first = tokio::spawn({
+            let a = a.clone();
+            async move {
+                a.until_key_ready("q").await.unwrap();
+                start.elapsed()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await; // a books first
+        let second = tokio::spawn({
+            let b = b.clone();
+            async move {
+                b.until_key_ready("q").await.unwrap();
+                start.elapsed()
+            }
+        });
+        // A plain check cannot take a booked place.
+        assert!(matches!(a.check_key("q").await, Err(RedisDenied::NotUntil(_))));
+        let (first, second) = (first.await.unwrap(), second.await.unwrap());
+        assert!(first >= Duration::from_millis(35), "{first:?}");
+        assert!(second >= first + Duration::from_millis(35), "{first:?} then {second:?}");
+        assert!(second < Duration::from_secs(3));
+        // Within a deadline shorter than the turn: refused at once, nothing booked.
+        let refused = a.until_key_ready_within("q", Duration::from_millis(1)).await;
+        assert!(matches!(refused, Err(RedisDenied::NotUntil(e)) if e.wait_time() > Duration::from_millis(1)));
+    });
+}
+
+#[test]
+fn a_waiter_dropped_before_its_instant_gives_its_cell_back() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(1).with_burst(1))
+            .await
+            .unwrap();
+        assert!(limiter.check_key("w").await.is_ok()); // the bucket is full again in 1 s
+                                                       // A waiter booked 1 s ahead gives up after 50 ms.
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(50), limiter.until_key_ready("w")).await;
+        assert!(gave_up.is_err());
+        // Its refund runs in the background; then a check waits for the first cell's
+        // refill (under 1 s), not for the dropped booking's (under 2 s).
+        let mut wait = Duration::MAX;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            limiter.set_fixed_time(None); // also forgets the local refusal cache
+            wait = match limiter.check_key("w").await {
+                Err(RedisDenied::NotUntil(e)) => e.wait_time(),
+                other => panic!("{other:?}"),
+            };
+            if wait < Duration::from_millis(1_000) {
+                break;
+            }
+        }
+        assert!(
+            wait < Duration::from_millis(1_000),
+            "not refunded: {wait:?} to wait"
+        );
+    });
+}

@@ -39,20 +39,22 @@
 use core::fmt;
 use core::time::Duration;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use redis::aio::ConnectionManager;
 
 use crate::{KeyedLimiter, NotUntil, Quota};
 
-/// The GCRA decision, in microseconds. `ARGV`: interval, tolerance, cost, and a fixed
-/// time (empty: the server's `TIME`). Returns `{1, tat}` when admitted, `{0, wait}` when
-/// not, `{2, remaining}` for a read (cost -1).
+/// The GCRA decision, in microseconds. `ARGV`: interval, tolerance, cost, a fixed time
+/// (empty: the server's `TIME`), and how long a booking may wait (0 for a plain check).
+/// Returns `{1, tat, wait}` when admitted (booked: `wait` until its instant), `{0, wait,
+/// 0}` when not, `{2, remaining, 0}` for a read (cost -1).
 const SCRIPT: &str = r"
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local extra = tonumber(ARGV[5])
 local now
 if ARGV[4] ~= '' then
   now = tonumber(ARGV[4])
@@ -65,13 +67,13 @@ local base = tat
 if now > base then base = now end
 local backlog = base - now
 if cost < 0 then
-  if backlog >= tau then return {2, 0} end
-  return {2, math.floor((tau - backlog) / interval)}
+  if backlog >= tau then return {2, 0, 0} end
+  return {2, math.floor((tau - backlog) / interval), 0}
 end
-if backlog > tau - cost then
-  return {0, backlog - (tau - cost)}
+if backlog > tau + extra - cost then
+  return {0, backlog - (tau - cost), 0}
 end
-if cost == 0 then return {1, tat} end
+if cost == 0 then return {1, tat, 0} end
 local new = base + cost
 if ARGV[4] ~= '' then
   -- Test mode: the server's clock is not the decisions' clock, so no expiry by it.
@@ -79,7 +81,26 @@ if ARGV[4] ~= '' then
 else
   redis.call('SET', KEYS[1], string.format('%d', new), 'PX', math.ceil((new - now) / 1000) + 1)
 end
-return {1, new}
+local wait = new - tau - now
+if wait < 0 then wait = 0 end
+return {1, new, wait}
+";
+
+/// Gives a booking back: only while the key still holds exactly the TAT that booking
+/// left (nothing was admitted or booked after it) and its instant has not come, judged
+/// atomically at the server's time. `ARGV`: booked TAT, cost, instant (all µs).
+const REFUND: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat ~= tonumber(ARGV[1]) or now >= tonumber(ARGV[3]) then return 0 end
+local new = tat - tonumber(ARGV[2])
+if new <= now then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], string.format('%d', new), 'PX', math.ceil((new - now) / 1000) + 1)
+end
+return 1
 ";
 
 /// The longest key accepted, in bytes.
@@ -162,6 +183,7 @@ impl core::error::Error for RedisDenied {}
 pub struct RedisLimiter {
     conn: ConnectionManager,
     script: redis::Script,
+    refund: Arc<redis::Script>,
     quota: Quota,
     prefix: String,
     timeout: Duration,
@@ -221,6 +243,7 @@ impl RedisLimiter {
         Ok(RedisLimiter {
             conn,
             script: redis::Script::new(SCRIPT),
+            refund: Arc::new(redis::Script::new(REFUND)),
             quota,
             prefix: "pacer".into(),
             timeout: Duration::from_millis(250),
@@ -342,9 +365,9 @@ impl RedisLimiter {
             return Err(RedisDenied::NotUntil(NotUntil::from_nanos(wait)));
         }
         let cost = self.micros(n);
-        match self.run(key, cost).await {
-            Ok((1, _)) => Ok(()),
-            Ok((_, wait_us)) => {
+        match self.run(key, cost, 0).await {
+            Ok((1, _, _)) => Ok(()),
+            Ok((_, wait_us, _)) => {
                 let wait = Duration::from_micros(u64::try_from(wait_us).unwrap_or(0));
                 self.remember_refusal(key, wait);
                 Err(RedisDenied::NotUntil(NotUntil::from_nanos(
@@ -373,9 +396,97 @@ impl RedisLimiter {
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Err(RedisDenied::BadKey);
         }
-        match self.run(key, -1).await {
-            Ok((_, remaining)) => Ok(u32::try_from(remaining).unwrap_or(u32::MAX)),
+        match self.run(key, -1, 0).await {
+            Ok((_, remaining, _)) => Ok(u32::try_from(remaining).unwrap_or(u32::MAX)),
             Err(e) => Err(RedisDenied::Unavailable(e)),
+        }
+    }
+
+    /// Waits `key`'s booked turn for one cell, fleet-wide: the booking takes its place in
+    /// Redis (the same TAT every worker checks), so waiters across the fleet are served in
+    /// booking order, and plain checks cannot take their place. The wait itself is a local
+    /// sleep for the duration Redis gave (clock skew between machines does not matter).
+    ///
+    /// Dropped before its instant, the waiter gives its cell back if nothing was admitted
+    /// or booked on that key after it (judged atomically by the server); otherwise the cell
+    /// stays spent (the limit only errs on the strict side).
+    ///
+    /// # Errors
+    ///
+    /// [`RedisDenied::Unavailable`] (fail closed) when Redis cannot answer;
+    /// [`RedisDenied::BadKey`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: pacer::redis::RedisLimiter) -> Result<(), pacer::redis::RedisDenied> {
+    /// limiter.until_key_ready("partner-api").await?; // then call it
+    /// # Ok(()) }
+    /// ```
+    pub async fn until_key_ready(&self, key: &str) -> Result<(), RedisDenied> {
+        self.wait_turn(key, i64::MAX / 4).await
+    }
+
+    /// Waits for one cell for `key` only if it can be had within `max`; otherwise books
+    /// nothing and says when it could be had.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisDenied::NotUntil`] when the turn is further than `max`; otherwise as
+    /// [`RedisLimiter::until_key_ready`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: pacer::redis::RedisLimiter) {
+    /// use std::time::Duration;
+    /// if limiter.until_key_ready_within("report", Duration::from_millis(200)).await.is_err() {
+    ///     // too busy: answer from the cache instead
+    /// }
+    /// # }
+    /// ```
+    pub async fn until_key_ready_within(
+        &self,
+        key: &str,
+        max: Duration,
+    ) -> Result<(), RedisDenied> {
+        let max_us = i64::try_from(max.as_micros()).unwrap_or(i64::MAX / 4);
+        self.wait_turn(key, max_us.min(i64::MAX / 4)).await
+    }
+
+    async fn wait_turn(&self, key: &str, max_wait_us: i64) -> Result<(), RedisDenied> {
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(RedisDenied::BadKey);
+        }
+        let cost = self.micros(1);
+        match self.run(key, cost, max_wait_us).await {
+            Ok((1, _, 0)) => Ok(()),
+            Ok((1, tat, wait_us)) => {
+                let instant = tat - self.micros(self.quota.burst());
+                let mut booking = Booking {
+                    conn: self.conn.clone(),
+                    refund: Arc::clone(&self.refund),
+                    key: Some(self.redis_key(key)),
+                    tat,
+                    cost,
+                    instant,
+                };
+                tokio::time::sleep(Duration::from_micros(u64::try_from(wait_us).unwrap_or(0)))
+                    .await;
+                booking.key = None; // its instant came: the cell is used
+                Ok(())
+            }
+            Ok((_, wait_us, _)) => Err(RedisDenied::NotUntil(NotUntil::from_nanos(
+                u64::try_from(wait_us).unwrap_or(0).saturating_mul(1_000),
+            ))),
+            Err(e) => match (&self.policy, &self.local) {
+                (FailurePolicy::FailOpen, _) => Ok(()),
+                (FailurePolicy::Local(_), Some(local)) => {
+                    local.until_key_ready(&key.to_owned()).await;
+                    Ok(())
+                }
+                _ => Err(RedisDenied::Unavailable(e)),
+            },
         }
     }
 
@@ -385,7 +496,16 @@ impl RedisLimiter {
         i64::try_from(interval.saturating_mul(u128::from(n))).unwrap_or(i64::MAX)
     }
 
-    async fn run(&self, key: &str, cost: i64) -> Result<(i64, i64), redis::RedisError> {
+    fn redis_key(&self, key: &str) -> String {
+        format!("{}:{{{}}}", self.prefix, key)
+    }
+
+    async fn run(
+        &self,
+        key: &str,
+        cost: i64,
+        max_wait_us: i64,
+    ) -> Result<(i64, i64, i64), redis::RedisError> {
         let tau = self.micros(self.quota.burst());
         let interval = self.micros(1);
         let fixed = *self.fixed_time.lock().unwrap_or_else(|e| e.into_inner());
@@ -393,12 +513,13 @@ impl RedisLimiter {
         let mut conn = self.conn.clone();
         let call = async {
             self.script
-                .key(format!("{}:{{{}}}", self.prefix, key))
+                .key(self.redis_key(key))
                 .arg(interval)
                 .arg(tau)
                 .arg(cost)
                 .arg(time)
-                .invoke_async::<(i64, i64)>(&mut conn)
+                .arg(max_wait_us)
+                .invoke_async::<(i64, i64, i64)>(&mut conn)
                 .await
         };
         match tokio::time::timeout(self.timeout, call).await {
@@ -452,5 +573,38 @@ impl RedisLimiter {
             },
             _ => Err(RedisDenied::Unavailable(e)),
         }
+    }
+}
+
+/// A booking waiting for its instant; dropped before it (a waiter cancelled or timed
+/// out), it asks Redis to give the cell back, in the background.
+struct Booking {
+    conn: ConnectionManager,
+    refund: Arc<redis::Script>,
+    /// `None` once the booking is used.
+    key: Option<String>,
+    tat: i64,
+    cost: i64,
+    instant: i64,
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (mut conn, refund) = (self.conn.clone(), Arc::clone(&self.refund));
+        let (tat, cost, instant) = (self.tat, self.cost, self.instant);
+        runtime.spawn(async move {
+            // Best effort: if Redis cannot answer, the cell stays spent (strict side).
+            let _: redis::RedisResult<i64> = refund
+                .key(key)
+                .arg(tat)
+                .arg(cost)
+                .arg(instant)
+                .invoke_async(&mut conn)
+                .await;
+        });
     }
 }
