@@ -4,8 +4,6 @@
 //! concurrent callers, p50/p99 latency, and the round trips a refusal flood on one key
 //! costs. `cargo bench --bench redis`
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,44 +43,9 @@ end
 return {cost, 0, "-1", tostring(reset_after)}
 "#;
 
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server() -> Server {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is not installed (bash .ci/run installs it)");
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Server(child, port);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("redis-server did not start");
-}
+#[path = "../tests/support/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
 
 #[derive(Clone)]
 enum Contender {
@@ -162,8 +125,8 @@ async fn commands_processed(conn: &mut ConnectionManager) -> u64 {
 }
 
 fn bench(c: &mut Criterion) {
-    let server = start_server();
-    let url = format!("redis://127.0.0.1:{}/", server.1);
+    let server = Server::start();
+    let url = server.url();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

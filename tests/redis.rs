@@ -5,73 +5,19 @@
 //! `.ci/run` installs `redis-server` from Debian's packages when it is missing.
 
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use pacer::redis::{FailurePolicy, RedisDenied, RedisLimitError, RedisLimiter};
 use pacer::Quota;
 
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
+
 #[path = "../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
 use reference_model::{Model, Outcome};
-
-/// A `redis-server` on a free loopback port, killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Server::on(port)
-    }
-
-    fn on(port: u16) -> Server {
-        let mut child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--enable-debug-command",
-                "yes",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is not installed (bash .ci/run installs it)");
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Server { child, port };
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("redis-server did not start on port {port}");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
