@@ -23,7 +23,8 @@
 //!   the whole fleet, so machines whose clocks drift cannot over-admit. No
 //!   `redis.replicate_commands()` (Redis 5+ replicates scripts by their effects).
 //! * **One Redis key per limited key**, `prefix:{key}`: the key is its own hash tag, so a
-//!   Redis Cluster spreads keys over its slots. Each expires once it has refilled, so Redis
+//!   Redis Cluster ([`RedisLimiter::connect_cluster`], feature `redis-cluster`) spreads
+//!   keys over its slots and runs each decision on the master owning its key. Each expires once it has refilled, so Redis
 //!   memory follows the active keys.
 //! * **A local fast path that cannot over-admit**: a key Redis just refused is refused
 //!   locally until the instant Redis gave, so a flood of refusals for one key costs no
@@ -43,6 +44,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use redis::aio::ConnectionManager;
+
+mod conn;
+use conn::Conn;
 
 use crate::{KeyedLimiter, NotUntil, Quota};
 
@@ -181,7 +185,7 @@ impl core::error::Error for RedisDenied {}
 /// A limiter whose state lives in Redis, shared by every process that uses the same
 /// Redis, prefix and quota. See the [module docs](self).
 pub struct RedisLimiter {
-    conn: ConnectionManager,
+    conn: Conn,
     script: redis::Script,
     refund: Arc<redis::Script>,
     quota: Quota,
@@ -205,6 +209,32 @@ impl fmt::Debug for RedisLimiter {
     }
 }
 
+/// How long connecting (and each answer while connecting) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Redis time is in microseconds: a quota finer than that cannot be kept.
+fn check_quota(quota: Quota) -> Result<(), RedisLimitError> {
+    if quota.emission_interval() < Duration::from_micros(1) {
+        return Err(RedisLimitError::IntervalBelowMicrosecond);
+    }
+    Ok(())
+}
+
+/// `call`'s answer, or a timeout error once `limit` has passed.
+async fn within<T>(
+    limit: Duration,
+    call: impl core::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "timed out",
+            format!("no answer within {limit:?}"),
+        ))),
+    }
+}
+
 /// Refused keys remembered locally at most (the map is cleared when it fills).
 const MAX_REMEMBERED: usize = 100_000;
 
@@ -225,19 +255,63 @@ impl RedisLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str, quota: Quota) -> Result<RedisLimiter, RedisLimitError> {
-        if quota.emission_interval() < Duration::from_micros(1) {
-            return Err(RedisLimitError::IntervalBelowMicrosecond);
-        }
+        check_quota(quota)?;
         let client = redis::Client::open(url).map_err(RedisLimitError::Connect)?;
+        // No response timeout of the connection's own: each call has the limiter's (one
+        // timer per call, not two).
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(None)
             .set_number_of_retries(1);
-        let mut conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(RedisLimitError::Connect)?;
-        let _: String = redis::cmd("PING")
-            .query_async(&mut conn)
+        RedisLimiter::over(Conn::Node(conn), quota).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`redis://host:port/` each)
+    /// and checks it answers. Each limited key is its own hash tag, so keys spread over
+    /// the cluster's slots and every decision runs on the one master that owns its key;
+    /// the connection follows `MOVED`/`ASK` redirections and reconnects in the
+    /// background. Decisions are the same as [`RedisLimiter::connect`]'s.
+    ///
+    /// Needs cargo feature `redis-cluster`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLimiter::connect`]; also when no node answers as a cluster member.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
+    /// let nodes = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"];
+    /// let limiter = pacer::redis::RedisLimiter::connect_cluster(&nodes, pacer::Quota::per_second(10)).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub async fn connect_cluster(
+        nodes: &[&str],
+        quota: Quota,
+    ) -> Result<RedisLimiter, RedisLimitError> {
+        check_quota(quota)?;
+        let client = redis::cluster::ClusterClient::builder(nodes.iter().copied())
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(CONNECT_TIMEOUT)
+            .retries(1)
+            .build()
+            .map_err(RedisLimitError::Connect)?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(RedisLimitError::Connect)?;
+        RedisLimiter::over(Conn::Cluster(conn), quota).await
+    }
+
+    async fn over(mut conn: Conn, quota: Quota) -> Result<RedisLimiter, RedisLimitError> {
+        let ping = async { redis::cmd("PING").query_async::<String>(&mut conn).await };
+        within(CONNECT_TIMEOUT, ping)
             .await
             .map_err(RedisLimitError::Connect)?;
         Ok(RedisLimiter {
@@ -522,14 +596,7 @@ impl RedisLimiter {
                 .invoke_async::<(i64, i64, i64)>(&mut conn)
                 .await
         };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "timed out",
-                format!("no answer within {:?}", self.timeout),
-            ))),
-        }
+        within(self.timeout, call).await
     }
 
     fn locally_refused(&self, key: &str) -> Option<u64> {
@@ -579,7 +646,7 @@ impl RedisLimiter {
 /// A booking waiting for its instant; dropped before it (a waiter cancelled or timed
 /// out), it asks Redis to give the cell back, in the background.
 struct Booking {
-    conn: ConnectionManager,
+    conn: Conn,
     refund: Arc<redis::Script>,
     /// `None` once the booking is used.
     key: Option<String>,
@@ -598,13 +665,16 @@ impl Drop for Booking {
         let (tat, cost, instant) = (self.tat, self.cost, self.instant);
         runtime.spawn(async move {
             // Best effort: if Redis cannot answer, the cell stays spent (strict side).
-            let _: redis::RedisResult<i64> = refund
-                .key(key)
-                .arg(tat)
-                .arg(cost)
-                .arg(instant)
-                .invoke_async(&mut conn)
-                .await;
+            let call = async {
+                refund
+                    .key(key)
+                    .arg(tat)
+                    .arg(cost)
+                    .arg(instant)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            };
+            let _ = within(CONNECT_TIMEOUT, call).await;
         });
     }
 }

@@ -1,0 +1,46 @@
+//! The connection a [`RedisLimiter`](super::RedisLimiter) talks through: one Redis
+//! server, or (feature `redis-cluster`) a Redis Cluster routing each call by its key.
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+/// Cheap to clone: every clone shares the underlying multiplexed connection(s).
+#[derive(Clone)]
+pub(super) enum Conn {
+    /// One server, reconnecting in the background.
+    Node(ConnectionManager),
+    /// A cluster: the script's one key picks the master that runs it.
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(conn) => conn.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(conn) => conn.get_db(),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
