@@ -238,21 +238,27 @@ fn a_cancelled_keyed_waiter_gives_its_cell_back() {
 
 #[test]
 fn limited_keys_stay_limited_across_automatic_sweeps_that_shrink_the_table() {
+    // 1 per hour: a key admitted in this test stays limited to its end.
+    let hour = Duration::from_secs(3_600);
     let clock = ManualClock::new();
-    let keyed = KeyedLimiter::with_clock(quota(1), clock.clone());
+    let keyed = KeyedLimiter::with_clock(Quota::try_new(1, hour).unwrap(), clock.clone());
     for k in 0..20_000u64 {
         keyed.check_key(&k).unwrap();
     }
-    clock.advance(T);
+    clock.advance(hour);
     // Keys 0..100 are limited again; the other 19 900 are replenished (forgettable).
     for k in 0..100u64 {
         keyed.check_key(&k).unwrap();
     }
-    // New keys make the shards sweep and shrink, rehashing the survivors.
+    // New keys, arriving over 10 s, make the shards sweep (at most one sweep per shard
+    // per 100 ms) and shrink, rehashing the survivors.
     for k in 1_000_000..1_040_000u64 {
         keyed.check_key(&k).unwrap();
+        if k % 400 == 0 {
+            clock.advance(Duration::from_millis(100));
+        }
     }
-    assert!(keyed.len() < 60_000, "the sweep ran");
+    assert!(keyed.len() < 45_000, "the sweep ran: {} keys", keyed.len());
     for k in 0..100u64 {
         assert!(
             keyed.check_key(&k).is_err(),
@@ -367,6 +373,29 @@ fn recurring_clients_under_their_limit_stay_stored() {
             }
         }
         clock.advance(T);
+    }
+}
+
+#[test]
+fn clients_visiting_in_a_fixed_order_stay_stored() {
+    // 20 000 clients polling in the same order every round (20 ms), each refilled 1 µs
+    // after its visit: forgetting "every key not admitted since the last sweep" would
+    // forget each client just before its next visit and keep the table at a fraction of
+    // them, re-inserting on every visit. Tables that fill again within 100 ms grow
+    // instead, so after a few rounds every client stays stored.
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(
+        Quota::try_new(1, Duration::from_micros(1)).unwrap(),
+        clock.clone(),
+    );
+    for round in 0..6 {
+        for key in 0..20_000u32 {
+            assert!(keyed.check_key(&key).is_ok());
+            clock.advance(Duration::from_micros(1));
+        }
+        if round >= 2 {
+            assert_eq!(keyed.len(), 20_000, "round {round}: clients were forgotten");
+        }
     }
 }
 
