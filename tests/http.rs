@@ -245,6 +245,55 @@ async fn a_refusal_by_a_later_limit_spends_nothing_from_the_earlier() {
 }
 
 #[tokio::test]
+async fn in_wait_mode_a_refusal_by_a_later_limit_gives_the_earlier_cells_back() {
+    let clock = ManualClock::new();
+    let header = KeySource::header(http::HeaderName::from_static("x-api-key"));
+    // Per key: 10 per second, burst 1 (a second request books 100 ms ahead); then the
+    // whole service: 1 per hour. Requests may wait up to 5 s.
+    let per_key = Limit::with_clock(
+        "per-key",
+        Quota::per_second(10).with_burst(1),
+        header,
+        clock.clone(),
+    );
+    let global = Limit::with_clock(
+        "global",
+        Quota::per_hour(1),
+        KeySource::global(),
+        clock.clone(),
+    );
+    let layer = RateLimitLayer::default()
+        .limit(per_key.clone())
+        .limit(global)
+        .wait_up_to(Duration::from_secs(5));
+    let addr = serve(layer).await;
+    let with_key = |key: &'static str| move |b: http::request::Builder| b.header("x-api-key", key);
+    let key = |k: &str| pacer::http::ClientKey::Text(k.into());
+    assert_eq!(send(addr, with_key("x")).await.status, StatusCode::OK);
+    // x's per-key cell is booked 100 ms ahead, then the global limit refuses (an hour):
+    // the booking is cancelled, and x's state is back to what the first request left.
+    let after_first = per_key.limiter().snapshot_key(&key("x")).until_full();
+    let refused = send(addr, with_key("x")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), "3600");
+    assert_eq!(
+        per_key.limiter().snapshot_key(&key("x")).until_full(),
+        after_first,
+        "the booked per-key cell was not given back"
+    );
+    // y's per-key cell is admitted at once, then the global limit refuses: undone.
+    assert_eq!(
+        send(addr, with_key("y")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        per_key.limiter().remaining_key(&key("y")),
+        1,
+        "y's cell was spent"
+    );
+}
+
+#[tokio::test]
 async fn options_requests_are_exempt_by_default() {
     let clock = ManualClock::new();
     let app = Router::new()

@@ -39,9 +39,11 @@
 //!   trusted proxies, right-most untrusted hop first), grouped by /64 for IPv6, or from a
 //!   header, one global key, or a closure ([`KeySource`]). A request without a key is
 //!   handled as configured ([`MissingKey`]), never with a 500.
-//! * **Waiting instead of refusing** ([`RateLimitLayer::wait_up_to`]): a request may wait
-//!   its booked turn (pacer's FIFO) up to a maximum, then proceeds or is refused. A client
-//!   that goes away drops the request's future, which gives its booked cells back.
+//! * **Waiting instead of refusing** ([`RateLimitLayer::wait_up_to`]): a request books its
+//!   turn (pacer's FIFO) on every limit first, then waits for the latest, up to a
+//!   maximum; a limit that cannot admit it in time gives back what the earlier limits
+//!   booked. A client that goes away drops the request's future, which gives back every
+//!   booking whose instant has not come.
 //! * **Memory** needs no clean-up task: each limit is a [`KeyedLimiter`] that forgets
 //!   idle clients on its own, with a bound on stored keys (1 000 000 by default).
 //! * `OPTIONS` requests (CORS preflights) are not limited by default ([`RateLimitLayer::exempt`]).
@@ -62,7 +64,7 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 
 use crate::clock::{Clock, DefaultClock};
-use crate::keyed::{KeyedLimiter, Undo};
+use crate::keyed::{Booked, KeyedLimiter, Undo};
 use crate::{NotUntil, Quota, Snapshot};
 
 /// One limit of a [`RateLimitLayer`]: a name (shown in the `RateLimit` fields), a quota
@@ -555,19 +557,58 @@ struct Refused {
     wait: Duration,
 }
 
-/// Wait mode: each limit's booked turn in order, within the configured maximum.
+/// Wait mode: books one cell on every limit first (admitted now, or a place in the key's
+/// FIFO), each within the configured maximum, then waits for the latest. A limit that
+/// cannot admit within the maximum gives back what the earlier limits booked, and so does
+/// a request dropped while waiting (its client gone): a booking before its instant is
+/// cancelled, an admission undone. A cell whose instant has come stays spent.
 async fn admit_waiting<C: Clock>(
     config: &Config<C>,
     keys: &[Option<ClientKey>],
 ) -> Result<(), Refused> {
     let max = config.wait_up_to.unwrap_or_default();
+    let mut booked = Bookings {
+        config,
+        taken: Vec::with_capacity(keys.len()),
+    };
     for (i, (limit, key)) in config.limits.iter().zip(keys).enumerate() {
         let Some(key) = key else { continue };
-        if let Err(e) = limit.limiter.until_key_ready_within(key, max).await {
-            return Err(refused(i, e));
+        match limit.limiter.book_key_within(key, max) {
+            Ok(booking) => booked.taken.push((i, key, Some(booking))),
+            // `booked` is dropped here: the earlier limits get their cells back.
+            Err(e) => return Err(refused(i, e)),
         }
     }
+    for (_, _, booking) in &mut booked.taken {
+        if let Some(Booked::Later(acquire)) = booking {
+            // Admitted at its instant (a one-cell booking is never refused later).
+            let _ = acquire.as_mut().await;
+        }
+        *booking = None; // used: nothing to give back
+    }
     Ok(())
+}
+
+/// The cells a waiting request booked so far, given back unless used.
+struct Bookings<'a, C: Clock> {
+    config: &'a Config<C>,
+    taken: Vec<Taken<'a, C>>,
+}
+
+/// A limit's index, the request's key for it, and its booking (`None` once used).
+type Taken<'a, C> = (usize, &'a ClientKey, Option<Booked<'a, ClientKey, C>>);
+
+impl<C: Clock> Drop for Bookings<'_, C> {
+    fn drop(&mut self) {
+        for (i, key, booking) in self.taken.drain(..) {
+            match booking {
+                Some(Booked::Now(undo)) => self.config.limits[i].limiter.undo(key, undo),
+                // Dropping a booking cancels it (its cell back if before its instant).
+                Some(Booked::Later(acquire)) => drop(acquire),
+                None => {}
+            }
+        }
+    }
 }
 
 fn refused(limit: usize, e: NotUntil) -> Refused {

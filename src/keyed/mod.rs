@@ -29,6 +29,8 @@ use crate::quota::Quota;
 use crate::quota_cell::QuotaCell;
 use crate::snapshot::Snapshot;
 use crate::sync::Mutex;
+#[cfg(feature = "tower")]
+use crate::wait::future::Acquire;
 use crate::wait::future::Target;
 use crate::wait::queue::Waiters;
 use crate::wait::{self, block::block_on};
@@ -42,6 +44,16 @@ mod store;
 pub(crate) struct Undo {
     tat: u64,
     cost: u64,
+}
+
+/// One cell booked by [`KeyedLimiter::book_key_within`].
+#[cfg(feature = "tower")]
+pub(crate) enum Booked<'a, K: Hash + Eq + Clone, C: Clock> {
+    /// Admitted at once; [`KeyedLimiter::undo`] gives it back.
+    Now(Undo),
+    /// Booked for a later instant: await it; dropped before its instant, it gives the
+    /// cell back.
+    Later(core::pin::Pin<Box<Acquire<KeyTarget<'a, K, C>>>>),
 }
 
 type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
@@ -172,6 +184,37 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     #[cfg(feature = "tower")]
     pub(crate) fn undo(&self, key: &K, undo: Undo) {
         let _ = self.with_stored_cell(key, |cell, _| cell.refund(undo.tat, undo.cost));
+    }
+
+    /// Books one cell for `key` within `max` without waiting for it: admitted now (and
+    /// undoable), or booked in the key's FIFO for a later instant (given back if the
+    /// booking is dropped before it). The HTTP middleware's wait mode books every limit
+    /// first, so a refusal by a later limit gives the earlier limits' cells back.
+    #[cfg(feature = "tower")]
+    pub(crate) fn book_key_within(
+        &self,
+        key: &K,
+        max: Duration,
+    ) -> Result<Booked<'_, K, C>, NotUntil> {
+        use core::task::{Context, Poll, Waker};
+        match self.check_key_undoably(key) {
+            Ok(undo) => return Ok(Booked::Now(undo)),
+            Err(e) if e.wait_time() > max => return Err(e),
+            Err(_) => {}
+        }
+        let mut acquire = Box::pin(Acquire::new(self.target(key), 1, wait::duration_nanos(max)));
+        // The first poll books (or admits, or refuses); the real waker comes with the
+        // first poll of the request's own task.
+        match acquire
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Pending | Poll::Ready(Ok(())) => Ok(Booked::Later(acquire)),
+            Poll::Ready(Err(Denied::NotUntil(e))) => Err(e),
+            Poll::Ready(Err(Denied::InsufficientCapacity(_))) => {
+                unreachable!("one cell always fits a burst of at least one")
+            }
+        }
     }
 
     /// Gives some keys a quota of their own: `quota_for(key)` returns `Some(quota)` for
@@ -557,7 +600,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
 }
 
 /// A waiting future's view of one key.
-struct KeyTarget<'a, K: Hash + Eq + Clone, C: Clock> {
+pub(crate) struct KeyTarget<'a, K: Hash + Eq + Clone, C: Clock> {
     limiter: &'a KeyedLimiter<K, C>,
     key: K,
 }
