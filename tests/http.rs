@@ -294,6 +294,37 @@ async fn in_wait_mode_a_refusal_by_a_later_limit_gives_the_earlier_cells_back() 
 }
 
 #[tokio::test]
+async fn the_refusal_body_is_configurable() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::default()
+        .limit(per_ip(&clock, Quota::per_hour(1)))
+        .refusal_body(
+            http::HeaderValue::from_static("application/json"),
+            |refusal| {
+                format!(
+                    r#"{{"limit":"{}","retry_after":{},"wait_ms":{}}}"#,
+                    refusal.limit(),
+                    refusal.retry_after_secs(),
+                    refusal.wait().as_millis()
+                )
+            },
+        );
+    let addr = serve(layer).await;
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    let request = Request::get(format!("http://{addr}/"))
+        .body(Body::empty())
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        std::str::from_utf8(&body).unwrap(),
+        r#"{"limit":"per-ip","retry_after":3600,"wait_ms":3600000}"#
+    );
+}
+
+#[tokio::test]
 async fn options_requests_are_exempt_by_default() {
     let clock = ManualClock::new();
     let app = Router::new()

@@ -214,8 +214,9 @@ impl fmt::Debug for KeySource {
 impl KeySource {
     /// The connection's peer address, IPv6 grouped by /64 (one client usually owns a whole
     /// /64). Forwarding headers are ignored: any client can write them. The address comes
-    /// from axum's `ConnectInfo<SocketAddr>` (feature `axum`) or a `SocketAddr` in the
-    /// request's extensions (insert it yourself with hyper).
+    /// from axum's `ConnectInfo<SocketAddr>` (feature `axum`), tonic's `TcpConnectInfo`
+    /// (feature `tonic`), or a `SocketAddr` in the request's extensions (insert it
+    /// yourself with hyper).
     ///
     /// # Examples
     ///
@@ -344,6 +345,15 @@ fn peer_addr(head: &Head<'_>) -> Option<IpAddr> {
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
         return Some(info.0.ip());
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(info) = head
+        .extensions()
+        .get::<tonic::transport::server::TcpConnectInfo>()
+    {
+        if let Some(addr) = info.remote_addr() {
+            return Some(addr.ip());
+        }
     }
     head.extensions().get::<SocketAddr>().map(SocketAddr::ip)
 }

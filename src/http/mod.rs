@@ -48,8 +48,10 @@
 //!   idle clients on its own, with a bound on stored keys (1 000 000 by default).
 //! * `OPTIONS` requests (CORS preflights) are not limited by default ([`RateLimitLayer::exempt`]).
 
+mod body;
 mod key;
 
+pub use body::RefusalBody;
 pub use key::{ClientKey, Head, KeySource, Network, NetworkError};
 
 use core::fmt;
@@ -186,6 +188,35 @@ struct Config<C: Clock> {
     missing: MissingKey,
     headers_on_success: bool,
     wait_up_to: Option<Duration>,
+    /// The refusal body's content type and text (`None`: the default plain text).
+    body: Option<(HeaderValue, BodyFn)>,
+}
+
+type BodyFn = Arc<dyn Fn(&RefusalInfo<'_>) -> String + Send + Sync>;
+
+/// What a refusal tells its client, for a body of your own
+/// ([`RateLimitLayer::refusal_body`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RefusalInfo<'a> {
+    limit: &'a str,
+    wait: Duration,
+}
+
+impl RefusalInfo<'_> {
+    /// The name of the limit that refused.
+    pub fn limit(&self) -> &str {
+        self.limit
+    }
+
+    /// How long until the request would be admitted.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The `Retry-After` value sent: whole seconds, rounded up, at least 1.
+    pub fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.wait).max(1)
+    }
 }
 
 impl<C: Clock> fmt::Debug for RateLimitLayer<C> {
@@ -208,6 +239,7 @@ impl<C: Clock> Default for RateLimitLayer<C> {
                 missing: MissingKey::Shared,
                 headers_on_success: false,
                 wait_up_to: None,
+                body: None,
             }),
         }
     }
@@ -295,10 +327,10 @@ impl<C: Clock> RateLimitLayer<C> {
     }
 
     /// Instead of refusing at once, a request waits its booked turn for up to `max`, then
-    /// proceeds, or is refused if its turn would come later. Limits are waited for in
-    /// order; a request refused by a later limit keeps the cells that earlier ones gave
-    /// it after waiting (they were admitted at their instant). A request whose client goes
-    /// away while it waits gives its booked cells back.
+    /// proceeds, or is refused if its turn would come later. Every limit books its cell
+    /// before any waiting: a limit that cannot admit within `max` gives back what the
+    /// earlier limits booked, and a request whose client goes away while it waits gives
+    /// back every booking whose instant has not come.
     ///
     /// # Examples
     ///
@@ -308,6 +340,29 @@ impl<C: Clock> RateLimitLayer<C> {
     /// ```
     pub fn wait_up_to(mut self, max: Duration) -> RateLimitLayer<C> {
         self.config().wait_up_to = Some(max);
+        self
+    }
+
+    /// The body of `429` refusals, and its content type (default: `text/plain`, naming
+    /// the limit and the seconds to wait). gRPC refusals carry no body.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use http::HeaderValue;
+    /// let json = pacer::http::RateLimitLayer::new().refusal_body(
+    ///     HeaderValue::from_static("application/json"),
+    ///     |refusal| format!(r#"{{"error":"rate_limited","limit":"{}","retry_after":{}}}"#,
+    ///         refusal.limit(), refusal.retry_after_secs()),
+    /// );
+    /// # let _ = json;
+    /// ```
+    pub fn refusal_body(
+        mut self,
+        content_type: HeaderValue,
+        body: impl Fn(&RefusalInfo<'_>) -> String + Send + Sync + 'static,
+    ) -> RateLimitLayer<C> {
+        self.config().body = Some((content_type, Arc::new(body)));
         self
     }
 }
@@ -424,7 +479,7 @@ where
     S: tower_service::Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Future: Send,
     B: Send + 'static,
-    R: From<String> + Send + 'static,
+    R: RefusalBody + Send + 'static,
     C: Clock,
 {
     type Response = Response<R>;
@@ -623,14 +678,14 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-fn plain_refusal<R: From<String>>(status: StatusCode) -> Response<R> {
-    let mut response = Response::new(R::from(format!("{status}\n")));
+fn plain_refusal<R: RefusalBody>(status: StatusCode) -> Response<R> {
+    let mut response = Response::new(R::from_text(format!("{status}\n")));
     *response.status_mut() = status;
     response
 }
 
 /// The 429 (or gRPC `RESOURCE_EXHAUSTED`) for a refused request.
-fn refusal<C: Clock, R: From<String>>(
+fn refusal<C: Clock, R: RefusalBody>(
     config: &Config<C>,
     keys: &[Option<ClientKey>],
     head: &Head<'_>,
@@ -644,7 +699,7 @@ fn refusal<C: Clock, R: From<String>>(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/grpc"));
     let mut response = if grpc {
-        let mut response = Response::new(R::from(String::new()));
+        let mut response = Response::new(R::from_text(String::new()));
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(
@@ -658,14 +713,22 @@ fn refusal<C: Clock, R: From<String>>(
         }
         response
     } else {
-        let mut response = Response::new(R::from(format!(
-            "Too Many Requests: limit \"{name}\", retry in {retry_after} s\n"
-        )));
+        let (content_type, text) = match &config.body {
+            Some((content_type, body)) => {
+                let info = RefusalInfo {
+                    limit: name,
+                    wait: refused.wait,
+                };
+                (content_type.clone(), body(&info))
+            }
+            None => (
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+                format!("Too Many Requests: limit \"{name}\", retry in {retry_after} s\n"),
+            ),
+        };
+        let mut response = Response::new(R::from_text(text));
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        response.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
+        response.headers_mut().insert(CONTENT_TYPE, content_type);
         response
     };
     response

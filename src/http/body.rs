@@ -1,0 +1,55 @@
+//! The response body a refusal is written into, for each server framework's body type.
+
+use bytes::Bytes;
+
+/// A response body a refusal can be written into: the body type of the service a
+/// [`RateLimitLayer`](super::RateLimitLayer) wraps. Implemented for axum's body (feature
+/// `axum`), tonic's (feature `tonic`), and hyper users' `Full<Bytes>` and `String`;
+/// implement it for a body type of your own.
+///
+/// # Examples
+///
+/// ```
+/// use pacer::http::RefusalBody;
+/// struct MyBody(Vec<u8>);
+/// impl RefusalBody for MyBody {
+///     fn from_text(text: String) -> MyBody {
+///         MyBody(text.into_bytes())
+///     }
+/// }
+/// ```
+pub trait RefusalBody: Sized {
+    /// A body holding `text` (empty for gRPC refusals, which carry their message in
+    /// headers).
+    fn from_text(text: String) -> Self;
+}
+
+impl RefusalBody for String {
+    fn from_text(text: String) -> String {
+        text
+    }
+}
+
+impl RefusalBody for http_body_util::Full<Bytes> {
+    fn from_text(text: String) -> Self {
+        http_body_util::Full::new(Bytes::from(text))
+    }
+}
+
+#[cfg(feature = "axum")]
+impl RefusalBody for axum::body::Body {
+    fn from_text(text: String) -> Self {
+        axum::body::Body::from(text)
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl RefusalBody for tonic::body::Body {
+    fn from_text(text: String) -> Self {
+        if text.is_empty() {
+            tonic::body::Body::empty()
+        } else {
+            tonic::body::Body::new(text)
+        }
+    }
+}
