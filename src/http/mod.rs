@@ -184,7 +184,8 @@ pub struct RateLimitLayer<C: Clock = DefaultClock> {
 #[derive(Clone)]
 struct Config<C: Clock> {
     limits: Vec<Limit<C>>,
-    exempt: Exempt,
+    /// `None`: the default, `OPTIONS` exempt (checked inline, no call through a pointer).
+    exempt: Option<Exempt>,
     missing: MissingKey,
     headers_on_success: bool,
     wait_up_to: Option<Duration>,
@@ -235,7 +236,7 @@ impl<C: Clock> Default for RateLimitLayer<C> {
         RateLimitLayer {
             config: Arc::new(Config {
                 limits: Vec::new(),
-                exempt: Arc::new(|head: &Head<'_>| head.method() == http::Method::OPTIONS),
+                exempt: None,
                 missing: MissingKey::Shared,
                 headers_on_success: false,
                 wait_up_to: None,
@@ -294,7 +295,7 @@ impl<C: Clock> RateLimitLayer<C> {
         mut self,
         exempt: impl Fn(&Head<'_>) -> bool + Send + Sync + 'static,
     ) -> RateLimitLayer<C> {
-        self.config().exempt = Arc::new(exempt);
+        self.config().exempt = Some(Arc::new(exempt));
         self
     }
 
@@ -456,6 +457,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             Projected::Admitted { inner, fields } => {
+                if fields.is_none() {
+                    // The usual case: the inner response as it is, not moved through here.
+                    return inner.poll(cx);
+                }
                 let mut response = match inner.poll(cx) {
                     Poll::Ready(Ok(response)) => response,
                     other => return other,
@@ -492,32 +497,15 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let config = &*self.config;
-        if (config.exempt)(&Head::of(&request)) {
+        let exempt = match &config.exempt {
+            None => request.method() == http::Method::OPTIONS,
+            Some(exempt) => exempt(&Head::of(&request)),
+        };
+        if exempt {
             return ResponseFuture::admitted(self.inner.call(request), None);
         }
         if config.wait_up_to.is_some() {
-            // The ready service goes into the wait; a clone takes its place (tower's swap).
-            let clone = self.inner.clone();
-            let mut inner = core::mem::replace(&mut self.inner, clone);
-            let config = Arc::clone(&self.config);
-            return ResponseFuture {
-                state: State::Waiting {
-                    future: Box::pin(async move {
-                        let keys = match keys(&config, &Head::of(&request)) {
-                            Ok(keys) => keys,
-                            Err(status) => return Ok(plain_refusal(status)),
-                        };
-                        if let Err(refused) = admit_waiting(&config, &keys).await {
-                            return Ok(refusal(&config, &keys, &Head::of(&request), refused));
-                        }
-                        let mut response = inner.call(request).await?;
-                        if config.headers_on_success {
-                            put_fields(config.limits.iter().zip(&keys), response.headers_mut());
-                        }
-                        Ok(response)
-                    }),
-                },
-            };
+            return self.call_waiting(request);
         }
         let head = Head::of(&request);
         match admit_now(config, &head) {
@@ -531,11 +519,59 @@ where
                 });
                 ResponseFuture::admitted(self.inner.call(request), fields)
             }
-            Err(Refusal::MissingKey(status)) => ResponseFuture::refused(plain_refusal(status)),
-            Err(Refusal::Limited(refused)) => {
-                let keys = keys(config, &head).unwrap_or_default();
-                ResponseFuture::refused(refusal(config, &keys, &head, refused))
-            }
+            Err(why) => refuse(config, &head, why),
+        }
+    }
+}
+
+impl<S, C: Clock> RateLimit<S, C> {
+    /// Wait mode's `call` (kept out of line: the usual path's frame stays small).
+    #[inline(never)]
+    fn call_waiting<B, R>(&mut self, request: Request<B>) -> ResponseFuture<S::Future, R, S::Error>
+    where
+        S: tower_service::Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+        S::Future: Send,
+        B: Send + 'static,
+        R: RefusalBody + Send + 'static,
+    {
+        // The ready service goes into the wait; a clone takes its place (tower's swap).
+        let clone = self.inner.clone();
+        let mut inner = core::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        ResponseFuture {
+            state: State::Waiting {
+                future: Box::pin(async move {
+                    let keys = match keys(&config, &Head::of(&request)) {
+                        Ok(keys) => keys,
+                        Err(status) => return Ok(plain_refusal(status)),
+                    };
+                    if let Err(refused) = admit_waiting(&config, &keys).await {
+                        return Ok(refusal(&config, &keys, &Head::of(&request), refused));
+                    }
+                    let mut response = inner.call(request).await?;
+                    if config.headers_on_success {
+                        put_fields(config.limits.iter().zip(&keys), response.headers_mut());
+                    }
+                    Ok(response)
+                }),
+            },
+        }
+    }
+}
+
+/// The response future of a refused request (out of line: refusals are the rare path).
+#[cold]
+#[inline(never)]
+fn refuse<C: Clock, F, R: RefusalBody, E>(
+    config: &Config<C>,
+    head: &Head<'_>,
+    why: Refusal,
+) -> ResponseFuture<F, R, E> {
+    match why {
+        Refusal::MissingKey(status) => ResponseFuture::refused(plain_refusal(status)),
+        Refusal::Limited(refused) => {
+            let keys = keys(config, head).unwrap_or_default();
+            ResponseFuture::refused(refusal(config, &keys, head, refused))
         }
     }
 }
@@ -576,6 +612,17 @@ enum Refusal {
 /// Takes one cell from every limit, or none (module docs). Allocates only to remember
 /// what to undo when more than one limit applies.
 fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<(), Refusal> {
+    if let [limit] = config.limits.as_slice() {
+        // One limit: nothing to undo, whatever happens.
+        return match key(config, limit, head) {
+            Ok(Some(key)) => limit
+                .limiter
+                .check_key(&key)
+                .map_err(|e| Refusal::Limited(refused(0, e))),
+            Ok(None) => Ok(()),
+            Err(status) => Err(Refusal::MissingKey(status)),
+        };
+    }
     let mut taken: Vec<(usize, ClientKey, Undo)> = Vec::new();
     let last = config.limits.len().saturating_sub(1);
     for (i, limit) in config.limits.iter().enumerate() {
