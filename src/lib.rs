@@ -97,8 +97,8 @@ pub use wait::reservation::Reservation;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-/// Internals for the loom models in `loom-tests/`: the cell layer and the pure arithmetic,
-/// reached without copying their code. Not part of the API.
+/// Internals for the loom models in `loom-tests/`: the cell layer, the keyed shards' lock
+/// and the pure arithmetic, reached without copying their code. Not part of the API.
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod __loom {
@@ -120,6 +120,27 @@ pub mod __loom {
         /// The current TAT.
         pub fn tat(&self) -> u64 {
             self.0.tat()
+        }
+    }
+
+    /// The keyed shards' reader-writer lock, exactly as the store uses it.
+    #[derive(Debug)]
+    pub struct ReadMostly<T>(crate::sync::ReadMostly<T>);
+
+    impl<T> ReadMostly<T> {
+        /// A lock with `slots` reader slots.
+        pub fn new(value: T, slots: usize) -> ReadMostly<T> {
+            ReadMostly(crate::sync::ReadMostly::new(value, slots))
+        }
+
+        /// Runs `f` under a read lock.
+        pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+            f(&self.0.read())
+        }
+
+        /// Runs `f` under the write lock.
+        pub fn write<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+            self.0.write(f)
         }
     }
 

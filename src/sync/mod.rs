@@ -7,7 +7,8 @@
 //!
 //! * this file — the std/loom switch, made once: atomics, `UnsafeCell`, `Mutex`,
 //!   `thread_local!`;
-//! * `read_mostly` — the keyed shards' reader-writer lock with a reader slot per core;
+//! * `read_mostly` — the keyed shards' reader-writer lock: reader slots taken with one
+//!   compare-and-swap (built on this file's atomics, so loom checks it too);
 //! * `backoff` — spinning after a failed compare-and-swap, visible to loom;
 //! * `wake_list` — a batch of wakers collected under a lock and woken after it.
 //!
@@ -44,13 +45,13 @@ pub(crate) use loom::thread_local;
 pub(crate) use std::thread_local;
 
 mod backoff;
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 mod read_mostly;
 #[cfg(feature = "std")]
 mod wake_list;
 
 pub(crate) use backoff::Backoff;
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 pub(crate) use read_mostly::ReadMostly;
 #[cfg(feature = "std")]
 pub(crate) use wake_list::{Panic, WakeList};
@@ -101,31 +102,5 @@ impl<T> Mutex<T> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// Under loom, the read-mostly lock is loom's `RwLock` behind the same three methods: the
-/// slots are a performance device that the model does not need, and loom sees this lock.
-#[cfg(loom)]
-#[derive(Debug)]
-pub(crate) struct ReadMostly<T>(loom::sync::RwLock<T>);
-
-#[cfg(loom)]
-impl<T> ReadMostly<T> {
-    pub(crate) fn new(value: T, _slots: usize) -> Self {
-        Self(loom::sync::RwLock::new(value))
-    }
-
-    pub(crate) fn read(&self) -> impl core::ops::Deref<Target = T> + '_ {
-        self.0
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(crate) fn write<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        f(&mut self
-            .0
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 }
