@@ -53,6 +53,12 @@ impl<T> core::fmt::Debug for ReadMostly<T> {
     }
 }
 
+// The slot a thread reads through first, and reads left before it looks at its CPU again.
+#[cfg(not(loom))]
+std::thread_local! {
+    static HINT: core::cell::Cell<(usize, u32)> = const { core::cell::Cell::new((0, 0)) };
+}
+
 /// The slot hint of the calling thread: the CPU it runs on, read again every
 /// [`REFRESH`] reads (threads migrate). Any value is correct; only a value shared by two
 /// threads running at once costs speed, as the second then looks for another slot.
@@ -63,9 +69,6 @@ impl<T> core::fmt::Debug for ReadMostly<T> {
 /// checks during a key flood ran at 0.2x instead of 0.8x of their quiet speed.
 #[cfg(not(loom))]
 fn slot_hint() -> usize {
-    std::thread_local! {
-        static HINT: core::cell::Cell<(usize, u32)> = const { core::cell::Cell::new((0, 0)) };
-    }
     // During thread-local destruction the hint is gone; any slot is correct, only slower.
     HINT.try_with(|hint| {
         let (cpu, left) = hint.get();
@@ -87,6 +90,17 @@ fn slot_hint() -> usize {
 fn slot_hint() -> usize {
     0
 }
+
+/// After a reader found its hinted slot taken and read through `slot` instead: start
+/// there next time (until the next look at the CPU), so two threads that share a CPU
+/// hint for a while settle on different slots instead of colliding on every read.
+#[cfg(not(loom))]
+fn settle_on(slot: usize) {
+    let _ = HINT.try_with(|hint| hint.set((slot, hint.get().1)));
+}
+
+#[cfg(loom)]
+fn settle_on(_slot: usize) {}
 
 /// Reads between two looks at the current CPU.
 #[cfg(not(loom))]
@@ -165,7 +179,10 @@ impl<T> ReadMostly<T> {
                     Ordering::Acquire,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => return self.guard(slot),
+                    Ok(_) => {
+                        settle_on(slot);
+                        return self.guard(slot);
+                    }
                     Err(WRITE) => writer = true,
                     Err(_) => {}
                 }
