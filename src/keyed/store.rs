@@ -8,12 +8,15 @@
 //! bits pick the shard and the whole hash probes the table. A key already present is
 //! checked under the shard's *read* lock; only a new key takes the write lock.
 //!
-//! The lock is a read-mostly lock (`crate::sync::ReadMostly`) with a reader slot per core:
-//! each thread read-locks a slot of its own, so checks on different threads write no
-//! common cache line (with one reader count per shard, that line moved between cores on
-//! most checks and a second thread added little). Writers lock every slot, which only
+//! The lock is a read-mostly lock (`crate::sync::ReadMostly`) with a reader slot per core
+//! (up to 32): each thread takes a slot of its own, so checks on different threads write
+//! no common cache line (with one reader count per shard, that line moved between cores on
+//! most checks and a second thread added little). A slot holds one reader at a time, so
+//! there are as many as cores: with fewer, threads checking keys of one shard at once
+//! (a global key) would wait for one another's slots. Writers take every slot, which only
 //! inserting a new key needs. Shards therefore exist only to spread the writers: one per
-//! two cores, so that slots and shards together cost no more than a dashmap's shards.
+//! two cores. The slots cost 64 bytes each, `cores² / 2 × 64` bytes per limiter (8 KB on
+//! 16 cores, 64 KB on 64), a fixed cost next to the keys.
 //!
 //! **Lossless forgetting.** A key whose TAT is at or before now is indistinguishable from
 //! a new key (TAT 0): both admit a full burst and nothing else. Forgetting it therefore
@@ -82,10 +85,9 @@ impl<K: Hash + Eq + Clone> Store<K> {
         let cores = std::thread::available_parallelism()
             .map_or(4, usize::from)
             .next_power_of_two();
-        // Readers do not contend on a shard (its lock has a reader slot per core, up to 8),
-        // so shards only spread the writers of new keys. Slots times shards is at most four
-        // per core: never more lock memory than a dashmap's four shards per core.
-        let slots = cores.min(8);
+        // Readers do not contend on a shard (its lock has a reader slot per core), so
+        // shards only spread the writers of new keys (module docs).
+        let slots = cores.min(32);
         let shards = (cores / 2).clamp(2, 64);
         Store {
             shards: (0..shards)
