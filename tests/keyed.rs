@@ -411,6 +411,7 @@ fn a_rotating_population_keeps_the_table_within_its_bound() {
     let keyed = KeyedLimiter::with_clock(quota(2), clock.clone());
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut peak_live = 0usize;
+    let mut peak_recent = 0usize;
     let mut max_len = 0usize;
     // The tick at which each recent key was last admitted (keys of the last window).
     let mut admitted_at = std::collections::HashMap::<u32, u32>::new();
@@ -431,22 +432,36 @@ fn a_rotating_population_keeps_the_table_within_its_bound() {
                 }
             }
         }
-        // Live keys (TAT ahead of now) were all admitted within the last burst window.
-        admitted_at.retain(|_, at| t - *at < WINDOW_TICKS);
-        peak_live = peak_live.max(admitted_at.len());
+        // Keys admitted within the last burst window plus two sweep intervals (100 ms
+        // each): what the tables may hold. Live keys (TAT ahead of now) are those of the
+        // last burst window.
+        admitted_at.retain(|_, at| t - *at < WINDOW_TICKS + 20);
+        peak_recent = peak_recent.max(admitted_at.len());
+        peak_live = peak_live.max(
+            admitted_at
+                .values()
+                .filter(|at| t - **at < WINDOW_TICKS)
+                .count(),
+        );
         max_len = max_len.max(keyed.len());
         clock.advance(tick);
     }
-    // Keys live for at most one window; the tables keep those admitted within about two
-    // sweep intervals plus a window, and grow only when three quarters of them are that
-    // recent: measured at about 5x the peak of live keys. Bound: 6x, plus a small table's
-    // worth (128 keys) per shard, of which there are at most 64. A map that never forgets
-    // ends with all 400 000.
-    let bound = peak_live * 6 + 128 * 64;
-    eprintln!("rotating population: at most {max_len} keys stored, peak live {peak_live}");
+    // A table keeps the keys admitted since its previous sweep (at least 100 ms ago, and
+    // a key stays live for a window); it grows when more than three quarters of it is
+    // that recent, or when it fills again within 100 ms of a sweep, and sizes come in
+    // powers of two. Measured: about 28 600 keys at most in 149 of 150 runs (3x the
+    // peak of keys admitted within a window plus 200 ms, 9 543; 5.2x the peak of live
+    // keys), 56 000 in 1 (a shard doubled at the edge of the 100 ms rule; 5.9x). Bound:
+    // 8x, plus a small table's worth (128 keys) per shard, of which there are at most 64.
+    // A map that never forgets ends with all 400 000.
+    let bound = peak_recent * 8 + 128 * 64;
+    eprintln!(
+        "rotating population: at most {max_len} keys stored, peak live {peak_live}, \
+         peak recent {peak_recent}"
+    );
     assert!(
         max_len <= bound,
-        "{max_len} keys stored at most; peak live {peak_live}, bound {bound}"
+        "{max_len} keys stored at most; peak recent {peak_recent}, bound {bound}"
     );
     assert!(
         peak_live > 3_000,
