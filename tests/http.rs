@@ -169,6 +169,21 @@ async fn only_trusted_proxies_are_believed_and_the_spoofed_left_is_ignored() {
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(send(addr, xff("1.2.3.5")).await.status, StatusCode::OK);
+    // These proxies write X-Forwarded-For: a `Forwarded` header is the client's own, and
+    // naming another address in it changes nothing (1.2.3.4 is still limited).
+    let both = |b: http::request::Builder| {
+        b.header("forwarded", "for=8.8.8.8")
+            .header("x-forwarded-for", "1.2.3.4")
+    };
+    assert_eq!(send(addr, both).await.status, StatusCode::TOO_MANY_REQUESTS);
+    // A byte that is not UTF-8 in the client's part of the chain makes it no less keyed.
+    let obs = |b: http::request::Builder| {
+        b.header(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"\xff, 1.2.3.4").unwrap(),
+        )
+    };
+    assert_eq!(send(addr, obs).await.status, StatusCode::TOO_MANY_REQUESTS);
     // An untrusted peer is keyed by itself, whatever it claims: without trust, 127.0.0.1
     // is the key and its claims change nothing.
     let direct = per_ip(&clock, Quota::per_hour(1));

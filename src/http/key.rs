@@ -200,6 +200,8 @@ enum Kind {
     Peer {
         trusted: Arc<[Network]>,
         ipv6_prefix: u8,
+        /// Read RFC 7239 `Forwarded` instead of `X-Forwarded-For`.
+        forwarded: bool,
     },
     Header(http::HeaderName),
     Global,
@@ -212,10 +214,19 @@ impl fmt::Debug for KeySource {
             Kind::Peer {
                 trusted,
                 ipv6_prefix,
+                forwarded,
             } => f
                 .debug_struct("Peer")
                 .field("trusted_proxies", &trusted.len())
                 .field("ipv6_prefix", ipv6_prefix)
+                .field(
+                    "header",
+                    &if *forwarded {
+                        "forwarded"
+                    } else {
+                        "x-forwarded-for"
+                    },
+                )
                 .finish(),
             Kind::Header(name) => f.debug_tuple("Header").field(name).finish(),
             Kind::Global => f.write_str("Global"),
@@ -242,14 +253,17 @@ impl KeySource {
             kind: Kind::Peer {
                 trusted: Arc::from([]),
                 ipv6_prefix: 64,
+                forwarded: false,
             },
         }
     }
 
     /// The client address behind trusted proxies: when the peer is one of `proxies`, the
-    /// right-most address of `Forwarded` (its `for=`), or else of `X-Forwarded-For`, that
-    /// is not itself in `proxies`. Everything left of it was written by the client and is
-    /// ignored, so a spoofed left-most entry changes nothing. IPv6 grouped by /64.
+    /// right-most address of `X-Forwarded-For` that is not itself in `proxies`. Everything
+    /// left of it was written by the client and is ignored, so a spoofed left-most entry
+    /// changes nothing. IPv6 grouped by /64. If your proxies write RFC 7239 `Forwarded`
+    /// instead, add [`KeySource::forwarded_header`]: only the header your proxies write
+    /// may be read, since any other one comes from the client as it is.
     ///
     /// # Examples
     ///
@@ -263,8 +277,27 @@ impl KeySource {
             kind: Kind::Peer {
                 trusted: proxies.into_iter().collect(),
                 ipv6_prefix: 64,
+                forwarded: false,
             },
         }
+    }
+
+    /// Behind trusted proxies that write RFC 7239 `Forwarded` (its `for=` parameters)
+    /// rather than `X-Forwarded-For`: reads that header instead, by the same right-most
+    /// rule. No effect on other sources.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::http::KeySource;
+    /// let behind_envoy = KeySource::behind_proxies(["10.0.0.0/8".parse().unwrap()]).forwarded_header();
+    /// # let _ = behind_envoy;
+    /// ```
+    pub fn forwarded_header(mut self) -> KeySource {
+        if let Kind::Peer { forwarded, .. } = &mut self.kind {
+            *forwarded = true;
+        }
+        self
     }
 
     /// Groups IPv6 clients by this prefix length instead of /64 (128: every address on its
@@ -341,9 +374,10 @@ impl KeySource {
             Kind::Peer {
                 trusted,
                 ipv6_prefix,
+                forwarded,
             } => {
                 let peer = peer_addr(head)?;
-                let client = client_behind(peer, head.headers(), trusted)?;
+                let client = client_behind(peer, head.headers(), trusted, *forwarded)?;
                 Some(ClientKey::Ip(group(client, *ipv6_prefix)))
             }
         }
@@ -371,13 +405,23 @@ fn peer_addr(head: &Head<'_>) -> Option<IpAddr> {
     head.extensions().get::<SocketAddr>().map(SocketAddr::ip)
 }
 
-/// The right-most untrusted hop: `peer` itself unless it is a trusted proxy.
-fn client_behind(peer: IpAddr, headers: &HeaderMap, trusted: &[Network]) -> Option<IpAddr> {
+/// The right-most untrusted hop: `peer` itself unless it is a trusted proxy; else the
+/// right-most hop of the one header the proxies write that is not a trusted proxy.
+pub(crate) fn client_behind(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[Network],
+    forwarded: bool,
+) -> Option<IpAddr> {
     let is_trusted = |ip: IpAddr| trusted.iter().any(|net| net.contains(ip));
     if !is_trusted(peer) {
         return Some(canonical(peer));
     }
-    let hops = forwarded_for(headers).or_else(|| x_forwarded_for(headers))?;
+    let hops = if forwarded {
+        forwarded_for(headers)
+    } else {
+        x_forwarded_for(headers)
+    };
     let mut leftmost = None;
     for hop in hops.into_iter().rev() {
         // A hop we cannot read ends the chain: nothing to its left can be trusted.
@@ -391,12 +435,17 @@ fn client_behind(peer: IpAddr, headers: &HeaderMap, trusted: &[Network]) -> Opti
     leftmost.map(canonical)
 }
 
-/// The `for=` addresses of every `Forwarded` header, in order; `None` if there is none.
-fn forwarded_for(headers: &HeaderMap) -> Option<Vec<Option<IpAddr>>> {
+/// The `for=` addresses of every `Forwarded` header, in order. Split on bytes, not on the
+/// header as text: a byte a client wrote that is not UTF-8 makes its own element an
+/// unreadable hop, not the whole line (which would make the request keyless).
+fn forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     let mut hops = Vec::new();
     for value in headers.get_all(http::header::FORWARDED) {
-        let value = value.to_str().ok();
-        for element in value.into_iter().flat_map(|v| v.split(',')) {
+        for element in value.as_bytes().split(|&b| b == b',') {
+            let Ok(element) = core::str::from_utf8(element) else {
+                hops.push(None);
+                continue;
+            };
             for pair in element.split(';') {
                 let Some((name, addr)) = pair.split_once('=') else {
                     continue;
@@ -407,18 +456,21 @@ fn forwarded_for(headers: &HeaderMap) -> Option<Vec<Option<IpAddr>>> {
             }
         }
     }
-    (!hops.is_empty()).then_some(hops)
+    hops
 }
 
-/// The addresses of every `X-Forwarded-For` header, in order; `None` if there is none.
-fn x_forwarded_for(headers: &HeaderMap) -> Option<Vec<Option<IpAddr>>> {
-    let hops: Vec<_> = headers
+/// The addresses of every `X-Forwarded-For` header, in order (split on bytes, as above).
+fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    headers
         .get_all("x-forwarded-for")
         .iter()
-        .flat_map(|v| v.to_str().ok().into_iter().flat_map(|v| v.split(',')))
-        .map(|hop| parse_node(hop.trim()))
-        .collect();
-    (!hops.is_empty()).then_some(hops)
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|hop| {
+            core::str::from_utf8(hop)
+                .ok()
+                .and_then(|hop| parse_node(hop.trim()))
+        })
+        .collect()
 }
 
 /// An address as forwarding headers write it: `1.2.3.4`, `1.2.3.4:80`, `[::1]`,
@@ -468,15 +520,17 @@ mod tests {
         let trusted = ["10.0.0.0/8".parse().unwrap()];
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 10.0.0.2")]);
         assert_eq!(
-            client_behind(ip("10.0.0.1"), &h, &trusted),
+            client_behind(ip("10.0.0.1"), &h, &trusted, false),
             Some(ip("1.2.3.4"))
         );
         // An untrusted peer is the client, whatever it writes.
         assert_eq!(
-            client_behind(ip("5.5.5.5"), &h, &trusted),
+            client_behind(ip("5.5.5.5"), &h, &trusted, false),
             Some(ip("5.5.5.5"))
         );
-        // Forwarded wins over X-Forwarded-For, and its bracketed IPv6 with port parses.
+        // Only the header the proxies write is read: behind X-Forwarded-For proxies, a
+        // `Forwarded` header is the client's own and changes nothing (and the other way
+        // round); its bracketed IPv6 with a port parses.
         let h = headers(&[
             (
                 "forwarded",
@@ -485,12 +539,41 @@ mod tests {
             ("x-forwarded-for", "9.9.9.9"),
         ]);
         assert_eq!(
-            client_behind(ip("10.0.0.1"), &h, &trusted),
+            client_behind(ip("10.0.0.1"), &h, &trusted, false),
+            Some(ip("9.9.9.9"))
+        );
+        assert_eq!(
+            client_behind(ip("10.0.0.1"), &h, &trusted, true),
             Some(ip("2001:db8::7"))
         );
         // An unreadable hop ends the chain.
         let h = headers(&[("x-forwarded-for", "1.2.3.4, garbage")]);
-        assert_eq!(client_behind(ip("10.0.0.1"), &h, &trusted), None);
+        assert_eq!(client_behind(ip("10.0.0.1"), &h, &trusted, false), None);
+    }
+
+    #[test]
+    fn bytes_a_client_writes_on_the_left_change_nothing() {
+        // Not UTF-8 (obs-text, which HTTP allows in a field): only its own element is
+        // unreadable; the proxy's right-most entry still names the client.
+        let trusted = ["10.0.0.0/8".parse().unwrap()];
+        for name in ["x-forwarded-for", "forwarded"] {
+            let mut map = HeaderMap::new();
+            let right = if name == "forwarded" {
+                "for=1.2.3.4"
+            } else {
+                "1.2.3.4"
+            };
+            let value = [b"\xff\xfe junk".as_slice(), b", ", right.as_bytes()].concat();
+            map.append(
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_bytes(&value).unwrap(),
+            );
+            assert_eq!(
+                client_behind(ip("10.0.0.1"), &map, &trusted, name == "forwarded"),
+                Some(ip("1.2.3.4")),
+                "{name}"
+            );
+        }
     }
 
     #[test]

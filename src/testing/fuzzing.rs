@@ -245,6 +245,103 @@ pub fn quota_construction(data: &[u8]) {
     }
 }
 
+/// The client key behind trusted proxies, from arbitrary forwarding headers: it never
+/// panics, an untrusted peer is its own key whatever it writes, and once the chain names
+/// an untrusted hop, nothing a client writes to its left (in the same line or in an
+/// earlier one) changes the key.
+#[cfg(feature = "tower")]
+pub fn forwarding_headers(data: &[u8]) {
+    use crate::http::{ClientKey, Head, KeySource, Network};
+    use core::net::{IpAddr, SocketAddr};
+
+    const NETS: [&str; 6] = [
+        "10.0.0.0/8",
+        "192.168.0.0/16",
+        "127.0.0.1/32",
+        "::1/128",
+        "fd00::/8",
+        "0.0.0.0/0",
+    ];
+    const PEERS: [&str; 6] = [
+        "10.1.2.3",
+        "192.168.1.1",
+        "127.0.0.1",
+        "::1",
+        "fd00::5",
+        "203.0.113.9",
+    ];
+    let mut bytes = Bytes(data);
+    let pick = bytes.u8();
+    let nets: Vec<Network> = NETS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| pick >> i & 1 == 1)
+        .map(|(_, net)| net.parse().expect("a valid network"))
+        .collect();
+    let peer: IpAddr = PEERS[usize::from(bytes.u8()) % PEERS.len()]
+        .parse()
+        .expect("a valid address");
+    let forwarded = bytes.u8() & 1 == 1;
+    // The rest: what the client wrote, a zero byte, then the chain as it arrives.
+    let rest = bytes.0;
+    let (spoof, chain) = match rest.iter().position(|&b| b == 0) {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (&rest[..0], rest),
+    };
+    let mut source = KeySource::behind_proxies(nets.clone()).ipv6_prefix(128);
+    if forwarded {
+        source = source.forwarded_header();
+    }
+    let name = if forwarded {
+        "forwarded"
+    } else {
+        "x-forwarded-for"
+    };
+    let key_of = |lines: &[&[u8]]| {
+        let mut request = http::Request::new(());
+        request
+            .extensions_mut()
+            .insert(SocketAddr::new(peer, 4_000));
+        for line in lines {
+            if let Ok(value) = http::HeaderValue::from_bytes(line) {
+                request.headers_mut().append(name, value);
+            }
+        }
+        source.key(&Head::of(&request))
+    };
+    let trusted = |ip: IpAddr| nets.iter().any(|net| net.contains(ip));
+    let plain = key_of(&[chain]);
+    if !trusted(peer) {
+        assert_eq!(
+            plain,
+            Some(ClientKey::Ip(peer)),
+            "an untrusted peer is its own key"
+        );
+        return;
+    }
+    let Some(ClientKey::Ip(client)) = plain else {
+        return;
+    };
+    // Every hop trusted (the left-most counts) or a line HTTP would not carry: no claim.
+    if trusted(client)
+        || http::HeaderValue::from_bytes(spoof).is_err()
+        || http::HeaderValue::from_bytes(chain).is_err()
+    {
+        return;
+    }
+    let joined = [spoof, b",", chain].concat();
+    assert_eq!(
+        key_of(&[&joined]),
+        plain,
+        "entries written to the left changed the key"
+    );
+    assert_eq!(
+        key_of(&[spoof, chain]),
+        plain,
+        "an earlier line changed the key"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     /// xorshift: reproducible inputs without a dependency.
@@ -268,6 +365,8 @@ mod tests {
             super::limiter_matches_model(&data);
             super::waiters_match_model(&data);
             super::quota_construction(&data);
+            #[cfg(feature = "tower")]
+            super::forwarding_headers(&data);
         }
     }
 }
