@@ -477,3 +477,54 @@ fn realtime_the_number_of_200s_over_a_window_is_the_gcra_bound() {
         );
     });
 }
+
+#[tokio::test]
+async fn a_plain_hyper_service_with_full_bytes_bodies() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::ServiceBuilder;
+
+    // No framework: hyper serves a tower service; the layer reads the peer address from
+    // a `SocketAddr` extension the connection loop adds, and writes its refusal into the
+    // service's own `Full<Bytes>` body.
+    let clock = ManualClock::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limit = per_ip(&clock, Quota::per_hour(1));
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::default().limit(limit.clone()))
+        .service_fn(|_request: Request<hyper::body::Incoming>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
+        });
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = listener.accept().await.unwrap();
+            let service = service.clone();
+            let per_connection = tower::ServiceExt::map_request(
+                service,
+                move |mut request: Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(peer);
+                    request
+                },
+            );
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+                hyper_util::rt::TokioIo::new(stream),
+                hyper_util::service::TowerToHyperService::new(per_connection),
+            ));
+        }
+    });
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    let request = Request::get(format!("http://{addr}/"))
+        .body(Body::empty())
+        .unwrap();
+    let refused = client().request(request).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "3600");
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    assert!(std::str::from_utf8(&body)
+        .unwrap()
+        .starts_with("Too Many Requests"));
+    // Counted under the peer address, not the keyless key.
+    let peer = pacer::http::ClientKey::Ip("127.0.0.1".parse().unwrap());
+    assert_eq!(limit.limiter().remaining_key(&peer), 0);
+}
