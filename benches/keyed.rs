@@ -3,6 +3,8 @@
 //!
 //! 1. `under-limit`: 100 000 recurring clients at 1000/s, burst 1, each refilled between
 //!    its visits (the normal state of a server);
+//!    `pollers`: 100 000 clients visiting in one fixed order, round after round, at
+//!    1 000 000/s, burst 1 (each refilled long before its next visit);
 //! 2. `limited`: 100 000 clients at 1/s, burst 1000, every one of them limited;
 //! 3. `zipf`: Zipf-distributed popularity over 1 000 000 clients (s = 1: a few hot keys,
 //!    a long tail) at 100/s, burst 10;
@@ -97,6 +99,9 @@ fn governor(per_second: u32, burst: u32) -> Contender {
 enum Keys {
     /// Uniform over `0..n`.
     Uniform(u64),
+    /// `0..n` in the same order round after round (pollers), each thread from its own
+    /// starting point.
+    InOrder(u64),
     /// Zipf (s = 1) over a million keys, from a precomputed sample.
     Zipf,
     /// Uniform over a window of `active` keys that slides by `per_sec` keys per second.
@@ -143,6 +148,7 @@ fn run(who: &Contender, keys: Keys, threads: usize, iters: u64) -> Duration {
             x ^= x << 17;
             let key = match keys {
                 Keys::Uniform(n) => x % n,
+                Keys::InOrder(n) => (i + t as u64 * 7_919) % n,
                 Keys::Zipf => zipf[(x as usize) & (zipf.len() - 1)],
                 Keys::Rotating { active, per_sec } => {
                     if i % 256 == 0 {
@@ -179,6 +185,14 @@ fn regimes() -> Vec<Regime> {
             keys: Keys::Uniform(keys),
             pacer: || pacer(pacer::Quota::per_second(1_000).with_burst(1), None),
             governor: || governor(1_000, 1),
+        },
+        Regime {
+            name: "pollers",
+            keys: Keys::InOrder(keys),
+            // Refilled a thousand times faster than a round of visits comes back, as a
+            // client polling every few seconds under a per-second quota is.
+            pacer: || pacer(pacer::Quota::per_second(1_000_000).with_burst(1), None),
+            governor: || governor(1_000_000, 1),
         },
         Regime {
             name: "limited",
