@@ -17,24 +17,11 @@ use redis_server::Server;
 #[path = "../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
-use reference_model::{Model, Outcome};
+use reference_model::Model;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn outcome(result: Result<(), RedisDenied>) -> Outcome {
-    match result {
-        Ok(()) => Outcome::Admitted,
-        Err(RedisDenied::NotUntil(e)) => Outcome::Wait(e.wait_time().as_nanos()),
-        Err(RedisDenied::InsufficientCapacity) => Outcome::Never,
-        Err(other) => panic!("unexpected {other:?}"),
-    }
-}
+#[path = "support/redis_common.rs"]
+mod redis_common;
+use redis_common::{outcome, runtime};
 
 #[test]
 fn decisions_equal_the_reference_model_at_the_same_time() {

@@ -16,29 +16,16 @@ use redis_server::Cluster;
 #[path = "../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
-use reference_model::{Model, Outcome};
+use reference_model::Model;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+#[path = "support/redis_common.rs"]
+mod redis_common;
+use redis_common::{outcome, runtime};
 
 async fn connect(cluster: &Cluster, quota: Quota) -> RedisLimiter {
     let urls = cluster.urls();
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
     RedisLimiter::connect_cluster(&nodes, quota).await.unwrap()
-}
-
-fn outcome(result: Result<(), RedisDenied>) -> Outcome {
-    match result {
-        Ok(()) => Outcome::Admitted,
-        Err(RedisDenied::NotUntil(e)) => Outcome::Wait(e.wait_time().as_nanos()),
-        Err(RedisDenied::InsufficientCapacity) => Outcome::Never,
-        Err(other) => panic!("unexpected {other:?}"),
-    }
 }
 
 /// The keys node `i` holds (`KEYS` is fine on a test's few keys).
