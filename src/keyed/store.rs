@@ -226,7 +226,7 @@ struct Shard<K> {
 
 /// Sweeps of one table come at least this far apart (limiter time, ns); a table full
 /// again sooner grows instead.
-pub(super) const SWEEP_INTERVAL: u64 = 100_000_000;
+const SWEEP_INTERVAL: u64 = 100_000_000;
 
 /// Tables below this many keys grow without sweeping; smaller ones are not worth it.
 pub(super) const MIN_SWEEP_LEN: usize = 64;
