@@ -6,10 +6,18 @@
 //! generous, so every
 //! request is admitted (the path every request of a healthy server takes).
 //!
+//! A fourth router, `floor`, carries a layer that does only what any layer keyed by the
+//! peer's address with shared state must do per request, and no limiting at all: axum
+//! clones the layer's service (here an `Arc` increment and decrement, as for both
+//! limiters) and the layer reads the peer address from the request's extensions. Its
+//! overhead bounds from below what a limiter layer on this router can cost.
+//!
 //! `cargo bench --bench http`
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -51,7 +59,48 @@ fn contenders() -> Vec<(&'static str, Router)> {
             "tower-governor",
             router().layer(tower_governor::GovernorLayer::new(governor_config)),
         ),
+        ("floor", router().layer(Floor(Arc::new(())))),
     ]
+}
+
+/// The floor: shared state cloned with the service, the peer address read, nothing else.
+#[derive(Clone)]
+struct Floor(Arc<()>);
+
+impl<S> tower::Layer<S> for Floor {
+    type Service = FloorService<S>;
+
+    fn layer(&self, inner: S) -> FloorService<S> {
+        FloorService {
+            inner,
+            _shared: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct FloorService<S> {
+    inner: S,
+    _shared: Arc<()>,
+}
+
+impl<S: tower::Service<Request<B>>, B> tower::Service<Request<B>> for FloorService<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> S::Future {
+        let peer = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| info.0.ip());
+        black_box(peer);
+        self.inner.call(request)
+    }
 }
 
 /// `iters` requests per thread from rotating client addresses; returns time per request.
@@ -82,24 +131,29 @@ fn bench(c: &mut Criterion) {
         let mut ratios = Vec::new();
         let mut pacer_ns = Vec::new();
         let mut governor_ns = Vec::new();
+        let mut floor_ns = Vec::new();
         for _ in 0..rounds {
             let per = requests / threads as u64;
             let times: Vec<f64> = contenders
                 .iter()
                 .map(|(_, app)| run(app, threads, per).as_nanos() as f64 / per as f64)
                 .collect();
-            let (bare, pacer, governor) = (times[0], times[1], times[2]);
+            let (bare, pacer, governor, floor) = (times[0], times[1], times[2], times[3]);
             pacer_ns.push(pacer - bare);
             governor_ns.push(governor - bare);
+            floor_ns.push(floor - bare);
             ratios.push((pacer - bare) / (governor - bare));
         }
         let (median, min, max) = common::spread(&mut ratios);
         let (p, _, _) = common::spread(&mut pacer_ns);
         let (g, _, _) = common::spread(&mut governor_ns);
+        let (f, _, _) = common::spread(&mut floor_ns);
         eprintln!(
             "http, {threads} thread(s): overhead per request pacer {p:.0} ns, tower-governor \
-             {g:.0} ns; pacer/tower-governor median {median:.2} (min {min:.2}, max {max:.2}) \
-             over {rounds} rounds of {requests} requests"
+             {g:.0} ns, floor {f:.0} ns ({:.2} of tower-governor's); pacer/tower-governor \
+             median {median:.2} (min {min:.2}, max {max:.2}) over {rounds} rounds of \
+             {requests} requests",
+            f / g
         );
     }
     for threads in [1, 2] {
