@@ -68,20 +68,27 @@ std::thread_local! {
 /// measured, half the runs of two threads on two slots shared a slot, and known-key
 /// checks during a key flood ran at 0.2x instead of 0.8x of their quiet speed.
 #[cfg(not(loom))]
+#[inline]
 fn slot_hint() -> usize {
     // During thread-local destruction the hint is gone; any slot is correct, only slower.
     HINT.try_with(|hint| {
         let (cpu, left) = hint.get();
         if left == 0 {
-            let cpu = current_cpu();
-            hint.set((cpu, REFRESH));
-            cpu
-        } else {
-            hint.set((cpu, left - 1));
-            cpu
+            return refresh_hint(hint);
         }
+        hint.set((cpu, left - 1));
+        cpu
     })
     .unwrap_or(0)
+}
+
+/// [`slot_hint`]'s look at the current CPU, once every [`REFRESH`] reads.
+#[cfg(not(loom))]
+#[cold]
+fn refresh_hint(hint: &core::cell::Cell<(usize, u32)>) -> usize {
+    let cpu = current_cpu();
+    hint.set((cpu, REFRESH));
+    cpu
 }
 
 /// Under loom every thread starts at slot 0: the models then cover readers that find
