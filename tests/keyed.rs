@@ -468,3 +468,58 @@ fn a_rotating_population_keeps_the_table_within_its_bound() {
         "the test's population is as large as intended"
     );
 }
+
+#[derive(Debug, Clone)]
+enum FloodOp {
+    Advance(u64),
+    Known(u8),
+    New,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A flood of never-seen keys against the key bound: once the shards are full, new
+    /// keys are refused (mostly through the full shards' filters, without probing), and
+    /// every check of a key stored before the flood is decided exactly as by a `Limiter`
+    /// of its own: no stored key is ever taken for a new one.
+    #[test]
+    fn a_flood_at_the_bound_changes_no_decision_for_stored_keys(ops in prop::collection::vec(
+        prop_oneof![
+            1 => (0u64..1_000_000_000).prop_map(FloodOp::Advance),
+            4 => (0u8..64).prop_map(FloodOp::Known),
+            6 => Just(FloodOp::New),
+        ],
+        1..3_000,
+    )) {
+        // An hour per cell: nothing stored is replenished within the run, so nothing is
+        // forgotten and every shard that fills stays full.
+        let quota = Quota::per_hour(1).with_burst(3);
+        let clock = ManualClock::new();
+        let keyed = KeyedLimiter::with_clock(quota, clock.clone()).with_max_keys(256);
+        let known: Vec<Limiter<ManualClock>> =
+            (0..64).map(|_| Limiter::with_clock(quota, clock.clone())).collect();
+        for k in 0..64u32 {
+            prop_assert_eq!(keyed.check_key(&k), known[k as usize].check());
+        }
+        let mut next_new = 1_000_000u32;
+        for op in ops {
+            match op {
+                FloodOp::Advance(d) => clock.advance(Duration::from_nanos(d)),
+                FloodOp::Known(k) => {
+                    let k = u32::from(k);
+                    prop_assert_eq!(keyed.check_key(&k), known[k as usize].check(), "key {}", k);
+                }
+                FloodOp::New => {
+                    next_new += 1;
+                    if let Err(refused) = keyed.check_key(&next_new) {
+                        // Refused by the bound: told when the earliest key frees its place.
+                        prop_assert!(refused.wait_time() <= Duration::from_secs(3_600));
+                    }
+                }
+            }
+            // The bound, rounded up to a multiple of the shard count (at most 64).
+            prop_assert!(keyed.len() <= 256 + 64);
+        }
+    }
+}

@@ -62,6 +62,19 @@
 //! present keep working. Sweeps of a full shard are skipped until that time, so a flood of
 //! new keys costs O(1) each, under the read lock. Refusing, rather than evicting a limited
 //! key, is the only choice that never lets a client escape its limit by flooding the table.
+//!
+//! A full shard also keeps a Bloom filter of its keys (`Members`: one word per lookup,
+//! 8 bits per key, about 1 byte per key of the bound, only while full), consulted before
+//! the table: a new key it rules out (about 95 % of them) is refused without probing. The
+//! probe itself was the flood's cost to everyone else: it reads the entries of stored keys
+//! whose 7-bit tags happen to match, about one entry line per ten new keys, and those are
+//! the lines that the stored keys' admissions write, so on another core every admission
+//! paid for a line the flood had just read. Measured with 100 000 admitted known keys on
+//! one thread and a flood on the other: known-key checks ran at 0.15–0.74x of their quiet
+//! speed without the filter and 0.92–0.95x with it (0.9–1.0x either way when the known
+//! keys are limited, so that their checks write nothing). The filter never rules out a
+//! stored key: it is built from every key of the shard when the shard first refuses one,
+//! and dropped by any sweep that forgets a key (the only way room is made for an insert).
 
 use core::hash::{BuildHasher, Hash};
 
@@ -128,10 +141,20 @@ impl<K: Hash + Eq + Clone> Store<K> {
         let shard = self.shard(hash);
         {
             let shard = shard.read();
+            // A flood of new keys at a full shard is refused here, without the write lock,
+            // and mostly without probing the table: the probe would read the entries that
+            // the stored keys' admissions write (module docs, "Bounded under a flood").
+            if let Some(members) = &shard.members {
+                if !members.may_hold(hash) {
+                    let now = now();
+                    if now < shard.full_until {
+                        return Err(shard.full_until - now);
+                    }
+                }
+            }
             if let Some((_, cell)) = shard.table.find(hash, |(k, _)| k == key) {
                 return Ok(f(cell, now()));
             }
-            // A flood of new keys at a full shard is refused here, without the write lock.
             if shard.table.len() >= self.shard_cap {
                 let now = now();
                 if now < shard.full_until {
@@ -166,20 +189,28 @@ impl<K: Hash + Eq + Clone> Store<K> {
         f: impl FnOnce(&TatWord, u64) -> R,
     ) -> Result<R, u64> {
         if shard.table.find(hash, |(k, _)| k == key).is_none() {
-            let len = shard.table.len();
-            if len >= self.shard_cap {
-                if now < shard.full_until {
-                    return Err(shard.full_until - now);
-                }
-                if let Some(earliest) = shard.sweep(now) {
-                    if shard.table.len() >= self.shard_cap {
-                        shard.full_until = earliest;
-                        return Err(earliest - now);
+            if shard.table.len() >= self.shard_cap {
+                if now >= shard.full_until {
+                    match shard.sweep(now) {
+                        Some(earliest) if shard.table.len() >= self.shard_cap => {
+                            shard.full_until = earliest;
+                        }
+                        // Room was made: store the key.
+                        _ => shard.full_until = 0,
                     }
+                }
+                if now < shard.full_until {
+                    if shard.members.is_none() {
+                        shard.members = Some(Members::of(&shard.table, &self.hasher));
+                    }
+                    return Err(shard.full_until - now);
                 }
             } else {
                 shard.sweep_instead_of_growing(now, &self.hasher);
             }
+            // Room was made by a sweep that forgot keys, which dropped the filter; were
+            // one left, it would not hold the new key.
+            shard.members = None;
             let hasher = &self.hasher;
             shard
                 .table
@@ -222,6 +253,10 @@ struct Shard<K> {
     full_until: u64,
     /// Limiter time of the last sweep that made room to avoid growing.
     last_sweep: u64,
+    /// Which keys the table may hold, from the moment a full shard first refuses a new
+    /// key until a sweep forgets one: a new key it rules out is refused without probing
+    /// the table. Holds every stored key while present.
+    members: Option<Members>,
 }
 
 /// Sweeps of one table come at least this far apart (limiter time, ns); a table full
@@ -237,12 +272,14 @@ impl<K: Hash> Shard<K> {
             table: HashTable::new(),
             full_until: 0,
             last_sweep: 0,
+            members: None,
         }
     }
 
     /// Forgets every key whose TAT is at or before `now` (replenished, so forgetting it
     /// changes nothing); returns the earliest TAT left.
     fn sweep(&mut self, now: u64) -> Option<u64> {
+        let before = self.table.len();
         let mut earliest = None::<u64>;
         self.table.retain(|(_, cell)| {
             let tat = cell.tat();
@@ -252,6 +289,11 @@ impl<K: Hash> Shard<K> {
             }
             keep
         });
+        if self.table.len() < before {
+            // Still correct (it holds every key left), but no longer tight: it is made
+            // again, from the keys then stored, when the shard next refuses a key.
+            self.members = None;
+        }
         earliest
     }
 
@@ -304,5 +346,159 @@ impl<K: Hash> Shard<K> {
             });
         }
         self.table = fresh;
+    }
+}
+
+/// A Bloom filter over the keys of a full shard (`Shard::members`): one 64-bit word per
+/// key lookup, eight bits of filter per key, three of them set per key, so a key that is
+/// not stored is ruled out about 95 % of the time (and a stored key never is).
+struct Members {
+    words: Box<[u64]>,
+}
+
+impl Members {
+    /// The filter of every key in `table`.
+    fn of<K: Hash>(table: &HashTable<(K, TatWord)>, hasher: &DefaultHashBuilder) -> Members {
+        let words = (table.len() / 8).max(1).next_power_of_two();
+        let mut members = Members {
+            words: vec![0; words].into_boxed_slice(),
+        };
+        for (key, _) in table {
+            members.insert(hasher.hash_one(key));
+        }
+        members
+    }
+
+    /// The word and the bits for a key's hash: its own mix of the hash, whose low bits
+    /// also place the key in the table and whose top bits pick the shard.
+    #[inline]
+    fn bits(&self, hash: u64) -> (usize, u64) {
+        let h = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // `words.len()` is a power of two, so the mask keeps the index in range.
+        let word = (h >> 32) as usize & (self.words.len() - 1);
+        let bits = 1 << (h & 63) | 1 << ((h >> 6) & 63) | 1 << ((h >> 12) & 63);
+        (word, bits)
+    }
+
+    fn insert(&mut self, hash: u64) {
+        let (word, bits) = self.bits(hash);
+        self.words[word] |= bits;
+    }
+
+    #[inline]
+    fn may_hold(&self, hash: u64) -> bool {
+        let (word, bits) = self.bits(hash);
+        self.words[word] & bits == bits
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Whether every shard's filter, where there is one, holds every key its table does.
+    fn filters_hold_their_keys(store: &Store<u32>) -> bool {
+        store.shards.iter().all(|shard| {
+            let shard = shard.read();
+            shard.members.as_ref().is_none_or(|members| {
+                shard
+                    .table
+                    .iter()
+                    .all(|(key, _)| members.may_hold(store.hasher.hash_one(key)))
+            })
+        })
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Advance(u64),
+        Stored(u16),
+        New,
+        Retain,
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Through refusals, sweeps that make room, inserts and `retain_recent`, a full
+        /// shard's filter never rules out a key its table holds (which would refuse a
+        /// stored key as new).
+        #[test]
+        fn a_filter_never_rules_out_a_stored_key(ops in prop::collection::vec(
+            prop_oneof![
+                1 => (0u64..3_000).prop_map(Op::Advance),
+                4 => (0u16..200).prop_map(Op::Stored),
+                4 => Just(Op::New),
+                1 => Just(Op::Retain),
+            ],
+            1..2_000,
+        )) {
+            // Keys stay live for 10-20 µs (a few dozen operations), long enough for the
+            // shards to fill and refuse, short enough for sweeps to make room again.
+            let mut store = Store::<u32>::new();
+            store.set_max_keys(16);
+            let (cost, tolerance) = (10_000, 20_000);
+            let mut now = 1u64;
+            let mut next_new = 1_000_000u32;
+            for op in ops {
+                let key = match op {
+                    Op::Advance(d) => {
+                        now += d;
+                        continue;
+                    }
+                    Op::Retain => {
+                        store.retain_recent(now);
+                        continue;
+                    }
+                    Op::Stored(k) => u32::from(k),
+                    Op::New => {
+                        next_new += 1;
+                        next_new
+                    }
+                };
+                let _ = store.with_cell(&key, || now, |cell, now| cell.acquire(now, cost, tolerance));
+                prop_assert!(filters_hold_their_keys(&store));
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_shard_builds_its_filter_and_refuses_through_it() {
+        let mut store = Store::<u32>::new();
+        store.set_max_keys(64);
+        let admit = |cell: &TatWord, now| cell.acquire(now, 1_000, 1_000);
+        let refused = (0..10_000u32)
+            .filter(|key| store.with_cell(key, || 1, admit).is_err())
+            .count();
+        assert!(refused >= 10_000 - 64, "{refused} refused");
+        assert!(store.shards.iter().all(|s| s.read().members.is_some()));
+        assert!(filters_hold_their_keys(&store));
+        // Once the stored keys are replenished, a new key makes room and gets in; the
+        // sweep that forgot keys dropped the filter.
+        assert!(store.with_cell(&20_000, || 5_000, admit).is_ok());
+        assert!(filters_hold_their_keys(&store));
+        assert!(store.shards.iter().any(|s| s.read().members.is_none()));
+    }
+
+    #[test]
+    fn a_filter_rules_out_most_keys_it_does_not_hold() {
+        let hasher = DefaultHashBuilder::default();
+        let mut table = HashTable::new();
+        for key in 0..10_000u32 {
+            table.insert_unique(hasher.hash_one(key), (key, TatWord::new()), |(k, _)| {
+                hasher.hash_one(k)
+            });
+        }
+        let members = Members::of(&table, &hasher);
+        assert!((0..10_000u32).all(|key| members.may_hold(hasher.hash_one(key))));
+        let passed = (10_000..110_000u32)
+            .filter(|key| members.may_hold(hasher.hash_one(key)))
+            .count();
+        // About 5 % expected; a broken mix (every bit set, or one word) lets most through.
+        assert!(
+            passed < 15_000,
+            "{passed} of 100 000 keys not held passed the filter"
+        );
     }
 }
