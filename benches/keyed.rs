@@ -11,7 +11,9 @@
 //! 4. `rotating`: 50 000 active clients at 1000/s, burst 1, the population sliding by
 //!    `PACER_BENCH_NEW_KEYS_PER_SEC` (default 200 000) never-seen keys per second;
 //! 5. `flood`: one thread floods never-seen keys while another checks 100 000 known
-//!    (limited) ones; pacer has `with_max_keys(100_000)`, governor has no bound.
+//!    ones at 1/s, burst 1000 (each check admitted, so each writes its key's entry; none
+//!    is ever replenished, so none can be forgotten to make room); pacer has
+//!    `with_max_keys(100_000)`, governor has no bound.
 //!
 //! Regimes 1–4 alternate the two limiters round by round (`PACER_BENCH_ROUNDS`, 2 M
 //! checks per round) and print the per-round throughput ratio's median and spread, on 1

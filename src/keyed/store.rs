@@ -141,20 +141,17 @@ impl<K: Hash + Eq + Clone> Store<K> {
         let shard = self.shard(hash);
         {
             let shard = shard.read();
-            // A flood of new keys at a full shard is refused here, without the write lock,
-            // and mostly without probing the table: the probe would read the entries that
-            // the stored keys' admissions write (module docs, "Bounded under a flood").
-            if let Some(members) = &shard.members {
-                if !members.may_hold(hash) {
-                    let now = now();
-                    if now < shard.full_until {
-                        return Err(shard.full_until - now);
-                    }
+            // A full shard's filter rules out most new keys without probing the table: the
+            // probe would read the entries that the stored keys' admissions write (module
+            // docs, "Bounded under a flood").
+            let ruled_out = shard.members.as_ref().is_some_and(|m| !m.may_hold(hash));
+            if !ruled_out {
+                if let Some((_, cell)) = shard.table.find(hash, |(k, _)| k == key) {
+                    return Ok(f(cell, now()));
                 }
             }
-            if let Some((_, cell)) = shard.table.find(hash, |(k, _)| k == key) {
-                return Ok(f(cell, now()));
-            }
+            // A new key. A flood of them at a full shard is refused here, without the write
+            // lock.
             if shard.table.len() >= self.shard_cap {
                 let now = now();
                 if now < shard.full_until {
