@@ -148,7 +148,9 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// Bounds the number of stored keys to about `max` (rounded up to a multiple of the
     /// shard count, at most a few hundred more). See the module docs for what happens at the
     /// bound: fully replenished keys are forgotten first; if none is, new keys are refused
-    /// (denied with the time until a slot frees) rather than evicting a limited key.
+    /// (denied with the time until a slot frees) rather than evicting a limited key. While
+    /// full, the table also keeps a filter of its keys (about one byte per key of the
+    /// bound), so that a flood of new keys is refused without slowing the stored ones.
     ///
     /// # Examples
     ///
