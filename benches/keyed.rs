@@ -318,15 +318,32 @@ fn flood() {
         "\nflood: a thread inserting never-seen keys for {flood_for:?} while another checks \
          {known} known keys"
     );
+    // Known keys admitted on every check (each writes its entry), then known keys limited
+    // (their checks only read); either way none is replenished, so none can be forgotten
+    // to make room.
+    let per_hour = || {
+        let quota = governor::Quota::per_hour(NonZeroU32::new(1).unwrap());
+        let limiter = Arc::new(governor::RateLimiter::<u64, _, _>::keyed(quota));
+        let l = limiter.clone();
+        Contender {
+            check: Arc::new(move |k| l.check_key(k).is_ok()),
+            len: Arc::new(move || limiter.len()),
+        }
+    };
     let contenders = [
         (
-            "pacer",
+            "pacer, known keys admitted",
             pacer(
                 pacer::Quota::per_second(1).with_burst(1_000),
                 Some(known as usize),
             ),
         ),
-        ("governor", governor(1, 1_000)),
+        ("governor, known keys admitted", governor(1, 1_000)),
+        (
+            "pacer, known keys limited",
+            pacer(pacer::Quota::per_hour(1), Some(known as usize)),
+        ),
+        ("governor, known keys limited", per_hour()),
     ];
     for (who, contender) in contenders {
         let before = live_bytes();
@@ -361,7 +378,7 @@ fn flood() {
         let during = during / rounds.max(1) * 10;
         let mem_after = live_bytes() - before;
         eprintln!(
-            "flood: {who:<8} known-key checks {:.1} M/s quiet, {:.1} M/s during the flood \
+            "flood: {who:<29} known-key checks {:.1} M/s quiet, {:.1} M/s during the flood \
              ({:.2}x); {} new keys offered; stored keys {stored_before} -> {}; memory \
              {:.1} MB -> {:.1} MB",
             checks as f64 / quiet.as_secs_f64() / 1e6,

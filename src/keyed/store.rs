@@ -71,7 +71,7 @@
 //! the lines that the stored keys' admissions write, so on another core every admission
 //! paid for a line the flood had just read. Measured with 100 000 admitted known keys on
 //! one thread and a flood on the other: known-key checks ran at 0.15–0.74x of their quiet
-//! speed without the filter and 0.92–0.95x with it (0.9–1.0x either way when the known
+//! speed without the filter and 0.91–0.95x with it (0.9–1.0x either way when the known
 //! keys are limited, so that their checks write nothing). The filter never rules out a
 //! stored key: it is built from every key of the shard when the shard first refuses one,
 //! and dropped by any sweep that forgets a key (the only way room is made for an insert).
