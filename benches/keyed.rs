@@ -11,9 +11,10 @@
 //! 4. `rotating`: 50 000 active clients at 1000/s, burst 1, the population sliding by
 //!    `PACER_BENCH_NEW_KEYS_PER_SEC` (default 200 000) never-seen keys per second;
 //! 5. `flood`: one thread floods never-seen keys while another checks 100 000 known
-//!    ones at 1/s, burst 1000 (each check admitted, so each writes its key's entry; none
-//!    is ever replenished, so none can be forgotten to make room); pacer has
-//!    `with_max_keys(100_000)`, governor has no bound.
+//!    ones, first at 1/s, burst 1000 (each check admitted, so each writes its key's
+//!    entry), then at 1/hour (each check denied, reading only); none is ever replenished,
+//!    so none can be forgotten to make room. pacer has `with_max_keys(100_000)`, governor
+//!    has no bound.
 //!
 //! Regimes 1–4 alternate the two limiters round by round (`PACER_BENCH_ROUNDS`, 2 M
 //! checks per round) and print the per-round throughput ratio's median and spread, on 1
@@ -86,8 +87,13 @@ fn pacer(quota: pacer::Quota, max_keys: Option<usize>) -> Contender {
 }
 
 fn governor(per_second: u32, burst: u32) -> Contender {
-    let quota = governor::Quota::per_second(NonZeroU32::new(per_second).unwrap())
-        .allow_burst(NonZeroU32::new(burst).unwrap());
+    governor_with(
+        governor::Quota::per_second(NonZeroU32::new(per_second).unwrap())
+            .allow_burst(NonZeroU32::new(burst).unwrap()),
+    )
+}
+
+fn governor_with(quota: governor::Quota) -> Contender {
     let limiter = Arc::new(governor::RateLimiter::<u64, _, _>::keyed(quota));
     let l = limiter.clone();
     Contender {
@@ -321,15 +327,6 @@ fn flood() {
     // Known keys admitted on every check (each writes its entry), then known keys limited
     // (their checks only read); either way none is replenished, so none can be forgotten
     // to make room.
-    let per_hour = || {
-        let quota = governor::Quota::per_hour(NonZeroU32::new(1).unwrap());
-        let limiter = Arc::new(governor::RateLimiter::<u64, _, _>::keyed(quota));
-        let l = limiter.clone();
-        Contender {
-            check: Arc::new(move |k| l.check_key(k).is_ok()),
-            len: Arc::new(move || limiter.len()),
-        }
-    };
     let contenders = [
         (
             "pacer, known keys admitted",
@@ -343,7 +340,10 @@ fn flood() {
             "pacer, known keys limited",
             pacer(pacer::Quota::per_hour(1), Some(known as usize)),
         ),
-        ("governor, known keys limited", per_hour()),
+        (
+            "governor, known keys limited",
+            governor_with(governor::Quota::per_hour(NonZeroU32::MIN)),
+        ),
     ];
     for (who, contender) in contenders {
         let before = live_bytes();
