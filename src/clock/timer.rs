@@ -18,13 +18,19 @@
 //!
 //! * every wake runs under `catch_unwind`, so a panicking waker costs its own wake-up and
 //!   nothing else: the thread goes on serving the map;
-//! * entries are taken one at a time, and the thread records when it entered a wake. A
-//!   watchdog thread looks every [`STALL`] / 2 while the timer is active; if one wake has
-//!   run for longer than [`STALL`] (a waker that sleeps or blocks), it hands the map to a
-//!   fresh successor thread. The stuck thread exits as soon as its wake returns. So a
-//!   sleeping waker delays only itself, and everything else by at most about `STALL`.
+//! * entries are taken one at a time, and the thread records when it entered each wake
+//!   (a fresh clock reading per wake, so many quick wakes in one round never add up to a
+//!   stall). A watchdog thread looks every [`STALL`] / 2 while the timer is active; if one
+//!   wake has run for longer than [`STALL`] (a waker that sleeps or blocks), it hands the
+//!   map to a fresh successor thread. The stuck thread exits as soon as its wake returns.
+//!   So a sleeping waker delays only itself, and everything else by at most about `STALL`.
 //!   The watchdog parks for good after a second without activity, and `schedule` unparks
 //!   it when work arrives again.
+//! * the threads are bounded: at most [`MAX_THREADS`] `pacer-timer` threads are alive at
+//!   once, the serving one included. While that many are stuck in wakes, no successor is
+//!   started, and the map waits until one of the stuck wakes returns: wakers that block
+//!   for good can, `MAX_THREADS` of them at once, stop the default clock's wake-ups for
+//!   the whole process. (Wakers must not block; this only bounds the damage when they do.)
 //!
 //! This module uses `std::sync` directly rather than the `crate::sync` shim: it is a real
 //! OS thread parked with `park_timeout`, which loom cannot model, and loom builds leave it
@@ -45,6 +51,9 @@ pub(super) const MIN_GAP: u64 = 500_000;
 /// How long one wake may run before the map is handed to a successor thread.
 pub(crate) const STALL: u64 = 10_000_000;
 
+/// Most `pacer-timer` threads alive at once: the serving one and those stuck in a wake.
+pub(crate) const MAX_THREADS: usize = 4;
+
 /// After this long without entries or wakes, the watchdog parks until `schedule` wakes it.
 const WATCHDOG_IDLE: u64 = 1_000_000_000;
 
@@ -61,6 +70,8 @@ struct State {
     seq: u64,
     /// The generation of the thread that serves the map; older threads exit.
     generation: u64,
+    /// Server threads alive: the serving one and older ones still stuck in a wake.
+    alive: usize,
     /// The serving thread, unparked when an earlier entry arrives.
     server: Option<Thread>,
     /// When the serving thread entered its current wake (default clock); 0 when in none.
@@ -221,6 +232,7 @@ fn spawn_server(state: &mut State) {
         state.generation = generation;
         state.server = Some(handle.thread().clone());
         state.busy_since = 0;
+        state.alive += 1;
     }
 }
 
@@ -241,13 +253,16 @@ fn serve(generation: u64) {
                 let mut state = lock();
                 if state.generation != generation {
                     // A successor took over while we were stuck in a wake.
+                    state.alive -= 1;
                     return;
                 }
                 state.busy_since = 0;
                 state.last_active = now;
                 match state.pop_due(now) {
                     Some(waker) => {
-                        state.busy_since = now.max(1);
+                        // This wake's own start: the watchdog times each wake, not the
+                        // round (module docs).
+                        state.busy_since = self::now().max(1);
                         waker
                     }
                     None => break state.entries.first_key_value().map(|(k, _)| k.0),
@@ -277,8 +292,12 @@ fn watchdog() {
         let now = now();
         let park_for_good = {
             let mut state = lock();
-            if state.busy_since != 0 && now.saturating_sub(state.busy_since) > STALL {
-                // The server is stuck in a wake: hand the map to a successor.
+            if state.busy_since != 0
+                && now.saturating_sub(state.busy_since) > STALL
+                && state.alive < MAX_THREADS
+            {
+                // The server is stuck in a wake: hand the map to a successor (within the
+                // thread bound; past it, the map waits for a stuck wake to return).
                 spawn_server(&mut state);
             }
             if state.busy_since != 0 || !state.entries.is_empty() {

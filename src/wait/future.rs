@@ -6,6 +6,7 @@ use core::ptr::NonNull;
 use core::task::{Context, Poll};
 use std::sync::Arc;
 
+use super::alarm::Alarm;
 use super::queue::{Booking, Waiter, Waiters};
 use crate::cell::TatWord;
 use crate::clock::{Clock, Timeline};
@@ -28,21 +29,23 @@ pub(crate) trait Target {
     /// one every time.
     fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64>;
 
-    /// Runs `f` on the cell if it is stored; never stores it.
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Option<R>;
+    /// Runs `f` on the cell and the time now if the cell is stored; never stores it. The
+    /// time is never earlier than anything the target forgot (a keyed limiter's sweeps).
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Not polled yet: nothing booked.
     Unpolled,
-    /// A keyed limiter had no room to store the key: nothing booked; the clock will wake
-    /// the task at limiter time `until`, and the first poll is tried again then.
+    /// A keyed limiter had no room to store the key: nothing booked; `alarm` wakes the
+    /// task at limiter time `until`, and the first poll is tried again then.
     NoRoom { until: u64 },
     /// Booked and linked in `waiters`.
     Linked,
-    /// Finished (admitted, refused, or too large).
-    Done,
+    /// Finished, with this outcome (admitted, refused, or too large); a poll after that
+    /// answers the same again.
+    Done(Result<(), Denied>),
 }
 
 /// A request for `n` cells that waits its booked turn.
@@ -54,11 +57,12 @@ pub(crate) struct Acquire<T: Target> {
     deadline: u64,
     /// The longest wait accepted, in nanoseconds; turned into `deadline` by the first poll.
     max_wait: u64,
-    /// A reservation (see `Slot::keep_when_due`).
-    keep_when_due: bool,
     phase: Phase,
     /// The queue the node is linked in, once `phase` is `Linked`.
     waiters: Option<Arc<Waiters<T::Clock>>>,
+    /// The task's clock registration while `phase` is `NoRoom`; made by the first such
+    /// poll, reused by the next ones.
+    alarm: Option<Alarm>,
     /// Linked into `waiters` while `phase` is `Linked`; pinned with the future.
     node: Waiter,
 }
@@ -79,19 +83,11 @@ impl<T: Target> Acquire<T> {
             n,
             deadline: u64::MAX,
             max_wait,
-            keep_when_due: false,
             phase: Phase::Unpolled,
             waiters: None,
+            alarm: None,
             node: Waiter::new(),
         }
-    }
-
-    /// A reservation of `n` cells: booked like a waiter, but once its instant has come it
-    /// keeps its cells when dropped.
-    pub(crate) fn reservation(target: T, n: u32) -> Acquire<T> {
-        let mut acquire = Acquire::new(target, n, u64::MAX);
-        acquire.keep_when_due = true;
-        acquire
     }
 
     /// Nanoseconds from now until this request may proceed: 0 once admitted (or before
@@ -126,7 +122,6 @@ impl<T: Target> Acquire<T> {
             return Poll::Ready(Ok(()));
         }
         let max_wait = self.deadline.saturating_sub(now);
-        let keep_when_due = self.keep_when_due;
         // Fast path without the queue lock: a request that fits now cannot be overtaking
         // anyone, because linked waiters leave no room before their instants.
         let fast = self
@@ -144,16 +139,7 @@ impl<T: Target> Acquire<T> {
         // SAFETY: `node` points into this pinned future, is in no list (phase Unpolled), and
         // `Drop` cancels it before the future's memory goes away.
         let booking = self.target.with_cell(|cell| unsafe {
-            waiters.book(
-                cell,
-                &params,
-                node,
-                now,
-                cost,
-                max_wait,
-                keep_when_due,
-                cx.waker(),
-            )
+            waiters.book(cell, &params, node, now, cost, max_wait, cx.waker())
         });
         match booking {
             Ok(Booking::Ready) => Poll::Ready(Ok(())),
@@ -182,10 +168,17 @@ impl<T: Target> Acquire<T> {
         }
         let until = now.saturating_add(room);
         self.phase = Phase::NoRoom { until };
-        let time = self.target.time();
-        time.clock()
-            .wake_at(time.to_clock(until), cx.waker().clone());
+        self.alarm
+            .get_or_insert_with(Alarm::new)
+            .set(self.target.time(), until, cx.waker());
         Poll::Pending
+    }
+
+    /// Takes back the clock registration of a wait for room, if there is one.
+    fn disarm(&mut self) {
+        if let Some(alarm) = self.alarm.take() {
+            alarm.cancel(self.target.time());
+        }
     }
 }
 
@@ -198,7 +191,7 @@ impl<T: Target> Future for Acquire<T> {
         let this = unsafe { self.get_unchecked_mut() };
         let node = NonNull::from(&this.node);
         match this.phase {
-            Phase::Done => Poll::Ready(Ok(())),
+            Phase::Done(outcome) => Poll::Ready(outcome),
             Phase::Unpolled | Phase::NoRoom { .. } => {
                 let now = this.target.time().now();
                 if let Phase::NoRoom { until } = this.phase {
@@ -210,8 +203,11 @@ impl<T: Target> Future for Acquire<T> {
                     this.deadline = now.saturating_add(this.max_wait);
                 }
                 let poll = this.first_poll(node, now, cx);
-                if poll.is_ready() {
-                    this.phase = Phase::Done;
+                if let Poll::Ready(outcome) = poll {
+                    this.phase = Phase::Done(outcome);
+                }
+                if !matches!(this.phase, Phase::NoRoom { .. }) {
+                    this.disarm();
                 }
                 poll
             }
@@ -222,7 +218,7 @@ impl<T: Target> Future for Acquire<T> {
                 // SAFETY: the node was linked by `book` on `waiters` and lives in this
                 // pinned future.
                 if unsafe { waiters.poll_linked(node, cx.waker()) } {
-                    this.phase = Phase::Done;
+                    this.phase = Phase::Done(Ok(()));
                     this.waiters = None;
                     Poll::Ready(Ok(()))
                 } else {
@@ -238,6 +234,7 @@ impl<T: Target> Drop for Acquire<T> {
     /// `cancel` takes the queue lock and unlinks it (or finds it already fired and
     /// unlinked), so when this returns no pointer to the node remains anywhere.
     fn drop(&mut self) {
+        self.disarm();
         if self.phase != Phase::Linked {
             return;
         }
@@ -249,7 +246,7 @@ impl<T: Target> Drop for Acquire<T> {
                 .target
                 // SAFETY: the node was linked by `book` on `waiters` beside this target's
                 // cell, and is still alive: we are inside its owner's `drop`.
-                .with_stored_cell(|cell| unsafe { waiters.cancel(Some(cell), node) })
+                .with_stored_cell(|cell, now| unsafe { waiters.cancel(Some((cell, now)), node) })
                 // SAFETY: as above.
                 .unwrap_or_else(|| unsafe { waiters.cancel(None, node) });
             // After the cell's lock (a keyed shard's) is released.

@@ -1,5 +1,6 @@
 //! Waiting: booked, FIFO, cancel-safe async waiting and thread blocking.
 //!
+//! * `alarm` — a waiting task's one clock registration while it books nothing;
 //! * `list` — the generic intrusive list (the only `unsafe` data structure);
 //! * `queue` — waiters beside a cell: booking, firing, cancelling (its docs hold the
 //!   invariant and the fairness argument);
@@ -10,6 +11,7 @@
 //! The functions here turn one [`future::Acquire`] into each public result type, so the
 //! direct and the keyed limiter (and any later adapter) share one waiting path.
 
+pub(crate) mod alarm;
 pub(crate) mod block;
 pub(crate) mod future;
 pub(crate) mod list;

@@ -16,8 +16,16 @@
 //! prefix, marks each node fired and wakes them in order (FIFO, heavy requests included),
 //! with the wakers collected under the lock and woken after it.
 //!
-//! **Cancelling is exact, and decided on the state it changes.** A cancelled waiter gives
-//! its cost back only if *no plain admission has happened since the last booking*: then
+//! **Spent is spent.** A waiter whose instant has come keeps its cells when it is dropped,
+//! whether or not it was fired (the timer may be late; a reservation's holder may have
+//! acted on it), and a quota change never moves a reached instant later. A keyed limiter
+//! reads the time for this no earlier than its last sweep, so a waiter of a key that was
+//! forgotten (its TAT, and so every instant in it, had passed) and stored again never
+//! refunds into the new word.
+//!
+//! **Cancelling is exact, and decided on the state it changes.** A cancelled waiter whose
+//! instant has not come gives its cost back only if *no plain admission has happened
+//! since the last booking*: then
 //! the word still holds the tail's booked TAT, and a compare-and-swap from exactly that
 //! value to the value minus the cost makes the state the queue would have had if the
 //! waiter had never asked (every waiter behind it moves up by the cost; none can have
@@ -30,13 +38,20 @@
 //! then admissible at its instant and someone was admitted behind them. It keeps them,
 //! and if the admission races the refund, the refund's compare-and-swap fails. No clock is
 //! read to decide this, so a cancelling thread preempted for any length of time cannot
-//! hand back cells that were already relied on.
+//! hand back cells that were already relied on (the clock reading of "Spent is spent"
+//! only ever keeps more cells spent).
 //!
 //! **Re-entrant clocks.** A clock may wake the queue on the calling thread from inside
 //! `wake_at` (it should only do so when the instant has come). Such a wake-up is noticed,
-//! not recursed into: `schedule` handles it in a loop. A clock that keeps waking early
+//! not recursed into: the firing round that asked handles it in another pass. A clock
+//! that keeps waking early
 //! that way is given up on after a few rounds (the waiters are then fired by later polls
 //! or `fire_due`) instead of overflowing the stack.
+//!
+//! **Arm before waking.** A firing round asks the clock for the next front's instant
+//! before it wakes the tasks it unlinked: a task's waker is foreign code and may block,
+//! and the queue's next wake-up must not wait for it (it is with the clock already, which
+//! hands a stuck timer's work to another thread).
 //!
 //! **One timer per queue.** The queue asks its clock to wake it at the front's instant,
 //! and re-arms only when the front's instant is earlier than the wake-up already asked
@@ -74,9 +89,6 @@ struct Slot {
     tat: u64,
     /// The booked cost in nanoseconds (`n * T`).
     cost: u64,
-    /// A reservation: once its instant has come it keeps its cells when dropped, even if
-    /// the timer has not fired it yet (its holder may have acted on it).
-    keep_when_due: bool,
     /// The task to wake when fired.
     waker: Option<Waker>,
 }
@@ -267,34 +279,26 @@ impl<C: Clock> Waiters<C> {
     /// Asks the clock for the wake-up `book` or `cancel` left to arm. Call it holding no
     /// lock.
     pub(crate) fn schedule(&self, arm: Arm) {
-        self.ask_clock(arm.0);
+        if let Some(instant) = arm.0 {
+            if self.ask_once(instant) {
+                // The clock woke us on this thread: fire what is due, and arm the next.
+                let early = u32::from(self.time.now() < instant);
+                self.fire_round(true, early);
+            }
+        }
     }
 
-    /// Asks the clock to wake the queue at `instant`, then at whatever the fires that the
-    /// clock delivers on this very thread leave to arm (see the module docs).
-    fn ask_clock(&self, mut arm: Option<u64>) {
+    /// Asks the clock once to wake the queue at `instant`; returns whether it did so on
+    /// this very thread, from inside `wake_at` (see the module docs): the caller then
+    /// fires what is due itself.
+    fn ask_once(&self, instant: u64) -> bool {
         let me = core::ptr::from_ref(self).addr();
-        let mut early = 0;
-        while let Some(instant) = arm {
-            let outer = ASKING.with(|asking| asking.replace((me, false)));
-            self.time
-                .clock()
-                .wake_at(self.time.to_clock(instant), self.fire.clone());
-            let (_, woken) = ASKING.with(|asking| asking.replace(outer));
-            if !woken {
-                return;
-            }
-            // The clock woke us on this thread. Fire what is due, and loop to arm next.
-            if self.time.now() < instant {
-                early += 1;
-                if early > MAX_EARLY_WAKES {
-                    // It keeps waking early: stop asking. The next booking asks again.
-                    self.state.lock().armed = None;
-                    return;
-                }
-            }
-            arm = self.fire_round(true);
-        }
+        let outer = ASKING.with(|asking| asking.replace((me, false)));
+        self.time
+            .clock()
+            .wake_at(self.time.to_clock(instant), self.fire.clone());
+        let (_, woken) = ASKING.with(|asking| asking.replace(outer));
+        woken
     }
 
     /// Books `cost` at `now` (limiter time, read by the caller just before) within
@@ -314,7 +318,6 @@ impl<C: Clock> Waiters<C> {
         now: u64,
         cost: u64,
         max_wait: u64,
-        keep_when_due: bool,
         waker: &Waker,
     ) -> Booking {
         let arm = {
@@ -324,7 +327,7 @@ impl<C: Clock> Waiters<C> {
                 Ok(tat) => tat,
                 Err(wait) => return Booking::TooLate(wait),
             };
-            let instant = gcra::ready_at(tat, params);
+            let instant = gcra::ready_at(tat, cost, params);
             if instant <= now {
                 return Booking::Ready;
             }
@@ -335,7 +338,6 @@ impl<C: Clock> Waiters<C> {
                         instant,
                         tat,
                         cost,
-                        keep_when_due,
                         waker: Some(waker.clone()),
                     }
                 });
@@ -396,16 +398,23 @@ impl<C: Clock> Waiters<C> {
         false
     }
 
-    /// Drops a linked node: unlinks it and, if no plain admission has relied on its cells
-    /// (module docs), refunds its cost and moves everyone behind it up.
+    /// Drops a linked node: unlinks it and, if its instant has not come and no plain
+    /// admission has relied on its cells (module docs), refunds its cost and moves everyone
+    /// behind it up.
     ///
-    /// `word` is `None` when the word is gone (a keyed limiter forgot the key, which it
-    /// only does once every booking in it is long past): then there is nothing to refund.
+    /// `word` is the cell beside the queue with the time now, as its owner reads it (a
+    /// keyed limiter's never earlier than its last sweep); `None` when the word is gone (a
+    /// keyed limiter forgot the key, which it only does once every booking in it is past):
+    /// then there is nothing to refund.
     ///
     /// # Safety
     ///
     /// `node` was linked by [`Waiters::book`] on this queue, beside `word`, and is live.
-    pub(crate) unsafe fn cancel(&self, word: Option<&TatWord>, node: NonNull<Waiter>) -> Arm {
+    pub(crate) unsafe fn cancel(
+        &self,
+        word: Option<(&TatWord, u64)>,
+        node: NonNull<Waiter>,
+    ) -> Arm {
         let (arm, _waker) = {
             let mut state = self.state.lock();
             // Relaxed: `fire` stores under this lock, which orders it before us.
@@ -415,15 +424,13 @@ impl<C: Clock> Waiters<C> {
                 return Arm(None);
             }
             // SAFETY: `node` is live and we hold the lock.
-            let (cost, instant, keep_when_due, waker) = unsafe {
-                slot(node, |s| {
-                    (s.cost, s.instant, s.keep_when_due, s.waker.take())
-                })
-            };
-            // A reservation whose instant has come keeps its cells (read under the lock,
-            // after the holder's last action on it: a reservation dropped after use has
-            // its instant behind it by this reading).
-            let kept = keep_when_due && instant <= self.time.now();
+            let (cost, instant, waker) =
+                unsafe { slot(node, |s| (s.cost, s.instant, s.waker.take())) };
+            // Spent is spent: a booking whose instant has come keeps its cells, fired or
+            // not (a reservation's holder may have acted on it; a late timer changes
+            // nothing). The time is read after the holder's last action on it, so a
+            // reservation dropped after use has its instant behind it by this reading.
+            let refundable = word.filter(|&(_, now)| instant > now);
             let Some(tail) = state.list.back() else {
                 unreachable!("a linked, unfired waiter is in its list")
             };
@@ -434,7 +441,7 @@ impl<C: Clock> Waiters<C> {
             // SAFETY: as above.
             let removed = unsafe { state.list.remove(node) };
             debug_assert!(removed, "a linked, unfired waiter is in its list");
-            if !kept && word.is_some_and(|word| word.refund(tail_tat, cost)) {
+            if refundable.is_some_and(|(word, _)| word.refund(tail_tat, cost)) {
                 while let Some(later) = behind {
                     // SAFETY: `later` is linked, so live (list rule 3); we hold the lock.
                     unsafe {
@@ -465,22 +472,23 @@ impl<C: Clock> Waiters<C> {
 
     /// [`Waiters::fire_due`]; `from_clock` when the clock delivered the wake-up we asked for.
     fn fire(&self, from_clock: bool) {
-        let arm = self.fire_round(from_clock);
-        self.ask_clock(arm);
+        self.fire_round(from_clock, 0);
     }
 
-    /// Unlinks and wakes the due prefix; returns the instant to ask the clock for, if any.
-    fn fire_round(&self, from_clock: bool) -> Option<u64> {
+    /// Unlinks and wakes the due prefix, asking the clock for the next front's instant
+    /// *before* waking anyone: a waker that blocks then delays only itself, since the
+    /// queue's next wake-up is already with the clock (and a timer that hands its map to
+    /// another thread delivers it), never recorded as armed and left unasked.
+    ///
+    /// `early` counts the re-entrant wake-ups that came before their instant so far (see
+    /// the module docs, "Re-entrant clocks").
+    fn fire_round(&self, from_clock: bool, mut early: u32) {
         let mut due = WakeList::new();
         let mut from_clock = from_clock;
         let mut panicked: Result<(), Panic> = Ok(());
-        // The latest instant a pass armed: a pass that fills the batch may arm the next
-        // front, and the following pass then finds it armed and arms nothing, so the one
-        // recorded earlier must still be asked for.
-        let mut to_ask = None;
-        let arm = loop {
+        loop {
             let now = self.time.now();
-            let (arm, more) = {
+            let (arm, mut more) = {
                 let mut state = self.state.lock();
                 if from_clock || state.armed.is_some_and(|armed| armed <= now) {
                     // The wake-up we asked for has come, or is due and will find nothing.
@@ -511,18 +519,30 @@ impl<C: Clock> Waiters<C> {
                 }
                 (state.arm_front(), due.is_full())
             };
-            panicked = panicked.and(due.wake_all());
-            to_ask = arm.or(to_ask);
-            if !more {
-                break to_ask;
+            if let Some(instant) = arm {
+                if self.ask_once(instant) {
+                    // Woken on this thread from inside `wake_at`: another pass fires it.
+                    if self.time.now() < instant {
+                        early += 1;
+                    }
+                    if early > MAX_EARLY_WAKES {
+                        // It keeps waking early: stop asking. The next booking asks again.
+                        self.state.lock().armed = None;
+                    } else {
+                        from_clock = true;
+                        more = true;
+                    }
+                }
             }
-        };
+            panicked = panicked.and(due.wake_all());
+            if !more {
+                break;
+            }
+        }
         if let Err(panic) = panicked {
-            // Every due waiter was woken; put the timer back before reporting the panic.
-            self.ask_clock(arm);
+            // Every due waiter was woken and the timer re-armed: report the panic.
             std::panic::resume_unwind(panic);
         }
-        arm
     }
 
     /// The limiter time at which the front waiter is due, if any.
@@ -533,15 +553,21 @@ impl<C: Clock> Waiters<C> {
         Some(unsafe { slot(front, |s| s.instant) })
     }
 
-    /// Re-reads every linked waiter's instant against a new quota's burst window (its
-    /// booked TAT stays): after `Limiter::set_quota`. Returns the wake-up to ask for.
-    pub(crate) fn requote(&self, params: &Params) -> Arm {
+    /// Re-reads the instant of every linked waiter whose instant has not come by `now`
+    /// against a new quota's burst window (its booked TAT stays): after
+    /// `Limiter::set_quota`. An instant that has come stays where it is: its cells are
+    /// spent, and it is due. Returns the wake-up to ask for.
+    pub(crate) fn requote(&self, params: &Params, now: u64) -> Arm {
         let mut state = self.state.lock();
         let mut node = state.list.front();
         while let Some(n) = node {
             // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
             unsafe {
-                slot(n, |s| s.instant = gcra::ready_at(s.tat, params));
+                slot(n, |s| {
+                    if s.instant > now {
+                        s.instant = gcra::ready_at(s.tat, s.cost, params);
+                    }
+                });
                 node = list::next(n);
             }
         }
