@@ -38,8 +38,16 @@ pub(crate) struct TatWord {
 impl TatWord {
     /// A fresh cell: TAT 0, so a full burst is admissible at once.
     pub(crate) fn new() -> TatWord {
+        TatWord::starting_at(0)
+    }
+
+    /// A cell holding `tat`: from then on it is indistinguishable from a fresh one, and
+    /// before then (a clock that steps back) it admits nothing a cell with that TAT would
+    /// not (a keyed limiter's new keys start at its last sweep).
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // keyed's
+    pub(crate) fn starting_at(tat: u64) -> TatWord {
         TatWord {
-            tat: AtomicU64::new(0),
+            tat: AtomicU64::new(tat),
         }
     }
 

@@ -114,24 +114,42 @@ pub(crate) const fn admit(tat: u64, now: u64, cost: u64, tolerance: u64) -> Resu
     }
 }
 
-/// How many cells are admissible at `now` without waiting: `floor((tau - backlog) / T)`.
+/// How many cells are admissible at `now` without waiting: `floor((tau - backlog) / T)`,
+/// and no more than fit before the end of representable time (a TAT past `u64::MAX`,
+/// which [`admit`] denies), so `admit` takes exactly this many.
 #[inline]
 pub(crate) const fn remaining(tat: u64, now: u64, params: &Params) -> u32 {
-    let backlog = tat.saturating_sub(now);
+    let base = if tat > now { tat } else { now };
+    let backlog = base - now;
     if backlog >= params.tau {
-        0
-    } else {
-        // (tau - backlog) / T <= tau / T == burst, so the cast cannot truncate.
-        ((params.tau - backlog) / params.interval) as u32
+        return 0;
     }
+    let in_window = (params.tau - backlog) / params.interval;
+    let before_the_end = (u64::MAX - base) / params.interval;
+    let cells = if in_window < before_the_end {
+        in_window
+    } else {
+        before_the_end
+    };
+    // cells <= (tau - backlog) / T <= tau / T == burst, so the cast cannot truncate.
+    cells as u32
 }
 
-/// The instant (limiter time) at which a booking that moved the TAT to `tat` may proceed:
-/// `tat - tau`, or 0 when that is before the limiter's creation.
+/// The instant (limiter time) at which a booking of `cost` that moved the TAT to `tat`
+/// may proceed: `tat - max(tau, cost)`, or 0 when that is before the limiter's creation.
+///
+/// At booking `cost <= tau`, so this is `tat - tau`. After a quota change to a burst
+/// window smaller than the booking (`Limiter::set_quota`), it is `tat - cost`: the
+/// booking's cells are then accounted as admitted at that instant, when they fill the TAT
+/// from the instant up, so no window ever holds more than its length plus the largest
+/// burst window in force while its cells were booked or admitted. (With `tat - tau` the
+/// TAT would be only `tau` ahead of a booking that used `cost > tau`, and a later larger
+/// quota would admit its burst again on top.)
 #[inline]
 #[cfg_attr(not(feature = "std"), allow(dead_code))] // waiting's
-pub(crate) const fn ready_at(tat: u64, params: &Params) -> u64 {
-    tat.saturating_sub(params.tau)
+pub(crate) const fn ready_at(tat: u64, cost: u64, params: &Params) -> u64 {
+    let window = if cost > params.tau { cost } else { params.tau };
+    tat.saturating_sub(window)
 }
 
 #[cfg(test)]
@@ -228,7 +246,9 @@ mod tests {
         // tat 100 at now 0: a cell is due at 100; within 95 it is not, within 100 it is.
         assert_eq!(admit(100, 0, 10, q.tau() + 95), Err(5));
         assert_eq!(admit(100, 0, 10, q.tau() + 100), Ok(110));
-        assert_eq!(ready_at(110, &q), 100);
+        assert_eq!(ready_at(110, 10, &q), 100);
+        // A booking larger than the (changed) burst window waits for its own cost only.
+        assert_eq!(ready_at(110, 30, &q), 80);
         assert_eq!(admit(100, 0, 10, u64::MAX), Ok(110));
     }
 
@@ -241,6 +261,6 @@ mod tests {
         assert_eq!(admit(u64::MAX, u64::MAX, 0, q.tau()), Ok(u64::MAX));
         assert_eq!(admit(u64::MAX, 0, 1, 1), Err(u64::MAX));
         assert_eq!(remaining(u64::MAX, 0, &q), 0);
-        assert_eq!(ready_at(5, &q), 0);
+        assert_eq!(ready_at(5, 1, &q), 0);
     }
 }

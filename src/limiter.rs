@@ -281,7 +281,7 @@ impl<C: Clock> Limiter<C> {
     /// ```
     #[cfg(feature = "std")]
     pub fn reserve(&self, n: u32) -> Result<Reservation<'_, C>, Denied> {
-        Reservation::book(Acquire::reservation(self, n))
+        Reservation::book(Acquire::new(self, n, u64::MAX))
     }
 
     /// Changes the quota while the limiter runs, from any thread, without resetting it.
@@ -296,13 +296,15 @@ impl<C: Clock> Limiter<C> {
     /// * Checks take no lock and may run concurrently: each decision reads one quota, old
     ///   or new, and is judged against exactly the state it replaces, so no decision ever
     ///   mixes the two. In any window of length `w`, the admitted cells, each weighed by
-    ///   the interval of the quota that admitted it, add up to at most `w` plus the larger
-    ///   burst window of the two.
-    /// * Booked waiters keep their order and their bookings; their instants are re-read
-    ///   against the new burst window (a larger one brings them forward, a smaller one
-    ///   pushes them back), so plain checks still cannot overtake them. Waiters that book
-    ///   later are spaced by the new interval. A waiter dropped before its instant gives
-    ///   back exactly what it booked.
+    ///   the interval of the quota that admitted it, add up to at most `w` plus the
+    ///   largest burst window of the quotas in force while they were booked or admitted.
+    /// * Booked waiters keep their order and their bookings; the instants that have not
+    ///   come yet are re-read against the new burst window (a larger one brings them
+    ///   forward, a smaller one pushes them back, but a waiter whose request is larger than
+    ///   the new window only as far as its booked TAT minus its own cost), so plain checks
+    ///   still cannot overtake them. An instant that has come never moves: those cells are
+    ///   spent. Waiters that book later are spaced by the new interval. A waiter dropped
+    ///   before its instant gives back exactly what it booked.
     ///
     /// # Examples
     ///
@@ -319,7 +321,7 @@ impl<C: Clock> Limiter<C> {
         self.quota.store(quota);
         #[cfg(feature = "std")]
         {
-            let arm = self.waiters.requote(quota.params());
+            let arm = self.waiters.requote(quota.params(), self.now());
             self.waiters.schedule(arm);
         }
     }
@@ -554,8 +556,8 @@ impl<C: Clock> Target for &Limiter<C> {
         Ok(f(&self.cell))
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Option<R> {
-        Some(f(&self.cell))
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+        Some(f(&self.cell, self.now()))
     }
 }
 

@@ -54,6 +54,18 @@ impl Snapshot {
         }
     }
 
+    /// The state of a key that a keyed limiter at its key bound would refuse to store for
+    /// `wait` nanoseconds: nothing admissible until then, then its whole burst.
+    #[cfg(feature = "std")]
+    pub(crate) fn refused(params: Params, wait: u64) -> Snapshot {
+        Snapshot {
+            quota: Quota::from_params(params),
+            remaining: 0,
+            until_next: Duration::from_nanos(wait),
+            until_full: Duration::from_nanos(wait),
+        }
+    }
+
     /// The quota in force when the state was read.
     ///
     /// # Examples

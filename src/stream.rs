@@ -95,7 +95,7 @@ impl<C: Clock> Target for Handle<'_, C> {
         Target::with_cell(&self.get(), f)
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Option<R> {
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
         Target::with_stored_cell(&self.get(), f)
     }
 }
@@ -124,6 +124,8 @@ pin_project! {
         turn: Option<Acquire<Handle<'a, C>>>,
         item: Option<S::Item>,
         limiter: Handle<'a, C>,
+        // Set once an item's booking was refused: the stream has ended.
+        refused: bool,
     }
 }
 
@@ -137,6 +139,10 @@ pin_project! {
 ///
 /// `limiter` is a `&Limiter`, or an `Arc<Limiter>` for a stream that must be `'static`
 /// (to spawn it, say).
+///
+/// The stream ends early only if an item's booking is refused, which happens only at the
+/// end of representable time (584 years after the limiter's creation, or a clock that
+/// jumps there): no item is ever yielded without its cell.
 ///
 /// # Examples
 ///
@@ -161,6 +167,7 @@ pub fn throttle<'a, S: Stream, C: Clock>(
         turn: None,
         item: None,
         limiter: limiter.into(),
+        refused: false,
     }
 }
 
@@ -168,6 +175,7 @@ impl<S: Stream, C: Clock> core::fmt::Debug for Throttled<'_, S, C> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Throttled")
             .field("waiting", &self.item.is_some())
+            .field("refused", &self.refused)
             .finish_non_exhaustive()
     }
 }
@@ -177,6 +185,9 @@ impl<S: Stream, C: Clock> Stream for Throttled<'_, S, C> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
         let mut this = self.project();
+        if *this.refused {
+            return Poll::Ready(None);
+        }
         if this.item.is_none() {
             match this.stream.poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -190,16 +201,27 @@ impl<S: Stream, C: Clock> Stream for Throttled<'_, S, C> {
         }
         if let Some(turn) = this.turn.as_mut().as_pin_mut() {
             match turn.poll(cx) {
+                // A finished turn is dropped at once: it is never polled again.
                 Poll::Ready(Ok(())) => this.turn.set(None),
-                // One cell always fits; only a booking past the end of representable
-                // time (584 years) is refused, and that item never comes.
-                Poll::Ready(Err(_)) | Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(_)) => {
+                    // One cell always fits the burst; only a booking past the end of
+                    // representable time is refused. The item goes without its cell,
+                    // and the stream ends.
+                    this.turn.set(None);
+                    *this.item = None;
+                    *this.refused = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => return Poll::Pending,
             }
         }
         Poll::Ready(this.item.take())
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
+        if self.refused {
+            return (0, Some(0));
+        }
         let (low, high) = self.stream.size_hint();
         let waiting = usize::from(self.item.is_some());
         (

@@ -227,7 +227,10 @@ type Booked = (usize, u128, u128);
 
 /// Fires the due prefix: what a manual clock's `advance` (or a re-armed queue) does.
 fn fire_due(model: &Model, queue: &mut Vec<Booked>, now: u128) {
-    while queue.first().is_some_and(|b| model.ready_at(b.1) <= now) {
+    while queue
+        .first()
+        .is_some_and(|b| model.ready_at(b.1, b.2) <= now)
+    {
         queue.remove(0);
     }
 }
@@ -300,7 +303,7 @@ proptest! {
                     } else {
                         match model.book(now, n) {
                             None => true, // more than the burst: refused at once
-                            Some(tat) if model.ready_at(tat) <= now => {
+                            Some(tat) if model.ready_at(tat, u128::from(n) * model.interval()) <= now => {
                                 admitted_since_booking = true;
                                 true
                             }
@@ -337,7 +340,7 @@ proptest! {
             prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
             prop_assert_eq!(
                 limiter.next_waiter_due_in().map(|d| d.as_nanos()),
-                queue.first().map(|b| model.ready_at(b.1) - now)
+                queue.first().map(|b| model.ready_at(b.1, b.2) - now)
             );
             for (id, future) in &mut pending {
                 let done = future.as_mut().poll(cx).is_ready();

@@ -323,7 +323,8 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// How many cells `check_key_n` would admit for `key` right now; spends nothing and
-    /// stores nothing (an unknown key has its whole burst).
+    /// stores nothing. An unknown key has its whole burst, unless the key bound would
+    /// refuse to store it now (then 0, as its check would be refused).
     ///
     /// # Examples
     ///
@@ -338,11 +339,17 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn remaining_key(&self, key: &K) -> u32 {
         let params = self.params_for(key);
         self.with_stored_cell(key, |cell, now| gcra::remaining(cell.tat(), now, &params))
-            .unwrap_or(params.burst())
+            .unwrap_or_else(|| {
+                let now = self.now();
+                self.store
+                    .vacancy(key, now)
+                    .map_or(0, |tat| gcra::remaining(tat, now, &params))
+            })
     }
 
-    /// `key`'s state now, from one reading (see [`Snapshot`]); stores nothing (an unknown
-    /// key has its whole burst).
+    /// `key`'s state now, from one reading (see [`Snapshot`]); stores nothing. An unknown
+    /// key has its whole burst, unless the key bound would refuse to store it now (then
+    /// nothing, until the wait its check would be told).
     ///
     /// # Examples
     ///
@@ -358,7 +365,13 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn snapshot_key(&self, key: &K) -> Snapshot {
         let params = self.params_for(key);
         self.with_stored_cell(key, |cell, now| Snapshot::of(params, cell.tat(), now))
-            .unwrap_or_else(|| Snapshot::of(params, 0, 0))
+            .unwrap_or_else(|| {
+                let now = self.now();
+                match self.store.vacancy(key, now) {
+                    Ok(tat) => Snapshot::of(params, tat, now),
+                    Err(wait) => Snapshot::refused(params, wait),
+                }
+            })
     }
 
     /// Changes the default quota (the one of keys without a quota of their own) while the
@@ -386,8 +399,9 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
                 .map(|(_, queue)| Arc::clone(queue))
                 .collect()
         };
+        let now = self.now();
         for queue in queues {
-            let arm = queue.requote(quota.params());
+            let arm = queue.requote(quota.params(), now);
             queue.schedule(arm);
         }
     }
@@ -636,7 +650,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Target for KeyTarget<'_, K, C> {
         self.limiter.with_cell(&self.key, |cell, _| f(cell))
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Option<R> {
-        self.limiter.with_stored_cell(&self.key, |cell, _| f(cell))
+    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+        self.limiter.with_stored_cell(&self.key, f)
     }
 }

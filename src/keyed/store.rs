@@ -20,7 +20,14 @@
 //!
 //! **Lossless forgetting.** A key whose TAT is at or before now is indistinguishable from
 //! a new key (TAT 0): both admit a full burst and nothing else. Forgetting it therefore
-//! changes no decision. A key is *live* while its TAT is ahead of now, that is, while it
+//! changes no decision, as long as time does not go back: a clock may step back (the
+//! `Clock` contract allows it), so each shard remembers the latest time up to which it
+//! forgot keys, and a key stored there starts with that TAT instead of 0 (the same as
+//! new from then on, and before then no freer than the forgotten key), and the time that
+//! a stored key's waiters are cancelled and its state reported at is never earlier than
+//! it. So a key forgotten at 200 s never gets a second burst from a clock that reads
+//! 100 s next, and a waiter of a forgotten key (whose instant had passed) never takes a
+//! refund from the word stored after it. A key is *live* while its TAT is ahead of now, that is, while it
 //! was admitted within its burst window (its refill time).
 //!
 //! **Forgetting: sweep instead of growing.** A shard forgets keys only when an insert finds
@@ -172,7 +179,53 @@ impl<K: Hash + Eq + Clone> Store<K> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash).read();
         let (_, cell) = shard.table.find(hash, |(k, _)| k == key)?;
-        Some(f(cell, now()))
+        Some(f(cell, now().max(shard.forgotten_to)))
+    }
+
+    /// For a key that is not stored: the TAT it would be stored with at `now` (its shard's
+    /// forgetting time, see "Lossless forgetting"), or, when its shard is full of limited
+    /// keys, the wait until a slot frees, exactly as [`Store::with_cell`] would answer.
+    /// May sweep the shard, as storing the key would; stores nothing.
+    pub(super) fn vacancy(&self, key: &K, now: u64) -> Result<u64, u64> {
+        let shard = self.shard(self.hasher.hash_one(key));
+        {
+            let shard = shard.read();
+            if shard.table.len() < self.shard_cap {
+                return Ok(shard.forgotten_to);
+            }
+            if now < shard.full_until {
+                return Err(shard.full_until - now);
+            }
+        }
+        shard.write(|shard| {
+            self.make_room(shard, now)?;
+            Ok(shard.forgotten_to)
+        })
+    }
+
+    /// Under a full shard's write lock: sweeps it unless a sweep already found it full of
+    /// keys limited until `full_until`; `Err` with the wait until a slot frees if there is
+    /// still no room (and the filter of its keys built, see "Bounded under a flood").
+    fn make_room(&self, shard: &mut Shard<K>, now: u64) -> Result<(), u64> {
+        if shard.table.len() < self.shard_cap {
+            return Ok(());
+        }
+        if now >= shard.full_until {
+            match shard.sweep(now) {
+                Some(earliest) if shard.table.len() >= self.shard_cap => {
+                    shard.full_until = earliest;
+                }
+                // Room was made.
+                _ => shard.full_until = 0,
+            }
+        }
+        if now < shard.full_until {
+            if shard.members.is_none() {
+                shard.members = Some(Members::of(&shard.table, &self.hasher));
+            }
+            return Err(shard.full_until - now);
+        }
+        Ok(())
     }
 
     /// [`Store::with_cell`]'s path for a key that was not found: under the shard's
@@ -187,21 +240,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
     ) -> Result<R, u64> {
         if shard.table.find(hash, |(k, _)| k == key).is_none() {
             if shard.table.len() >= self.shard_cap {
-                if now >= shard.full_until {
-                    match shard.sweep(now) {
-                        Some(earliest) if shard.table.len() >= self.shard_cap => {
-                            shard.full_until = earliest;
-                        }
-                        // Room was made: store the key.
-                        _ => shard.full_until = 0,
-                    }
-                }
-                if now < shard.full_until {
-                    if shard.members.is_none() {
-                        shard.members = Some(Members::of(&shard.table, &self.hasher));
-                    }
-                    return Err(shard.full_until - now);
-                }
+                self.make_room(shard, now)?;
             } else {
                 shard.sweep_instead_of_growing(now, &self.hasher);
             }
@@ -209,11 +248,11 @@ impl<K: Hash + Eq + Clone> Store<K> {
             // one left, it would not hold the new key.
             shard.members = None;
             let hasher = &self.hasher;
-            shard
-                .table
-                .insert_unique(hash, (key.clone(), TatWord::new()), |(k, _)| {
-                    hasher.hash_one(k)
-                });
+            shard.table.insert_unique(
+                hash,
+                (key.clone(), TatWord::starting_at(shard.forgotten_to)),
+                |(k, _)| hasher.hash_one(k),
+            );
         }
         match shard.table.find(hash, |(k, _)| k == key) {
             Some((_, cell)) => Ok(f(cell, now)),
@@ -250,6 +289,9 @@ struct Shard<K> {
     full_until: u64,
     /// Limiter time of the last sweep that made room to avoid growing.
     last_sweep: u64,
+    /// The latest time up to which a sweep forgot keys (each forgotten key's TAT was at
+    /// or before it): the TAT a key stored here starts with ("Lossless forgetting").
+    forgotten_to: u64,
     /// Which keys the table may hold, from the moment a full shard first refuses a new
     /// key until a sweep forgets one: a new key it rules out is refused without probing
     /// the table. Holds every stored key while present.
@@ -269,6 +311,7 @@ impl<K: Hash> Shard<K> {
             table: HashTable::new(),
             full_until: 0,
             last_sweep: 0,
+            forgotten_to: 0,
             members: None,
         }
     }
@@ -290,6 +333,7 @@ impl<K: Hash> Shard<K> {
             // Still correct (it holds every key left), but no longer tight: it is made
             // again, from the keys then stored, when the shard next refuses a key.
             self.members = None;
+            self.forgotten_to = self.forgotten_to.max(now);
         }
         earliest
     }

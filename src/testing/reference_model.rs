@@ -76,9 +76,11 @@ impl Model {
         self.tat -= cost;
     }
 
-    /// When a booking that left `tat` may proceed: `tat - tau`, or 0.
-    pub(crate) fn ready_at(&self, tat: u128) -> u128 {
-        tat.saturating_sub(self.tau())
+    /// When a booking of `cost` that left `tat` may proceed: `tat - max(tau, cost)`, or 0
+    /// (the cost exceeds tau only after a change to a smaller burst window: the booking
+    /// then proceeds when its own cost fits).
+    pub(crate) fn ready_at(&self, tat: u128, cost: u128) -> u128 {
+        tat.saturating_sub(self.tau().max(cost))
     }
 
     /// The interval `T` in nanoseconds.
@@ -121,16 +123,22 @@ impl Model {
         Outcome::Admitted
     }
 
+    /// Whether `check_n(n)` would admit at `now`: the formula, and a new TAT that does not
+    /// pass `u64::MAX` ns (the documented edge).
+    fn would_admit(&self, now: u128, n: u128) -> bool {
+        self.admits(now, n) && self.tat.max(now) + n * self.t <= u128::from(u64::MAX)
+    }
+
     /// The largest `k <= b` that `check_n(k)` would admit at `now` (0 if none).
     pub(crate) fn remaining(&self, now: u128) -> u128 {
-        // `admits` is monotone in k: binary search for its last true value.
+        // `would_admit` is monotone in k: binary search for its last true value.
         let (mut lo, mut hi) = (0u128, self.b);
-        if !self.admits(now, 0) {
+        if !self.would_admit(now, 0) {
             return 0;
         }
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
-            if self.admits(now, mid) {
+            if self.would_admit(now, mid) {
                 lo = mid;
             } else {
                 hi = mid - 1;

@@ -55,3 +55,24 @@ pub(crate) async fn timeouts_race_wake_ups<C: Clock>(limiter: Arc<Limiter<C>>, r
         limiter.check().unwrap();
     }
 }
+
+/// A clock set by hand that never wakes anyone by itself: waiters are driven by polls and
+/// `wake_due_waiters`, as a late timer (which the `Clock` contract allows) would leave them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SetClock(Arc<std::sync::atomic::AtomicU64>);
+
+impl SetClock {
+    /// Sets the reading, in nanoseconds; it may go backwards.
+    pub(crate) fn set(&self, t: Duration) {
+        let nanos = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+        self.0.store(nanos, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for SetClock {
+    fn now(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn wake_at(&self, _at: u64, _waker: std::task::Waker) {}
+}
