@@ -3,7 +3,6 @@
 //! trusted proxies, IPv6 grouping, several limits, exemptions, gRPC, waiting with client
 //! disconnects, and the GCRA bound over a window of real time.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -11,75 +10,13 @@ use axum::routing::get;
 use axum::Router;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use pacer::clock::ManualClock;
 use pacer::http::{KeySource, Limit, MissingKey, RateLimitLayer};
 use pacer::Quota;
 
-/// Serves `layer` around a `200 ok` route on an ephemeral loopback port.
-async fn serve(layer: RateLimitLayer<ManualClock>) -> SocketAddr {
-    serve_router(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer),
-    )
-    .await
-}
-
-async fn serve_router(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
-
-fn client() -> Client<HttpConnector, Body> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: http::HeaderMap,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().unwrap())
-            .unwrap_or("<none>")
-    }
-}
-
-async fn send(
-    addr: SocketAddr,
-    build: impl FnOnce(http::request::Builder) -> http::request::Builder,
-) -> Reply {
-    let request = build(Request::get(format!("http://{addr}/")))
-        .body(Body::empty())
-        .unwrap();
-    let response = client().request(request).await.unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let _ = response.into_body().collect().await.unwrap();
-    Reply { status, headers }
-}
-
-async fn get_plain(addr: SocketAddr) -> Reply {
-    send(addr, |b| b).await
-}
-
-fn per_ip(clock: &ManualClock, quota: Quota) -> Limit<ManualClock> {
-    Limit::with_clock("per-ip", quota, KeySource::peer_ip(), clock.clone())
-}
+#[path = "support/http_server.rs"]
+mod http_server;
+use http_server::{client, get_plain, per_ip, send, serve, serve_router};
 
 #[tokio::test]
 async fn refusals_are_429_with_retry_after_rounded_up_and_ratelimit_fields() {

@@ -29,7 +29,8 @@
 //!   nanoseconds between, the cell stays spent: the limits only ever err on the strict
 //!   side).
 //! * **Refusals** carry `Retry-After` in whole seconds *rounded up*, never earlier than
-//!   the moment the request would be admitted (tower-governor truncates, so a client told
+//!   the moment the request would be admitted: the longest wait among the limits, read
+//!   after the request's own cells were given back (tower-governor truncates, so a client told
 //!   `0` for a 0.9 s wait retries early and is refused again), and `RateLimit-Policy`
 //!   (`"name";q=burst;w=window`) and `RateLimit` (`"name";r=remaining;t=seconds until
 //!   full`) for every limit, read from one snapshot each. gRPC requests
@@ -38,11 +39,13 @@
 //! * **Keys** come from the peer address (forwarding headers only through configured
 //!   trusted proxies, right-most untrusted hop first), grouped by /64 for IPv6, or from a
 //!   header, one global key, or a closure ([`KeySource`]). A request without a key is
-//!   handled as configured ([`MissingKey`]), never with a 500.
+//!   handled as configured ([`MissingKey`]), never with a 500; keyless requests share a
+//!   key no client can name. Text keys over 64 bytes are stored as a seeded 128-bit
+//!   digest, so a stored key costs a bounded number of bytes whatever clients send.
 //! * **Waiting instead of refusing** ([`RateLimitLayer::wait_up_to`]): a request books its
-//!   turn (pacer's FIFO) on every limit first, then waits for the latest, up to a
-//!   maximum; a limit that cannot admit it in time gives back what the earlier limits
-//!   booked. A client that goes away drops the request's future, which gives back every
+//!   turn (pacer's FIFO) on every limit first, then waits for all of them at once, up to
+//!   a maximum; a limit that cannot admit it in time (one that waited for room in a full
+//!   key table included) refuses it and gives back what the other limits booked. A client that goes away drops the request's future, which gives back every
 //!   booking whose instant has not come.
 //! * **Memory** needs no clean-up task: each limit is a [`KeyedLimiter`] that forgets
 //!   idle clients on its own, with a bound on stored keys (1 000 000 by default).
@@ -67,13 +70,15 @@ use http::{Request, Response, StatusCode};
 
 use crate::clock::{Clock, DefaultClock};
 use crate::keyed::{Booked, KeyedLimiter, Undo};
-use crate::{NotUntil, Quota, Snapshot};
+use crate::{Denied, NotUntil, Quota, Snapshot};
 
 /// One limit of a [`RateLimitLayer`]: a name (shown in the `RateLimit` fields), a quota
 /// per key, and where the key comes from.
 #[derive(Clone)]
 pub struct Limit<C: Clock = DefaultClock> {
     name: Arc<str>,
+    /// `name` as a structured-field string, quotes and escapes included.
+    field_name: Arc<str>,
     limiter: Arc<KeyedLimiter<ClientKey, C>>,
     source: KeySource,
 }
@@ -90,8 +95,51 @@ impl<C: Clock> fmt::Debug for Limit<C> {
 /// Stored keys per limit unless [`Limit::with_max_keys`] says otherwise.
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
+/// A limit name that cannot be sent in the `RateLimit` fields: names are printable ASCII
+/// (`"` and `\` are fine, and escaped), 1 to 64 characters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidLimitName {
+    name: String,
+}
+
+impl fmt::Display for InvalidLimitName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "limit name {:?} cannot be sent in the RateLimit fields: use 1 to 64 printable \
+             ASCII characters",
+            self.name
+        )
+    }
+}
+
+impl core::error::Error for InvalidLimitName {}
+
+/// `name` as a structured-field string (RFC 8941 `sf-string`), or why it cannot be one.
+fn field_name(name: &str) -> Result<Arc<str>, InvalidLimitName> {
+    let printable = name.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    if name.is_empty() || name.len() > 64 || !printable {
+        return Err(InvalidLimitName { name: name.into() });
+    }
+    let mut quoted = String::with_capacity(name.len() + 2);
+    quoted.push('"');
+    for c in name.chars() {
+        if c == '"' || c == '\\' {
+            quoted.push('\\');
+        }
+        quoted.push(c);
+    }
+    quoted.push('"');
+    Ok(quoted.into())
+}
+
 impl Limit {
     /// A limit of `quota` per key from `source`, on the default clock.
+    ///
+    /// # Panics
+    ///
+    /// If `name` cannot be sent in the `RateLimit` fields (see [`InvalidLimitName`]);
+    /// [`Limit::try_new`] returns the error instead.
     ///
     /// # Examples
     ///
@@ -103,10 +151,32 @@ impl Limit {
     pub fn new(name: &str, quota: Quota, source: KeySource) -> Limit {
         Limit::with_clock(name, quota, source, DefaultClock::default())
     }
+
+    /// [`Limit::new`], with an error for a name that cannot be sent in the `RateLimit`
+    /// fields.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidLimitName`] unless the name is 1 to 64 printable ASCII characters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{http::{KeySource, Limit}, Quota};
+    /// assert!(Limit::try_new("per \"tenant\"", Quota::per_second(5), KeySource::global()).is_ok());
+    /// assert!(Limit::try_new("per-ip\n", Quota::per_second(5), KeySource::peer_ip()).is_err());
+    /// ```
+    pub fn try_new(name: &str, quota: Quota, source: KeySource) -> Result<Limit, InvalidLimitName> {
+        Limit::try_with_clock(name, quota, source, DefaultClock::default())
+    }
 }
 
 impl<C: Clock> Limit<C> {
     /// A limit on the given clock (a `ManualClock` in tests).
+    ///
+    /// # Panics
+    ///
+    /// As [`Limit::new`], for a name that cannot be sent in the `RateLimit` fields.
     ///
     /// # Examples
     ///
@@ -116,13 +186,39 @@ impl<C: Clock> Limit<C> {
     /// # let _ = limit;
     /// ```
     pub fn with_clock(name: &str, quota: Quota, source: KeySource, clock: C) -> Limit<C> {
-        Limit {
+        match Limit::try_with_clock(name, quota, source, clock) {
+            Ok(limit) => limit,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// [`Limit::with_clock`], with an error for a name that cannot be sent.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidLimitName`], as [`Limit::try_new`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pacer::{clock::ManualClock, http::{KeySource, Limit}, Quota};
+    /// let bad = Limit::try_with_clock("café", Quota::per_second(5), KeySource::global(), ManualClock::new());
+    /// assert!(bad.is_err());
+    /// ```
+    pub fn try_with_clock(
+        name: &str,
+        quota: Quota,
+        source: KeySource,
+        clock: C,
+    ) -> Result<Limit<C>, InvalidLimitName> {
+        Ok(Limit {
+            field_name: field_name(name)?,
             name: name.into(),
             limiter: Arc::new(
                 KeyedLimiter::with_clock(quota, clock).with_max_keys(DEFAULT_MAX_KEYS),
             ),
             source,
-        }
+        })
     }
 
     /// Bounds the keys this limit stores (see [`KeyedLimiter::with_max_keys`]). Call it
@@ -585,7 +681,7 @@ fn key<C: Clock>(
     match limit.source.key(head) {
         Some(key) => Ok(Some(key)),
         None => match config.missing {
-            MissingKey::Shared => Ok(Some(ClientKey::Text("<no key>".into()))),
+            MissingKey::Shared => Ok(Some(ClientKey::keyless())),
             MissingKey::Skip => Ok(None),
             MissingKey::Refuse(status) => Err(status),
         },
@@ -681,12 +777,35 @@ async fn admit_waiting<C: Clock>(
             Err(e) => return Err(refused(i, e)),
         }
     }
-    for (_, _, booking) in &mut booked.taken {
-        if let Some(Booked::Later(acquire)) = booking {
-            // Admitted at its instant (a one-cell booking is never refused later).
-            let _ = acquire.as_mut().await;
+    // Every booking at once: the request proceeds when the last is due. A booking can
+    // still be refused: one that waited for room in a full key table, found it, and then
+    // could not be had within the maximum. The request is then refused, and dropping
+    // `booked` gives the others back (those whose instant has come stay spent).
+    core::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, _, booking) in &mut booked.taken {
+            let Some(Booked::Later(acquire)) = booking else {
+                continue;
+            };
+            match acquire.as_mut().poll(cx) {
+                // Used: nothing to give back, and never polled again.
+                Poll::Ready(Ok(())) => *booking = None,
+                Poll::Ready(Err(Denied::NotUntil(e))) => return Poll::Ready(Err(refused(*i, e))),
+                Poll::Ready(Err(Denied::InsufficientCapacity(_))) => {
+                    unreachable!("one cell always fits a burst of at least one")
+                }
+                Poll::Pending => pending = true,
+            }
         }
-        *booking = None; // used: nothing to give back
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(Ok(()))
+        }
+    })
+    .await?;
+    for (_, _, booking) in &mut booked.taken {
+        *booking = None; // admitted now, or at an instant that has come: used
     }
     Ok(())
 }
@@ -720,9 +839,35 @@ fn refused(limit: usize, e: NotUntil) -> Refused {
     }
 }
 
+/// The limit that will admit the request last, and when: a request needs every limit,
+/// so a client told less than the longest wait among them would be refused again. Reads
+/// each limit's state after the request's own cells were given back.
+fn longest_wait<C: Clock>(
+    config: &Config<C>,
+    keys: &[Option<ClientKey>],
+    refused: Refused,
+) -> Refused {
+    config
+        .limits
+        .iter()
+        .zip(keys)
+        .enumerate()
+        .filter_map(|(i, (limit, key))| {
+            let wait = limit.limiter.snapshot_key(key.as_ref()?).until_next();
+            Some(Refused { limit: i, wait })
+        })
+        .fold(refused, |longest, other| {
+            if other.wait > longest.wait {
+                other
+            } else {
+                longest
+            }
+        })
+}
+
 /// Whole seconds, rounded up: a client told this never retries before its turn.
 fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 fn plain_refusal<R: RefusalBody>(status: StatusCode) -> Response<R> {
@@ -738,6 +883,7 @@ fn refusal<C: Clock, R: RefusalBody>(
     head: &Head<'_>,
     refused: Refused,
 ) -> Response<R> {
+    let refused = longest_wait(config, keys, refused);
     let retry_after = ceil_secs(refused.wait).max(1);
     let name = &config.limits[refused.limit].name;
     let grpc = head
@@ -797,16 +943,19 @@ fn put_fields<'a, C: Clock>(
         let Some(key) = key else { continue };
         let state: Snapshot = limit.limiter.snapshot_key(key);
         let quota = state.quota();
-        let window = quota.emission_interval() * quota.burst();
+        let window = quota
+            .emission_interval()
+            .checked_mul(quota.burst())
+            .unwrap_or(Duration::MAX);
         policies.push(format!(
-            "\"{}\";q={};w={}",
-            limit.name,
+            "{};q={};w={}",
+            limit.field_name,
             quota.burst(),
             ceil_secs(window).max(1)
         ));
         states.push(format!(
-            "\"{}\";r={};t={}",
-            limit.name,
+            "{};r={};t={}",
+            limit.field_name,
             state.remaining(),
             ceil_secs(state.until_full())
         ));

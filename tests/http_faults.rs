@@ -1,0 +1,155 @@
+//! The HTTP layer under hostile input and at its edges, behind a real axum server on
+//! 127.0.0.1 with a real hyper client: a full key table in wait mode, several
+//! limits refusing at once, a keyless bucket no client can name, quotas at the end of
+//! time, limit names that need escaping. Each test failed on the code before its fix.
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use pacer::clock::ManualClock;
+use pacer::http::{ClientKey, KeySource, Limit, MissingKey, RateLimitLayer};
+use pacer::Quota;
+
+#[path = "support/http_server.rs"]
+mod http_server;
+use http_server::{get_plain, per_ip, send, serve, serve_router};
+
+fn api_key() -> KeySource {
+    KeySource::header(http::HeaderName::from_static("x-api-key"))
+}
+
+fn with_key(key: String) -> impl FnOnce(http::request::Builder) -> http::request::Builder {
+    move |b| b.header("x-api-key", key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_in_wait_mode_a_full_key_table_lets_no_key_through_unlimited() {
+    // 2/s with burst 1 per key, a table bounded to about 2 keys and full of limited ones.
+    let limit =
+        Limit::new("per-key", Quota::per_second(2).with_burst(1), api_key()).with_max_keys(2);
+    for i in 0..200 {
+        let _ = limit
+            .limiter()
+            .check_key(&ClientKey::Text(format!("filler-{i}").into()));
+    }
+    let layer = RateLimitLayer::new()
+        .limit(limit)
+        .wait_up_to(Duration::from_millis(700));
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    let addr = serve_router(app).await;
+    let start = Instant::now();
+    let requests: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(send(addr, with_key("newcomer".into()))))
+        .collect();
+    let mut passed = 0;
+    for request in requests {
+        if request.await.unwrap().status == StatusCode::OK {
+            passed += 1;
+        }
+    }
+    // Within the 0.7 s the requests may wait (plus the slot's wait), 2/s with burst 1
+    // admits at most 2.
+    assert!(
+        passed <= 2,
+        "{passed} of 10 passed in {:?} for one key at 2/s, burst 1",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn retry_after_is_the_longest_wait_among_the_limits() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::default()
+        .limit(per_ip(&clock, Quota::per_second(1)))
+        .limit(Limit::with_clock(
+            "global",
+            Quota::per_minute(1),
+            KeySource::global(),
+            clock.clone(),
+        ));
+    let addr = serve(layer).await;
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    let refused = get_plain(addr).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), "60");
+    // A client that obeys is admitted.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_keyless_bucket_is_a_key_no_client_can_name() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::default()
+        .limit(Limit::with_clock(
+            "per-key",
+            Quota::per_hour(1),
+            api_key(),
+            clock.clone(),
+        ))
+        .on_missing_key(MissingKey::Shared);
+    let addr = serve(layer).await;
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    assert_eq!(
+        get_plain(addr).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "keyless requests share one bucket"
+    );
+    for name in ["<no key>", "", "keyless", "\\0keyless"] {
+        assert_eq!(
+            send(addr, with_key(name.into())).await.status,
+            StatusCode::OK,
+            "a client sending {name:?} shares the keyless bucket"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_burst_window_past_the_end_of_time_gets_fields_not_a_panic() {
+    let clock = ManualClock::new();
+    let quota = Quota::try_new(1, Duration::from_secs(5_000_000_000))
+        .unwrap()
+        .with_burst(u32::MAX);
+    let layer = RateLimitLayer::default()
+        .limit(per_ip(&clock, quota))
+        .headers_on_success(true);
+    let addr = serve(layer).await;
+    let reply = get_plain(addr).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply
+        .header("ratelimit-policy")
+        .starts_with("\"per-ip\";q=4294967295;w="));
+}
+
+#[tokio::test]
+async fn limit_names_are_escaped_or_refused() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::default()
+        .limit(Limit::with_clock(
+            r#"a "quoted" \ name"#,
+            Quota::per_hour(1),
+            KeySource::global(),
+            clock.clone(),
+        ))
+        .headers_on_success(true);
+    let addr = serve(layer).await;
+    let reply = get_plain(addr).await;
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        r#""a \"quoted\" \\ name";q=1;w=3600"#
+    );
+    assert_eq!(
+        reply.header("ratelimit"),
+        r#""a \"quoted\" \\ name";r=0;t=3600"#
+    );
+    for bad in ["", "new\nline", "tab\there", "café", &"x".repeat(65)] {
+        let err = Limit::try_new(bad, Quota::per_hour(1), KeySource::global()).unwrap_err();
+        assert!(err.to_string().contains("printable ASCII"), "{err}");
+    }
+    let panicked = std::panic::catch_unwind(|| {
+        Limit::new("new\nline", Quota::per_hour(1), KeySource::global())
+    });
+    assert!(panicked.is_err());
+}
