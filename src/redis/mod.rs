@@ -19,19 +19,29 @@
 //!
 //! * **The same decisions as pacer's GCRA**, made server-side by one Lua script per call
 //!   (sent with `EVALSHA`; the `redis` crate loads it again if the script cache was
-//!   flushed), in integer microseconds read from the Redis server's `TIME`: one clock for
-//!   the whole fleet, so machines whose clocks drift cannot over-admit. No
-//!   `redis.replicate_commands()` (Redis 5+ replicates scripts by their effects).
+//!   flushed), in whole nanoseconds (a 1.999 µs interval is 1999 ns) at the Redis
+//!   server's `TIME`: one clock for the whole fleet, so machines whose clocks drift cannot
+//!   over-admit. No `redis.replicate_commands()` (Redis 5+ replicates scripts by their
+//!   effects). The script's arithmetic is exact (`scripts` explains how, in Lua's
+//!   doubles); burst windows longer than about 52 days are refused when the limiter is
+//!   built ([`RedisLimitError::WindowTooLong`]).
 //! * **One Redis key per limited key**, `prefix:{key}`: the key is its own hash tag, so a
 //!   Redis Cluster ([`RedisLimiter::connect_cluster`], feature `redis-cluster`) spreads
 //!   keys over its slots and runs each decision on the master owning its key. Each expires once it has refilled, so Redis
 //!   memory follows the active keys.
 //! * **A local fast path that cannot over-admit**: a key Redis just refused is refused
-//!   locally until the instant Redis gave, so a flood of refusals for one key costs no
-//!   round trips. Admissions always ask Redis.
+//!   locally until the instant Redis gave, for as many cells as were refused or more
+//!   (fewer cells fit sooner, and are asked for), so a flood of refusals for one key costs
+//!   no round trips. Admissions always ask Redis.
 //! * **When Redis is unreachable or slow** (each call has a timeout), the configured
 //!   [`FailurePolicy`] decides: refuse, admit, or fall back to an in-process limiter with a
-//!   share of the quota. The connection reconnects in the background.
+//!   share of the quota. The connection reconnects in the background. An error Redis
+//!   *answered* is not an outage, and the policy does not apply: a value of another type
+//!   or an unreadable value at the limiter's key ([`RedisDenied::Rejected`]) or a full
+//!   server ([`RedisDenied::OutOfMemory`]) refuses, whatever the policy.
+//! * **Bookings can always be given back**: a waiter books with an id chosen before its
+//!   call is sent, so a booking whose answer never arrived (a timeout, a caller that went
+//!   away) is given back as surely as one that was answered and then cancelled.
 //! * **A Redis restart loses the state**: every key then starts with a full burst again
 //!   (at most one extra burst per key across the restart).
 //! * Resolution: Redis time is in microseconds, so a quota's interval must be at least
@@ -40,72 +50,20 @@
 use core::fmt;
 use core::time::Duration;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use redis::aio::ConnectionManager;
 
+mod booking;
 mod conn;
+mod scripts;
+use booking::Booking;
 use conn::Conn;
+use scripts::{MAX_WINDOW, REFUND, SCRIPT};
 
 use crate::{KeyedLimiter, NotUntil, Quota};
-
-/// The GCRA decision, in microseconds. `ARGV`: interval, tolerance, cost, a fixed time
-/// (empty: the server's `TIME`), and how long a booking may wait (0 for a plain check).
-/// Returns `{1, tat, wait}` when admitted (booked: `wait` until its instant), `{0, wait,
-/// 0}` when not, `{2, remaining, 0}` for a read (cost -1).
-const SCRIPT: &str = r"
-local interval = tonumber(ARGV[1])
-local tau = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local extra = tonumber(ARGV[5])
-local now
-if ARGV[4] ~= '' then
-  now = tonumber(ARGV[4])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-local base = tat
-if now > base then base = now end
-local backlog = base - now
-if cost < 0 then
-  if backlog >= tau then return {2, 0, 0} end
-  return {2, math.floor((tau - backlog) / interval), 0}
-end
-if backlog > tau + extra - cost then
-  return {0, backlog - (tau - cost), 0}
-end
-if cost == 0 then return {1, tat, 0} end
-local new = base + cost
-if ARGV[4] ~= '' then
-  -- Test mode: the server's clock is not the decisions' clock, so no expiry by it.
-  redis.call('SET', KEYS[1], string.format('%d', new))
-else
-  redis.call('SET', KEYS[1], string.format('%d', new), 'PX', math.ceil((new - now) / 1000) + 1)
-end
-local wait = new - tau - now
-if wait < 0 then wait = 0 end
-return {1, new, wait}
-";
-
-/// Gives a booking back: only while the key still holds exactly the TAT that booking
-/// left (nothing was admitted or booked after it) and its instant has not come, judged
-/// atomically at the server's time. `ARGV`: booked TAT, cost, instant (all µs).
-const REFUND: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tat ~= tonumber(ARGV[1]) or now >= tonumber(ARGV[3]) then return 0 end
-local new = tat - tonumber(ARGV[2])
-if new <= now then
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('SET', KEYS[1], string.format('%d', new), 'PX', math.ceil((new - now) / 1000) + 1)
-end
-return 1
-";
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -133,6 +91,9 @@ pub enum RedisLimitError {
     Connect(redis::RedisError),
     /// The quota's interval is below Redis time's microsecond resolution.
     IntervalBelowMicrosecond,
+    /// The quota's burst window (interval × burst) is longer than about 52 days (2^52
+    /// ns), past what the script keeps exact.
+    WindowTooLong,
 }
 
 impl fmt::Display for RedisLimitError {
@@ -142,6 +103,10 @@ impl fmt::Display for RedisLimitError {
             RedisLimitError::IntervalBelowMicrosecond => {
                 f.write_str("the quota's interval is below 1 µs, Redis time's resolution")
             }
+            RedisLimitError::WindowTooLong => f.write_str(
+                "the quota's burst window (interval × burst) is longer than 2^52 ns (52 days), \
+                 the most a fleet limiter keeps exact",
+            ),
         }
     }
 }
@@ -150,7 +115,7 @@ impl core::error::Error for RedisLimitError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
             RedisLimitError::Connect(e) => Some(e),
-            RedisLimitError::IntervalBelowMicrosecond => None,
+            RedisLimitError::IntervalBelowMicrosecond | RedisLimitError::WindowTooLong => None,
         }
     }
 }
@@ -163,10 +128,19 @@ pub enum RedisDenied {
     NotUntil(NotUntil),
     /// More cells than the burst: never admissible.
     InsufficientCapacity,
-    /// Redis could not answer and the policy is [`FailurePolicy::FailClosed`].
+    /// Redis could not answer (unreachable, or slower than the timeout) and the policy is
+    /// [`FailurePolicy::FailClosed`]; also from [`RedisLimiter::remaining`], which has no
+    /// decision to fall back on.
     Unavailable(redis::RedisError),
     /// The key is empty or longer than [`MAX_KEY_LEN`].
     BadKey,
+    /// Redis answered with an error: a value of another type, or one that is not the
+    /// limiter's, at the limiter's key (something else writes there), or a script error.
+    /// Not an outage: nothing is admitted, whatever the failure policy.
+    Rejected(redis::RedisError),
+    /// Redis is out of memory (`maxmemory` reached with a policy that evicts nothing) and
+    /// refused to write. Not an outage: nothing is admitted, whatever the failure policy.
+    OutOfMemory(redis::RedisError),
 }
 
 impl fmt::Display for RedisDenied {
@@ -174,8 +148,10 @@ impl fmt::Display for RedisDenied {
         match self {
             RedisDenied::NotUntil(e) => e.fmt(f),
             RedisDenied::InsufficientCapacity => f.write_str("more cells than the burst"),
-            RedisDenied::Unavailable(e) => write!(f, "Redis unavailable (failing closed): {e}"),
+            RedisDenied::Unavailable(e) => write!(f, "Redis unreachable or too slow: {e}"),
             RedisDenied::BadKey => write!(f, "keys are 1 to {MAX_KEY_LEN} bytes"),
+            RedisDenied::Rejected(e) => write!(f, "Redis refused the rate-limit call: {e}"),
+            RedisDenied::OutOfMemory(e) => write!(f, "Redis is out of memory: {e}"),
         }
     }
 }
@@ -193,8 +169,12 @@ pub struct RedisLimiter {
     timeout: Duration,
     policy: FailurePolicy,
     local: Option<KeyedLimiter<String>>,
-    /// Keys Redis refused, and until when (the local fast path).
+    /// Keys Redis refused, and from when one cell would fit (the local fast path).
     refused: Mutex<HashMap<String, Instant>>,
+    /// This limiter's part of every booking id, random per limiter.
+    nonce: u64,
+    /// The number of the next booking.
+    bookings: AtomicU64,
     /// Test mode: decisions at this Redis time (µs) instead of the server's `TIME`.
     fixed_time: Mutex<Option<u64>>,
 }
@@ -212,12 +192,67 @@ impl fmt::Debug for RedisLimiter {
 /// How long connecting (and each answer while connecting) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Redis time is in microseconds: a quota finer than that cannot be kept.
+/// Redis time is in microseconds: a quota finer than that cannot be kept; and the script
+/// keeps windows up to `MAX_WINDOW` exact.
 fn check_quota(quota: Quota) -> Result<(), RedisLimitError> {
-    if quota.emission_interval() < Duration::from_micros(1) {
+    let interval = quota.emission_interval();
+    if interval < Duration::from_micros(1) {
         return Err(RedisLimitError::IntervalBelowMicrosecond);
     }
+    let window = interval.as_nanos() * u128::from(quota.burst());
+    if window > u128::from(MAX_WINDOW) {
+        return Err(RedisLimitError::WindowTooLong);
+    }
     Ok(())
+}
+
+/// What a failed call means.
+enum Failure {
+    /// No answer: unreachable, or slower than the timeout. The failure policy decides.
+    Unreachable(redis::RedisError),
+    /// Redis answered with an error: reported as it is (`RedisDenied::Rejected` or
+    /// `OutOfMemory`), whatever the policy.
+    Answered(RedisDenied),
+}
+
+impl Failure {
+    fn of(e: redis::RedisError) -> Failure {
+        use redis::{ErrorKind, ServerErrorKind};
+        let unreachable = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            // Redirections the client could not follow, a cluster without coverage.
+            || e.is_cluster_error()
+            || matches!(
+                e.kind(),
+                ErrorKind::ClusterConnectionNotFound
+                    | ErrorKind::Server(
+                        ServerErrorKind::BusyLoading
+                            | ServerErrorKind::MasterDown
+                            | ServerErrorKind::ReadOnly
+                    )
+            );
+        if unreachable {
+            Failure::Unreachable(e)
+        } else if e.code() == Some("OOM") {
+            Failure::Answered(RedisDenied::OutOfMemory(e))
+        } else {
+            Failure::Answered(RedisDenied::Rejected(e))
+        }
+    }
+}
+
+/// Nanoseconds of a duration, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A random number for this limiter's booking ids: different limiters (and processes)
+/// never share ids on a key.
+fn nonce() -> u64 {
+    use core::hash::BuildHasher;
+    std::hash::RandomState::new().hash_one(Instant::now())
 }
 
 /// `call`'s answer, or a timeout error once `limit` has passed.
@@ -324,6 +359,8 @@ impl RedisLimiter {
             policy: FailurePolicy::FailClosed,
             local: None,
             refused: Mutex::new(HashMap::new()),
+            nonce: nonce(),
+            bookings: AtomicU64::new(0),
             fixed_time: Mutex::new(None),
         })
     }
@@ -429,26 +466,28 @@ impl RedisLimiter {
     /// # }
     /// ```
     pub async fn check_key_n(&self, key: &str, n: u32) -> Result<(), RedisDenied> {
-        if key.is_empty() || key.len() > MAX_KEY_LEN {
-            return Err(RedisDenied::BadKey);
-        }
+        check_key(key)?;
         if n > self.quota.burst() {
             return Err(RedisDenied::InsufficientCapacity);
         }
-        if let Some(wait) = self.locally_refused(key) {
+        if n == 0 {
+            // Nothing asked for: granted at once, as in process.
+            return Ok(());
+        }
+        if let Some(wait) = self.locally_refused(key, n) {
             return Err(RedisDenied::NotUntil(NotUntil::from_nanos(wait)));
         }
-        let cost = self.micros(n);
-        match self.run(key, cost, 0).await {
+        match self.run(key, self.signed_cost(n), 0, "").await {
             Ok((1, _, _)) => Ok(()),
-            Ok((_, wait_us, _)) => {
-                let wait = Duration::from_micros(u64::try_from(wait_us).unwrap_or(0));
-                self.remember_refusal(key, wait);
-                Err(RedisDenied::NotUntil(NotUntil::from_nanos(
-                    u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
-                )))
+            Ok((_, wait, _)) => {
+                let wait = u64::try_from(wait).unwrap_or(u64::MAX).max(1);
+                self.remember_refusal(key, n, wait);
+                Err(RedisDenied::NotUntil(NotUntil::from_nanos(wait)))
             }
-            Err(e) => self.on_unavailable(key, n, e),
+            Err(e) => match Failure::of(e) {
+                Failure::Answered(denied) => Err(denied),
+                Failure::Unreachable(e) => self.on_unavailable(key, n, e),
+            },
         }
     }
 
@@ -457,7 +496,8 @@ impl RedisLimiter {
     /// # Errors
     ///
     /// [`RedisDenied::Unavailable`] when Redis cannot answer (whatever the policy: there
-    /// is no decision to make), [`RedisDenied::BadKey`].
+    /// is no decision to make), [`RedisDenied::Rejected`] when it answers with an error,
+    /// [`RedisDenied::BadKey`].
     ///
     /// # Examples
     ///
@@ -467,12 +507,13 @@ impl RedisLimiter {
     /// # }
     /// ```
     pub async fn remaining(&self, key: &str) -> Result<u32, RedisDenied> {
-        if key.is_empty() || key.len() > MAX_KEY_LEN {
-            return Err(RedisDenied::BadKey);
-        }
-        match self.run(key, -1, 0).await {
+        check_key(key)?;
+        match self.run(key, -1, 0, "").await {
             Ok((_, remaining, _)) => Ok(u32::try_from(remaining).unwrap_or(u32::MAX)),
-            Err(e) => Err(RedisDenied::Unavailable(e)),
+            Err(e) => Err(match Failure::of(e) {
+                Failure::Answered(denied) => denied,
+                Failure::Unreachable(e) => RedisDenied::Unavailable(e),
+            }),
         }
     }
 
@@ -481,14 +522,19 @@ impl RedisLimiter {
     /// booking order, and plain checks cannot take their place. The wait itself is a local
     /// sleep for the duration Redis gave (clock skew between machines does not matter).
     ///
-    /// Dropped before its instant, the waiter gives its cell back if nothing was admitted
-    /// or booked on that key after it (judged atomically by the server); otherwise the cell
-    /// stays spent (the limit only errs on the strict side).
+    /// Dropped before its instant, the waiter gives its cell back unless a plain check was
+    /// admitted on that key after it, or a later booking is still waiting (judged
+    /// atomically by the server; a later booking's own refund then gives both back). The
+    /// booking carries an id chosen before it is sent, so this holds even when its answer
+    /// never arrived (the call timed out, the caller went away). Otherwise the cell stays
+    /// spent (the limit only errs on the strict side). A turn more than about 52 days away
+    /// is refused with [`RedisDenied::NotUntil`].
     ///
     /// # Errors
     ///
     /// [`RedisDenied::Unavailable`] (fail closed) when Redis cannot answer;
-    /// [`RedisDenied::BadKey`].
+    /// [`RedisDenied::Rejected`] or [`RedisDenied::OutOfMemory`] when it answers with an
+    /// error; [`RedisDenied::BadKey`].
     ///
     /// # Examples
     ///
@@ -498,11 +544,12 @@ impl RedisLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn until_key_ready(&self, key: &str) -> Result<(), RedisDenied> {
-        self.wait_turn(key, i64::MAX / 4).await
+        self.wait_turn(key, None).await
     }
 
     /// Waits for one cell for `key` only if it can be had within `max`; otherwise books
-    /// nothing and says when it could be had.
+    /// nothing and says when it could be had. The maximum holds under every failure
+    /// policy (with [`FailurePolicy::Local`], on the local limiter).
     ///
     /// # Errors
     ///
@@ -524,102 +571,140 @@ impl RedisLimiter {
         key: &str,
         max: Duration,
     ) -> Result<(), RedisDenied> {
-        let max_us = i64::try_from(max.as_micros()).unwrap_or(i64::MAX / 4);
-        self.wait_turn(key, max_us.min(i64::MAX / 4)).await
+        self.wait_turn(key, Some(max)).await
     }
 
-    async fn wait_turn(&self, key: &str, max_wait_us: i64) -> Result<(), RedisDenied> {
-        if key.is_empty() || key.len() > MAX_KEY_LEN {
-            return Err(RedisDenied::BadKey);
-        }
-        let cost = self.micros(1);
-        match self.run(key, cost, max_wait_us).await {
-            Ok((1, _, 0)) => Ok(()),
-            Ok((1, tat, wait_us)) => {
-                let instant = tat - self.micros(self.quota.burst());
-                let mut booking = Booking {
-                    conn: self.conn.clone(),
-                    refund: Arc::clone(&self.refund),
-                    key: Some(self.redis_key(key)),
-                    tat,
-                    cost,
-                    instant,
-                };
-                tokio::time::sleep(Duration::from_micros(u64::try_from(wait_us).unwrap_or(0)))
-                    .await;
-                booking.key = None; // its instant came: the cell is used
+    async fn wait_turn(&self, key: &str, max: Option<Duration>) -> Result<(), RedisDenied> {
+        check_key(key)?;
+        // No booking reaches further than the caller's maximum, nor past what the script
+        // keeps exact.
+        let extra = max.map_or(MAX_WINDOW, |max| nanos(max).min(MAX_WINDOW));
+        let id = format!(
+            "{:x}.{:x}",
+            self.nonce,
+            // Relaxed: a counter whose only job is to differ; it publishes nothing.
+            self.bookings.fetch_add(1, Ordering::Relaxed)
+        );
+        // Made before the call is sent: whatever happens to the answer, dropping it
+        // unsettled gives the cell back.
+        let booking = Booking::new(
+            self.conn.clone(),
+            Arc::clone(&self.refund),
+            self.redis_key(key),
+            id,
+            self.fixed_time(),
+        );
+        match self
+            .run(key, self.signed_cost(1), extra, booking.id())
+            .await
+        {
+            Ok((1, _, wait)) => {
+                if wait > 0 {
+                    // Dropped while it sleeps (a cancelled waiter), the booking is given
+                    // back.
+                    tokio::time::sleep(Duration::from_nanos(u64::try_from(wait).unwrap_or(0)))
+                        .await;
+                }
+                booking.settle(); // its instant came: the cell is used
                 Ok(())
             }
-            Ok((_, wait_us, _)) => Err(RedisDenied::NotUntil(NotUntil::from_nanos(
-                u64::try_from(wait_us).unwrap_or(0).saturating_mul(1_000),
-            ))),
-            Err(e) => match (&self.policy, &self.local) {
-                (FailurePolicy::FailOpen, _) => Ok(()),
-                (FailurePolicy::Local(_), Some(local)) => {
-                    local.until_key_ready(&key.to_owned()).await;
-                    Ok(())
+            Ok((_, wait, _)) => {
+                booking.settle(); // refused: nothing booked
+                Err(RedisDenied::NotUntil(NotUntil::from_nanos(
+                    u64::try_from(wait).unwrap_or(u64::MAX).max(1),
+                )))
+            }
+            // `booking` is dropped unsettled below: the call may have booked.
+            Err(e) => match (Failure::of(e), &self.policy, &self.local) {
+                (Failure::Answered(denied), _, _) => Err(denied),
+                (Failure::Unreachable(_), FailurePolicy::FailOpen, _) => Ok(()),
+                (Failure::Unreachable(_), FailurePolicy::Local(_), Some(local)) => {
+                    let key = key.to_owned();
+                    match max {
+                        None => {
+                            local.until_key_ready(&key).await;
+                            Ok(())
+                        }
+                        Some(max) => local
+                            .until_key_ready_within(&key, max)
+                            .await
+                            .map_err(RedisDenied::NotUntil),
+                    }
                 }
-                _ => Err(RedisDenied::Unavailable(e)),
+                (Failure::Unreachable(e), _, _) => Err(RedisDenied::Unavailable(e)),
             },
         }
     }
 
-    /// `n` cells of the quota in microseconds.
-    fn micros(&self, n: u32) -> i64 {
-        let interval = self.quota.emission_interval().as_micros();
-        i64::try_from(interval.saturating_mul(u128::from(n))).unwrap_or(i64::MAX)
+    /// `n` cells of the quota in nanoseconds (at most the burst window, so at most
+    /// `MAX_WINDOW`: `check_quota`).
+    fn cost(&self, n: u32) -> u64 {
+        nanos(self.quota.emission_interval()).saturating_mul(u64::from(n))
+    }
+
+    /// [`RedisLimiter::cost`] as the script's signed argument (`-1` means a read).
+    fn signed_cost(&self, n: u32) -> i64 {
+        i64::try_from(self.cost(n)).unwrap_or(i64::MAX)
+    }
+
+    fn fixed_time(&self) -> Option<u64> {
+        *self.fixed_time.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn redis_key(&self, key: &str) -> String {
         format!("{}:{{{}}}", self.prefix, key)
     }
 
+    /// Runs the script for `cost` nanoseconds (`-1`: a read) within `extra` nanoseconds
+    /// past the tolerance, booked under `id` if not empty.
     async fn run(
         &self,
         key: &str,
         cost: i64,
-        max_wait_us: i64,
+        extra: u64,
+        id: &str,
     ) -> Result<(i64, i64, i64), redis::RedisError> {
-        let tau = self.micros(self.quota.burst());
-        let interval = self.micros(1);
-        let fixed = *self.fixed_time.lock().unwrap_or_else(|e| e.into_inner());
-        let time = fixed.map(|t| t.to_string()).unwrap_or_default();
+        let time = self.fixed_time().map(|t| t.to_string()).unwrap_or_default();
         let mut conn = self.conn.clone();
         let call = async {
             self.script
                 .key(self.redis_key(key))
-                .arg(interval)
-                .arg(tau)
+                .arg(self.cost(1))
+                .arg(self.cost(self.quota.burst()))
                 .arg(cost)
                 .arg(time)
-                .arg(max_wait_us)
+                .arg(extra)
+                .arg(id)
                 .invoke_async::<(i64, i64, i64)>(&mut conn)
                 .await
         };
         within(self.timeout, call).await
     }
 
-    fn locally_refused(&self, key: &str) -> Option<u64> {
+    /// How long `n` cells of `key` are still refused locally, from Redis's last refusal.
+    fn locally_refused(&self, key: &str, n: u32) -> Option<u64> {
         let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
-        let until = *refused.get(key)?;
-        let left = until.checked_duration_since(Instant::now())?;
-        Some(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
+        let one_fits = *refused.get(key)?;
+        let more = self.quota.emission_interval() * (n - 1);
+        let left = (one_fits + more).checked_duration_since(Instant::now())?;
+        Some(nanos(left).max(1))
     }
 
-    fn remember_refusal(&self, key: &str, wait: Duration) {
-        if self
-            .fixed_time
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-        {
+    /// Remembers that `n` cells of `key` were refused for `wait` ns: one cell fits
+    /// `(n - 1)` intervals sooner than `n` do.
+    fn remember_refusal(&self, key: &str, n: u32, wait: u64) {
+        if self.fixed_time().is_some() {
             return; // test mode: local time means nothing there
         }
+        let sooner = nanos(self.quota.emission_interval()).saturating_mul(u64::from(n - 1));
+        let Some(one) = wait.checked_sub(sooner).filter(|&w| w > 0) else {
+            return; // one cell fits already
+        };
         let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
         if refused.len() >= MAX_REMEMBERED {
             refused.clear();
         }
-        refused.insert(key.to_owned(), Instant::now() + wait);
+        refused.insert(key.to_owned(), Instant::now() + Duration::from_nanos(one));
     }
 
     fn on_unavailable(&self, key: &str, n: u32, e: redis::RedisError) -> Result<(), RedisDenied> {
@@ -643,38 +728,10 @@ impl RedisLimiter {
     }
 }
 
-/// A booking waiting for its instant; dropped before it (a waiter cancelled or timed
-/// out), it asks Redis to give the cell back, in the background.
-struct Booking {
-    conn: Conn,
-    refund: Arc<redis::Script>,
-    /// `None` once the booking is used.
-    key: Option<String>,
-    tat: i64,
-    cost: i64,
-    instant: i64,
-}
-
-impl Drop for Booking {
-    fn drop(&mut self) {
-        let Some(key) = self.key.take() else { return };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (mut conn, refund) = (self.conn.clone(), Arc::clone(&self.refund));
-        let (tat, cost, instant) = (self.tat, self.cost, self.instant);
-        runtime.spawn(async move {
-            // Best effort: if Redis cannot answer, the cell stays spent (strict side).
-            let call = async {
-                refund
-                    .key(key)
-                    .arg(tat)
-                    .arg(cost)
-                    .arg(instant)
-                    .invoke_async::<i64>(&mut conn)
-                    .await
-            };
-            let _ = within(CONNECT_TIMEOUT, call).await;
-        });
+/// Keys are 1 to [`MAX_KEY_LEN`] bytes.
+fn check_key(key: &str) -> Result<(), RedisDenied> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(RedisDenied::BadKey);
     }
+    Ok(())
 }
