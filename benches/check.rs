@@ -1,10 +1,10 @@
-//! `check()` on the hot path: pacer, its peers and the hardware floor, in one run.
+//! `check()` on the hot path: paceline, its peers and the hardware floor, in one run.
 //!
 //! * floor: one clock read (quanta, the clock governor also uses) and one compare-and-swap
 //!   on a private cache line: what any exact, clock-driven limiter must pay at least;
 //! * allowed: a quota so generous every check is admitted (each one writes the word);
 //! * denied: a spent quota (a limiter whose deny path writes would show it here);
-//! * on 1 thread and on 2 threads sharing one limiter (`PACER_BENCH_THREADS` adds more,
+//! * on 1 thread and on 2 threads sharing one limiter (`PACELINE_BENCH_THREADS` adds more,
 //!   e.g. "4,8,16" on a bigger machine).
 //!
 //! `cargo bench --bench check`
@@ -42,30 +42,30 @@ fn contenders(allowed: bool) -> Vec<(&'static str, Check)> {
         }),
     ));
 
-    let pacer = if allowed {
-        pacer::Limiter::new(pacer::Quota::per_second(1_000_000_000).with_burst(u32::MAX))
+    let paceline = if allowed {
+        paceline::Limiter::new(paceline::Quota::per_second(1_000_000_000).with_burst(u32::MAX))
     } else {
-        let l = pacer::Limiter::new(pacer::Quota::per_hour(1));
+        let l = paceline::Limiter::new(paceline::Quota::per_hour(1));
         l.check().unwrap();
         l
     };
-    v.push(("pacer", Arc::new(move || pacer.check().is_ok())));
+    v.push(("paceline", Arc::new(move || paceline.check().is_ok())));
 
-    // pacer on its coarse clock: the same cell, no TSC read per check.
-    let coarse = pacer::clock::CoarseClock::with_resolution(Duration::from_millis(1));
-    let pacer_coarse = if allowed {
-        pacer::Limiter::with_clock(
-            pacer::Quota::per_second(1_000_000_000).with_burst(u32::MAX),
+    // paceline on its coarse clock: the same cell, no TSC read per check.
+    let coarse = paceline::clock::CoarseClock::with_resolution(Duration::from_millis(1));
+    let paceline_coarse = if allowed {
+        paceline::Limiter::with_clock(
+            paceline::Quota::per_second(1_000_000_000).with_burst(u32::MAX),
             coarse,
         )
     } else {
-        let l = pacer::Limiter::with_clock(pacer::Quota::per_hour(1), coarse);
+        let l = paceline::Limiter::with_clock(paceline::Quota::per_hour(1), coarse);
         l.check().unwrap();
         l
     };
     v.push((
-        "pacer-coarse",
-        Arc::new(move || pacer_coarse.check().is_ok()),
+        "paceline-coarse",
+        Arc::new(move || paceline_coarse.check().is_ok()),
     ));
 
     let governor = {
@@ -119,7 +119,7 @@ fn contenders(allowed: bool) -> Vec<(&'static str, Check)> {
 
 fn thread_counts() -> Vec<usize> {
     let mut counts = vec![1, 2];
-    if let Ok(extra) = std::env::var("PACER_BENCH_THREADS") {
+    if let Ok(extra) = std::env::var("PACELINE_BENCH_THREADS") {
         counts.extend(
             extra
                 .split(',')

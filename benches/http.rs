@@ -1,4 +1,4 @@
-//! Per-request overhead of pacer's tower layer vs tower-governor's on the same axum
+//! Per-request overhead of paceline's tower layer vs tower-governor's on the same axum
 //! router, in the same run: an in-process `Service::call` loop over 10 000 client
 //! addresses (axum's `ConnectInfo`), on 1 and 2 threads. Overhead is each layered
 //! router's time per request minus that of the same router with a layer that does nothing
@@ -37,10 +37,10 @@ fn router() -> Router {
 }
 
 fn contenders() -> Vec<(&'static str, Router)> {
-    let pacer_layer = pacer::http::RateLimitLayer::new().limit(pacer::http::Limit::new(
+    let paceline_layer = paceline::http::RateLimitLayer::new().limit(paceline::http::Limit::new(
         "per-ip",
-        pacer::Quota::per_second(1_000_000).with_burst(1_000_000),
-        pacer::http::KeySource::peer_ip(),
+        paceline::Quota::per_second(1_000_000).with_burst(1_000_000),
+        paceline::http::KeySource::peer_ip(),
     ));
     let governor_config = tower_governor::governor::GovernorConfigBuilder::default()
         .per_nanosecond(1_000)
@@ -54,7 +54,7 @@ fn contenders() -> Vec<(&'static str, Router)> {
             "noop-layer",
             router().layer(tower::util::MapRequestLayer::new(|r: Request<Body>| r)),
         ),
-        ("pacer", router().layer(pacer_layer)),
+        ("paceline", router().layer(paceline_layer)),
         (
             "tower-governor",
             router().layer(tower_governor::GovernorLayer::new(governor_config)),
@@ -129,7 +129,7 @@ fn bench(c: &mut Criterion) {
     let rounds = common::rounds();
     for threads in [1, 2] {
         let mut ratios = Vec::new();
-        let mut pacer_ns = Vec::new();
+        let mut paceline_ns = Vec::new();
         let mut governor_ns = Vec::new();
         let mut floor_ns = Vec::new();
         for _ in 0..rounds {
@@ -138,19 +138,19 @@ fn bench(c: &mut Criterion) {
                 .iter()
                 .map(|(_, app)| run(app, threads, per).as_nanos() as f64 / per as f64)
                 .collect();
-            let (bare, pacer, governor, floor) = (times[0], times[1], times[2], times[3]);
-            pacer_ns.push(pacer - bare);
+            let (bare, paceline, governor, floor) = (times[0], times[1], times[2], times[3]);
+            paceline_ns.push(paceline - bare);
             governor_ns.push(governor - bare);
             floor_ns.push(floor - bare);
-            ratios.push((pacer - bare) / (governor - bare));
+            ratios.push((paceline - bare) / (governor - bare));
         }
         let (median, min, max) = common::spread(&mut ratios);
-        let (p, _, _) = common::spread(&mut pacer_ns);
+        let (p, _, _) = common::spread(&mut paceline_ns);
         let (g, _, _) = common::spread(&mut governor_ns);
         let (f, _, _) = common::spread(&mut floor_ns);
         eprintln!(
-            "http, {threads} thread(s): overhead per request pacer {p:.0} ns, tower-governor \
-             {g:.0} ns, floor {f:.0} ns ({:.2} of tower-governor's); pacer/tower-governor \
+            "http, {threads} thread(s): overhead per request paceline {p:.0} ns, tower-governor \
+             {g:.0} ns, floor {f:.0} ns ({:.2} of tower-governor's); paceline/tower-governor \
              median {median:.2} (min {min:.2}, max {max:.2}) over {rounds} rounds of \
              {requests} requests",
             f / g

@@ -1,4 +1,4 @@
-//! `check_key`, pacer vs governor's keyed limiter, in the traffic servers see, with the
+//! `check_key`, paceline vs governor's keyed limiter, in the traffic servers see, with the
 //! memory each stores (measured with a counting allocator), in one run:
 //!
 //! 1. `under-limit`: 100 000 recurring clients at 1000/s, burst 1, each refilled between
@@ -9,14 +9,14 @@
 //! 3. `zipf`: Zipf-distributed popularity over 1 000 000 clients (s = 1: a few hot keys,
 //!    a long tail) at 100/s, burst 10;
 //! 4. `rotating`: 50 000 active clients at 1000/s, burst 1, the population sliding by
-//!    `PACER_BENCH_NEW_KEYS_PER_SEC` (default 200 000) never-seen keys per second;
+//!    `PACELINE_BENCH_NEW_KEYS_PER_SEC` (default 200 000) never-seen keys per second;
 //! 5. `flood`: one thread floods never-seen keys while another checks 100 000 known
 //!    ones, first at 1/s, burst 1000 (each check admitted, so each writes its key's
 //!    entry), then at 1/hour (each check denied, reading only); none is ever replenished,
-//!    so none can be forgotten to make room. pacer has `with_max_keys(100_000)`, governor
+//!    so none can be forgotten to make room. paceline has `with_max_keys(100_000)`, governor
 //!    has no bound.
 //!
-//! Regimes 1–4 alternate the two limiters round by round (`PACER_BENCH_ROUNDS`, 2 M
+//! Regimes 1–4 alternate the two limiters round by round (`PACELINE_BENCH_ROUNDS`, 2 M
 //! checks per round) and print the per-round throughput ratio's median and spread, on 1
 //! and 2 threads; criterion then measures them once more. `cargo bench --bench keyed`.
 
@@ -73,8 +73,8 @@ struct Contender {
     len: Arc<dyn Fn() -> usize + Send + Sync>,
 }
 
-fn pacer(quota: pacer::Quota, max_keys: Option<usize>) -> Contender {
-    let mut limiter = pacer::KeyedLimiter::<u64>::new(quota);
+fn paceline(quota: paceline::Quota, max_keys: Option<usize>) -> Contender {
+    let mut limiter = paceline::KeyedLimiter::<u64>::new(quota);
     if let Some(max) = max_keys {
         limiter = limiter.with_max_keys(max);
     }
@@ -195,12 +195,12 @@ fn run(who: &Contender, keys: Keys, threads: usize, iters: u64) -> Duration {
 struct Regime {
     name: &'static str,
     keys: Keys,
-    pacer: fn() -> Contender,
+    paceline: fn() -> Contender,
     governor: fn() -> Contender,
 }
 
 fn new_keys_per_sec() -> u64 {
-    std::env::var("PACER_BENCH_NEW_KEYS_PER_SEC")
+    std::env::var("PACELINE_BENCH_NEW_KEYS_PER_SEC")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000)
@@ -212,7 +212,7 @@ fn regimes() -> Vec<Regime> {
         Regime {
             name: "under-limit",
             keys: Keys::Uniform(keys),
-            pacer: || pacer(pacer::Quota::per_second(1_000).with_burst(1), None),
+            paceline: || paceline(paceline::Quota::per_second(1_000).with_burst(1), None),
             governor: || governor(1_000, 1),
         },
         Regime {
@@ -220,19 +220,19 @@ fn regimes() -> Vec<Regime> {
             keys: Keys::InOrder(keys),
             // Refilled a thousand times faster than a round of visits comes back, as a
             // client polling every few seconds under a per-second quota is.
-            pacer: || pacer(pacer::Quota::per_second(1_000_000).with_burst(1), None),
+            paceline: || paceline(paceline::Quota::per_second(1_000_000).with_burst(1), None),
             governor: || governor(1_000_000, 1),
         },
         Regime {
             name: "limited",
             keys: Keys::Uniform(keys),
-            pacer: || pacer(pacer::Quota::per_second(1).with_burst(1_000), None),
+            paceline: || paceline(paceline::Quota::per_second(1).with_burst(1_000), None),
             governor: || governor(1, 1_000),
         },
         Regime {
             name: "zipf",
             keys: Keys::Zipf,
-            pacer: || pacer(pacer::Quota::per_second(100).with_burst(10), None),
+            paceline: || paceline(paceline::Quota::per_second(100).with_burst(10), None),
             governor: || governor(100, 10),
         },
         Regime {
@@ -241,7 +241,7 @@ fn regimes() -> Vec<Regime> {
                 active: keys / 2,
                 per_sec: new_keys_per_sec(),
             },
-            pacer: || pacer(pacer::Quota::per_second(1_000).with_burst(1), None),
+            paceline: || paceline(paceline::Quota::per_second(1_000).with_burst(1), None),
             governor: || governor(1_000, 1),
         },
     ]
@@ -267,11 +267,11 @@ fn bench(c: &mut Criterion) {
     let mut built = Vec::new();
     for regime in regimes() {
         let warm = checks * 2;
-        let (p, p_mem, p_len) = warmed(regime.pacer, regime.keys, warm);
+        let (p, p_mem, p_len) = warmed(regime.paceline, regime.keys, warm);
         let (g, g_mem, g_len) = warmed(regime.governor, regime.keys, warm);
         eprintln!(
-            "\n{}: memory per stored key pacer {p_mem:.1} B ({p_len} keys), governor \
-             {g_mem:.1} B ({g_len} keys); total pacer/governor {:.2}",
+            "\n{}: memory per stored key paceline {p_mem:.1} B ({p_len} keys), governor \
+             {g_mem:.1} B ({g_len} keys); total paceline/governor {:.2}",
             regime.name,
             (p_mem * p_len as f64) / (g_mem * g_len as f64)
         );
@@ -286,14 +286,14 @@ fn bench(c: &mut Criterion) {
                 .collect();
             let (median, min, max) = common::spread(&mut ratios);
             eprintln!(
-                "{}: paired rounds, {threads} thread(s): pacer/governor throughput median \
+                "{}: paired rounds, {threads} thread(s): paceline/governor throughput median \
                  {median:.2}x (min {min:.2}x, max {max:.2}x) over {rounds} rounds of \
                  {checks} checks",
                 regime.name
             );
         }
         eprintln!(
-            "{}: after the rounds, stored keys pacer {}, governor {}",
+            "{}: after the rounds, stored keys paceline {}, governor {}",
             regime.name,
             (p.len)(),
             (g.len)()
@@ -304,7 +304,7 @@ fn bench(c: &mut Criterion) {
     for (name, keys, p, g) in &built {
         for threads in [1, 2] {
             let mut group = c.benchmark_group(format!("check_key/{name}/{threads}-thread"));
-            for (who, contender) in [("pacer", p), ("governor", g)] {
+            for (who, contender) in [("paceline", p), ("governor", g)] {
                 group.bench_function(BenchmarkId::from_parameter(who), |b| {
                     b.iter_custom(|iters| run(contender, *keys, threads, iters))
                 });
@@ -329,16 +329,16 @@ fn flood() {
     // to make room.
     let contenders = [
         (
-            "pacer, known keys admitted",
-            pacer(
-                pacer::Quota::per_second(1).with_burst(1_000),
+            "paceline, known keys admitted",
+            paceline(
+                paceline::Quota::per_second(1).with_burst(1_000),
                 Some(known as usize),
             ),
         ),
         ("governor, known keys admitted", governor(1, 1_000)),
         (
-            "pacer, known keys limited",
-            pacer(pacer::Quota::per_hour(1), Some(known as usize)),
+            "paceline, known keys limited",
+            paceline(paceline::Quota::per_hour(1), Some(known as usize)),
         ),
         (
             "governor, known keys limited",

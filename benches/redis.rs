@@ -1,4 +1,4 @@
-//! pacer's Redis script vs a port of go-redis/redis_rate's GCRA script vs a bare `INCR`
+//! paceline's Redis script vs a port of go-redis/redis_rate's GCRA script vs a bare `INCR`
 //! round trip (the floor of any one-round-trip limiter), same run, same server (a
 //! `redis-server` this bench starts on a loopback port): checks per second with 1 and 64
 //! concurrent callers, p50/p99 latency, and the round trips a refusal flood on one key
@@ -43,13 +43,13 @@ end
 return {cost, 0, "-1", tostring(reset_after)}
 "#;
 
-#[path = "../tests/support/redis_server.rs"]
+#[path = "../tests-integration/tests/support/redis_server.rs"]
 mod redis_server;
 use redis_server::Server;
 
 #[derive(Clone)]
 enum Contender {
-    Pacer(Arc<pacer::redis::RedisLimiter>),
+    Paceline(Arc<paceline::redis::RedisLimiter>),
     RedisRate(ConnectionManager, Arc<redis::Script>),
     Incr(ConnectionManager),
 }
@@ -57,7 +57,7 @@ enum Contender {
 impl Contender {
     async fn check(&self, key: &str) -> bool {
         match self {
-            Contender::Pacer(l) => l.check_key(key).await.is_ok(),
+            Contender::Paceline(l) => l.check_key(key).await.is_ok(),
             Contender::RedisRate(conn, script) => {
                 let mut conn = conn.clone();
                 let r: (i64, i64, String, String) = script
@@ -135,14 +135,14 @@ fn bench(c: &mut Criterion) {
     let contenders = rt.block_on(async {
         let client = redis::Client::open(url.as_str()).unwrap();
         let conn = ConnectionManager::new(client).await.unwrap();
-        let pacer = pacer::redis::RedisLimiter::connect(
+        let paceline = paceline::redis::RedisLimiter::connect(
             &url,
-            pacer::Quota::per_second(1_000_000).with_burst(1_000_000),
+            paceline::Quota::per_second(1_000_000).with_burst(1_000_000),
         )
         .await
         .unwrap();
         vec![
-            ("pacer", Contender::Pacer(Arc::new(pacer))),
+            ("paceline", Contender::Paceline(Arc::new(paceline))),
             (
                 "redis_rate",
                 Contender::RedisRate(conn.clone(), Arc::new(redis::Script::new(REDIS_RATE))),
@@ -174,7 +174,7 @@ fn bench(c: &mut Criterion) {
         let client = redis::Client::open(url.as_str()).unwrap();
         let mut admin = ConnectionManager::new(client).await.unwrap();
         let flood = common::size(10_000, 200);
-        let strict = pacer::redis::RedisLimiter::connect(&url, pacer::Quota::per_hour(1))
+        let strict = paceline::redis::RedisLimiter::connect(&url, paceline::Quota::per_hour(1))
             .await
             .unwrap();
         let rr = redis::Script::new(REDIS_RATE);
@@ -182,7 +182,7 @@ fn bench(c: &mut Criterion) {
         for _ in 0..flood {
             let _ = strict.check_key("flooded").await;
         }
-        let pacer_cmds = commands_processed(&mut admin).await - before - 1;
+        let paceline_cmds = commands_processed(&mut admin).await - before - 1;
         let before = commands_processed(&mut admin).await;
         for _ in 0..flood {
             let _: (i64, i64, String, String) = rr
@@ -197,7 +197,7 @@ fn bench(c: &mut Criterion) {
         }
         let rr_cmds = commands_processed(&mut admin).await - before - 1;
         eprintln!(
-            "redis, refusal flood of {flood} checks on one key: commands reaching Redis: pacer {pacer_cmds}, redis_rate {rr_cmds}"
+            "redis, refusal flood of {flood} checks on one key: commands reaching Redis: paceline {paceline_cmds}, redis_rate {rr_cmds}"
         );
     });
     let mut group = c.benchmark_group("redis/1-caller");

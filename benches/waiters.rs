@@ -1,7 +1,7 @@
 //! 20 000 async waiters at 100 000/s (ideal: 200 ms): wall time and process CPU time for
-//! pacer (default clock and `TokioClock`), leaky-bucket and governor on the same job, in
+//! paceline (default clock and `TokioClock`), leaky-bucket and governor on the same job, in
 //! one run, first round by round (paired) and then under criterion; then the wake-up lateness
-//! of pacer's timer next to futures-intrusive's (the evaluation in the README).
+//! of paceline's timer next to futures-intrusive's (the evaluation in the README).
 //!
 //! `cargo bench --bench waiters`
 
@@ -34,18 +34,18 @@ fn cpu_time() -> Duration {
 type Waiter = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 fn contender(name: &str, rt: &tokio::runtime::Runtime) -> Waiter {
-    let quota = pacer::Quota::per_second(RATE).with_burst(1);
+    let quota = paceline::Quota::per_second(RATE).with_burst(1);
     match name {
-        "pacer" => {
-            let l = Arc::new(pacer::Limiter::new(quota));
+        "paceline" => {
+            let l = Arc::new(paceline::Limiter::new(quota));
             Arc::new(move || {
                 let l = l.clone();
                 Box::pin(async move { l.until_ready().await })
             })
         }
-        "pacer+tokio" => {
-            let clock = pacer::clock::TokioClock::from_handle(rt.handle().clone());
-            let l = Arc::new(pacer::Limiter::with_clock(quota, clock));
+        "paceline+tokio" => {
+            let clock = paceline::clock::TokioClock::from_handle(rt.handle().clone());
+            let l = Arc::new(paceline::Limiter::with_clock(quota, clock));
             Arc::new(move || {
                 let l = l.clone();
                 Box::pin(async move { l.until_ready().await })
@@ -92,13 +92,13 @@ fn run_once(rt: &tokio::runtime::Runtime, waiter: &Waiter) -> (Duration, Duratio
     (start.elapsed(), cpu_time() - cpu0)
 }
 
-/// Runs pacer (both clocks) and leaky-bucket in turn, round after round, and prints the
+/// Runs paceline (both clocks) and leaky-bucket in turn, round after round, and prints the
 /// distribution of each one's per-round CPU time over leaky-bucket's. On a shared VM the
 /// machine's speed drifts between criterion's back-to-back groups; within a round the
-/// contenders ran a fraction of a second apart. `PACER_BENCH_ROUNDS` sets the rounds.
+/// contenders ran a fraction of a second apart. `PACELINE_BENCH_ROUNDS` sets the rounds.
 fn paired(rt: &tokio::runtime::Runtime) {
     let rounds = common::rounds();
-    let who = ["pacer", "pacer+tokio", "leaky-bucket"];
+    let who = ["paceline", "paceline+tokio", "leaky-bucket"];
     let mut cpu_ratios = [Vec::new(), Vec::new()];
     let mut walls = [Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..rounds {
@@ -137,7 +137,7 @@ fn bench(c: &mut Criterion) {
     paired(&rt);
     let mut group = c.benchmark_group("waiters/20k-at-100k-per-s");
     let mut summary = Vec::new();
-    for who in ["pacer", "pacer+tokio", "leaky-bucket", "governor"] {
+    for who in ["paceline", "paceline+tokio", "leaky-bucket", "governor"] {
         let (mut wall, mut cpu, mut runs) = (Duration::ZERO, Duration::ZERO, 0u32);
         group.bench_function(BenchmarkId::from_parameter(who), |b| {
             b.iter_custom(|iters| {
@@ -157,20 +157,20 @@ fn bench(c: &mut Criterion) {
     group.finish();
     let ideal = Duration::from_secs(1) * (waiters() - 1) / RATE;
     eprintln!("\n20k waiters at 100k/s, ideal wall {ideal:?} (mean over all runs):");
-    let pacer_cpu = summary[0].2;
+    let paceline_cpu = summary[0].2;
     for (who, wall, cpu) in &summary {
         eprintln!(
-            "  {who:<13} wall {:>8.1} ms ({:+.1} % vs ideal)   CPU {:>8.1} ms   CPU vs pacer {:.2}x",
+            "  {who:<13} wall {:>8.1} ms ({:+.1} % vs ideal)   CPU {:>8.1} ms   CPU vs paceline {:.2}x",
             wall.as_secs_f64() * 1e3,
             (wall.as_secs_f64() / ideal.as_secs_f64() - 1.0) * 100.0,
             cpu.as_secs_f64() * 1e3,
-            cpu.as_secs_f64() / pacer_cpu.as_secs_f64(),
+            cpu.as_secs_f64() / paceline_cpu.as_secs_f64(),
         );
     }
     timer_lateness();
 }
 
-/// How late waiters wake, 200 of them due 100 us apart: pacer's queue and timer versus a
+/// How late waiters wake, 200 of them due 100 us apart: paceline's queue and timer versus a
 /// futures-intrusive timer (millisecond clock) driven by its own thread.
 fn timer_lateness() {
     const N: u32 = 200;
@@ -194,10 +194,10 @@ fn timer_lateness() {
     }
     eprintln!("\nwake-up lateness, {N} waiters due {GAP:?} apart:");
 
-    // pacer: 10 000/s, burst 1; waiter i is due at i * 100 us after the first booking.
-    async fn pacer_lateness<C: pacer::clock::Clock>(clock: C) -> Vec<f64> {
+    // paceline: 10 000/s, burst 1; waiter i is due at i * 100 us after the first booking.
+    async fn paceline_lateness<C: paceline::clock::Clock>(clock: C) -> Vec<f64> {
         let limiter =
-            pacer::Limiter::with_clock(pacer::Quota::per_second(10_000).with_burst(1), clock);
+            paceline::Limiter::with_clock(paceline::Quota::per_second(10_000).with_burst(1), clock);
         let start = Instant::now();
         let waits = (0..N).map(|i| {
             let limiter = &limiter;
@@ -208,21 +208,21 @@ fn timer_lateness() {
         });
         futures::future::join_all(waits).await
     }
-    let default_clock = pacer::clock::DefaultClock::default();
+    let default_clock = paceline::clock::DefaultClock::default();
     report(
-        "pacer",
-        futures::executor::block_on(pacer_lateness(default_clock)),
+        "paceline",
+        futures::executor::block_on(paceline_lateness(default_clock)),
     );
 
-    // pacer with `TokioClock`: the same waiters, woken by tokio's millisecond timer (a
-    // multi-thread runtime: on a current-thread one, the clock uses pacer's timer).
+    // paceline with `TokioClock`: the same waiters, woken by tokio's millisecond timer (a
+    // multi-thread runtime: on a current-thread one, the clock uses paceline's timer).
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_time()
         .build()
         .unwrap();
-    let clock = pacer::clock::TokioClock::from_handle(rt.handle().clone());
-    report("pacer+tokio", rt.block_on(pacer_lateness(clock)));
+    let clock = paceline::clock::TokioClock::from_handle(rt.handle().clone());
+    report("paceline+tokio", rt.block_on(paceline_lateness(clock)));
 
     // futures-intrusive: its timer service with its std (millisecond) clock.
     use futures_intrusive::timer::{StdClock, Timer, TimerService};

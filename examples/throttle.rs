@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pacer::{Limiter, Quota};
+use paceline::{Limiter, Quota};
 
 const CALLS: u32 = 300;
 const RATE: u32 = 100;

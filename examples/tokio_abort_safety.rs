@@ -6,8 +6,8 @@
 
 use std::time::Instant;
 
-use pacer::clock::TokioClock;
-use pacer::{Limiter, Quota};
+use paceline::clock::TokioClock;
+use paceline::{Limiter, Quota};
 
 fn main() {
     // No `enable_time`: tokio would panic on the first timer.

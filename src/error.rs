@@ -20,7 +20,7 @@ pub(crate) fn cost(params: &Params, n: u32) -> Result<u64, Denied> {
 /// # Examples
 ///
 /// ```
-/// use pacer::{clock::ManualClock, Limiter, Quota};
+/// use paceline::{clock::ManualClock, Limiter, Quota};
 /// use std::time::Duration;
 ///
 /// let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), ManualClock::new());
@@ -46,7 +46,7 @@ impl NotUntil {
     /// # Examples
     ///
     /// ```
-    /// # use pacer::{clock::ManualClock, Limiter, Quota};
+    /// # use paceline::{clock::ManualClock, Limiter, Quota};
     /// let limiter = Limiter::with_clock(Quota::per_minute(1), ManualClock::new());
     /// limiter.check().unwrap();
     /// assert_eq!(limiter.check().unwrap_err().wait_time().as_secs(), 60);
@@ -69,7 +69,7 @@ impl core::error::Error for NotUntil {}
 /// # Examples
 ///
 /// ```
-/// use pacer::{Denied, Limiter, Quota};
+/// use paceline::{Denied, Limiter, Quota};
 ///
 /// let limiter = Limiter::new(Quota::per_second(5));
 /// match limiter.check_n(6) {
@@ -93,7 +93,7 @@ impl InsufficientCapacity {
     /// # Examples
     ///
     /// ```
-    /// # use pacer::{Limiter, Quota};
+    /// # use paceline::{Limiter, Quota};
     /// let err = Limiter::new(Quota::per_second(1)).wait_n(2).unwrap_err();
     /// assert_eq!(err.requested(), 2);
     /// ```
@@ -106,7 +106,7 @@ impl InsufficientCapacity {
     /// # Examples
     ///
     /// ```
-    /// # use pacer::{Limiter, Quota};
+    /// # use paceline::{Limiter, Quota};
     /// let err = Limiter::new(Quota::per_second(1)).wait_n(2).unwrap_err();
     /// assert_eq!(err.burst(), 1);
     /// ```
@@ -132,7 +132,7 @@ impl core::error::Error for InsufficientCapacity {}
 /// # Examples
 ///
 /// ```
-/// use pacer::{clock::ManualClock, Denied, Limiter, Quota};
+/// use paceline::{clock::ManualClock, Denied, Limiter, Quota};
 ///
 /// let limiter = Limiter::with_clock(Quota::per_second(2), ManualClock::new());
 /// assert!(limiter.check_n(2).is_ok());

@@ -1,11 +1,11 @@
 //! Lock-free rate limiting: a GCRA limiter whose whole state is one atomic word.
 //!
-//! `pacer` decides in a few nanoseconds, without locks, whether an action may happen now
+//! `paceline` decides in a few nanoseconds, without locks, whether an action may happen now
 //! under a rate limit ("100 per second, bursts of 10"), and lets threads and async tasks
 //! wait *just long enough*, in order, when it may not.
 //!
 //! ```
-//! use pacer::{Limiter, Quota};
+//! use paceline::{Limiter, Quota};
 //!
 //! // A third-party API allows 100 calls per second, at most 10 at once.
 //! let limiter = Limiter::new(Quota::per_second(100).with_burst(10));
@@ -78,10 +78,10 @@ pub mod fuzzing;
 #[path = "testing/reference_model.rs"]
 #[allow(dead_code)] // the fuzz bodies use part of it; `tests/model.rs` uses the rest
 mod reference_model;
-// So that the reference model names the API as `pacer::…` both here and where
+// So that the reference model names the API as `paceline::…` both here and where
 // `tests/model.rs` includes it: it uses nothing of the crate but its public API.
 #[cfg(all(feature = "std", any(fuzzing, test)))]
-extern crate self as pacer;
+extern crate self as paceline;
 
 pub use error::{Denied, InsufficientCapacity, NotUntil};
 #[cfg(feature = "std")]
@@ -91,11 +91,6 @@ pub use quota::{Quota, QuotaError};
 pub use snapshot::Snapshot;
 #[cfg(feature = "std")]
 pub use wait::reservation::Reservation;
-
-/// The README's examples, compiled and run as doc tests.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;
 
 /// Internals for the loom models in `loom-tests/`: the cell layer, the keyed shards' lock
 /// and the pure arithmetic, reached without copying their code. Not part of the API.

@@ -36,7 +36,7 @@ use {
 /// # Examples
 ///
 /// ```
-/// use pacer::{Limiter, Quota};
+/// use paceline::{Limiter, Quota};
 /// use std::sync::Arc;
 ///
 /// let limiter = Arc::new(Limiter::new(Quota::per_second(50).with_burst(5)));
@@ -79,7 +79,7 @@ impl Limiter {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(2));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_second(2));
     /// assert!(limiter.check().is_ok());
     /// assert!(limiter.check().is_ok());
     /// assert!(limiter.check().is_err());
@@ -95,7 +95,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, Limiter, Quota};
+    /// use paceline::{clock::ManualClock, Limiter, Quota};
     /// let limiter = Limiter::with_clock(Quota::per_minute(1), ManualClock::new());
     /// assert_eq!(limiter.remaining(), 1);
     /// ```
@@ -115,7 +115,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// assert_eq!(Limiter::new(Quota::per_second(3)).quota(), Quota::per_second(3));
     /// ```
     pub fn quota(&self) -> Quota {
@@ -138,7 +138,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// let limiter = Limiter::new(Quota::per_second(1));
     /// assert!(limiter.check().is_ok());
     /// let wait = limiter.check().unwrap_err().wait_time();
@@ -166,7 +166,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Denied, Limiter, Quota};
+    /// use paceline::{Denied, Limiter, Quota};
     /// let limiter = Limiter::new(Quota::per_second(10));
     /// assert!(limiter.check_n(7).is_ok());
     /// assert!(matches!(limiter.check_n(7), Err(Denied::NotUntil(_))));
@@ -191,7 +191,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// let limiter = Limiter::new(Quota::per_hour(10));
     /// limiter.check_n(4).unwrap();
     /// assert_eq!(limiter.remaining(), 6);
@@ -207,7 +207,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// let limiter = Limiter::new(Quota::per_second(100).with_burst(10));
     /// limiter.check_n(4).unwrap();
     /// let state = limiter.snapshot();
@@ -230,7 +230,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, Limiter, Quota};
+    /// use paceline::{clock::ManualClock, Limiter, Quota};
     /// use std::time::Duration;
     /// let limiter = Limiter::with_clock(Quota::per_second(10), ManualClock::new());
     /// limiter.check_n(10).unwrap();
@@ -267,7 +267,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// use std::time::Duration;
     ///
     /// let limiter = Limiter::new(Quota::per_second(100).with_burst(1));
@@ -309,7 +309,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, Limiter, Quota};
+    /// use paceline::{clock::ManualClock, Limiter, Quota};
     /// let limiter = Limiter::with_clock(Quota::per_second(2), ManualClock::new());
     /// limiter.check_n(2).unwrap();
     /// assert!(limiter.check().is_err());
@@ -335,7 +335,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// let limiter = Limiter::new(Quota::per_second(1000).with_burst(1));
     /// futures::executor::block_on(async {
     ///     for _ in 0..3 {
@@ -357,7 +357,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// let limiter = Limiter::new(Quota::per_second(100));
     /// futures::executor::block_on(async {
     ///     limiter.until_n_ready(100).await.unwrap();
@@ -382,7 +382,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// use std::time::Duration;
     /// let limiter = Limiter::new(Quota::per_minute(1));
     /// futures::executor::block_on(async {
@@ -409,7 +409,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Denied, Limiter, Quota};
+    /// use paceline::{Denied, Limiter, Quota};
     /// use std::time::Duration;
     /// let limiter = Limiter::new(Quota::per_second(4));
     /// futures::executor::block_on(async {
@@ -434,7 +434,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// let limiter = Limiter::new(Quota::per_second(1000).with_burst(1));
     /// let start = std::time::Instant::now();
     /// for _ in 0..5 {
@@ -456,7 +456,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// let limiter = Limiter::new(Quota::per_second(10));
     /// limiter.wait_n(10).unwrap();
     /// assert!(limiter.wait_n(11).is_err());
@@ -475,7 +475,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Limiter, Quota};
+    /// use paceline::{Limiter, Quota};
     /// use std::time::Duration;
     /// let limiter = Limiter::new(Quota::per_hour(1));
     /// limiter.wait_within(Duration::ZERO).unwrap();
@@ -489,13 +489,13 @@ impl<C: Clock> Limiter<C> {
     /// How long until the next waiter is due, by this limiter's clock (zero if it is due
     /// already); `None` when no one waits.
     ///
-    /// With [`Limiter::wake_due_waiters`] this lets a runtime that embeds pacer drive
+    /// With [`Limiter::wake_due_waiters`] this lets a runtime that embeds paceline drive
     /// waiters from its own timer instead of (or besides) [`Clock::wake_at`].
     ///
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, Limiter, Quota};
+    /// use paceline::{clock::ManualClock, Limiter, Quota};
     /// use std::{future::Future, pin::pin, task::{Context, Waker}, time::Duration};
     ///
     /// let clock = ManualClock::new();
@@ -527,7 +527,7 @@ impl<C: Clock> Limiter<C> {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(1));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_second(1));
     /// limiter.wake_due_waiters(); // nothing waits: a no-op
     /// ```
     #[cfg(feature = "std")]

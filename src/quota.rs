@@ -13,7 +13,7 @@ use crate::gcra::Params;
 /// # Examples
 ///
 /// ```
-/// use pacer::Quota;
+/// use paceline::Quota;
 /// use std::time::Duration;
 ///
 /// // 100 per second, at most 10 at once.
@@ -34,7 +34,7 @@ pub struct Quota {
 /// # Examples
 ///
 /// ```
-/// use pacer::{Quota, QuotaError};
+/// use paceline::{Quota, QuotaError};
 /// use std::time::Duration;
 ///
 /// assert_eq!(Quota::try_new(5, Duration::ZERO), Err(QuotaError::ZeroPeriod));
@@ -61,7 +61,7 @@ impl fmt::Display for QuotaError {
             QuotaError::ZeroPeriod => "a quota needs a period longer than zero",
             QuotaError::ZeroBurst => "a quota needs a burst of at least 1 cell",
             QuotaError::IntervalTooShort => {
-                "period / count is below one nanosecond, the finest interval pacer keeps"
+                "period / count is below one nanosecond, the finest interval paceline keeps"
             }
             QuotaError::IntervalTooLong => {
                 "period / count exceeds u64::MAX nanoseconds (about 584 years)"
@@ -98,7 +98,7 @@ impl Quota {
     /// # Examples
     ///
     /// ```
-    /// use pacer::Quota;
+    /// use paceline::Quota;
     /// const API: Quota = Quota::per_second(100);
     /// assert_eq!(API.emission_interval().as_millis(), 10);
     /// ```
@@ -115,7 +115,7 @@ impl Quota {
     /// # Examples
     ///
     /// ```
-    /// use pacer::Quota;
+    /// use paceline::Quota;
     /// assert_eq!(Quota::per_minute(60).emission_interval().as_secs(), 1);
     /// ```
     pub const fn per_minute(n: u32) -> Quota {
@@ -131,7 +131,7 @@ impl Quota {
     /// # Examples
     ///
     /// ```
-    /// use pacer::Quota;
+    /// use paceline::Quota;
     /// assert_eq!(Quota::per_hour(3600).emission_interval().as_secs(), 1);
     /// ```
     pub const fn per_hour(n: u32) -> Quota {
@@ -150,7 +150,7 @@ impl Quota {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Quota, QuotaError};
+    /// use paceline::{Quota, QuotaError};
     /// use std::time::Duration;
     ///
     /// let q = Quota::try_new(3, Duration::from_millis(30))?;
@@ -188,7 +188,7 @@ impl Quota {
     /// # Examples
     ///
     /// ```
-    /// use pacer::Quota;
+    /// use paceline::Quota;
     /// assert_eq!(Quota::per_second(100).with_burst(1).burst(), 1);
     /// ```
     pub fn with_burst(self, burst: u32) -> Quota {
@@ -208,7 +208,7 @@ impl Quota {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Quota, QuotaError};
+    /// use paceline::{Quota, QuotaError};
     /// assert_eq!(Quota::per_second(1).try_with_burst(0), Err(QuotaError::ZeroBurst));
     /// assert_eq!(Quota::per_second(1).try_with_burst(40).unwrap().burst(), 40);
     /// assert_eq!(Quota::per_hour(1).try_with_burst(u32::MAX).unwrap().burst(), u32::MAX);
@@ -224,7 +224,7 @@ impl Quota {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(pacer::Quota::per_minute(30).burst(), 30);
+    /// assert_eq!(paceline::Quota::per_minute(30).burst(), 30);
     /// ```
     pub const fn burst(&self) -> u32 {
         self.params.burst()
@@ -237,7 +237,7 @@ impl Quota {
     ///
     /// ```
     /// use std::time::Duration;
-    /// assert_eq!(pacer::Quota::per_second(3).emission_interval(), Duration::from_nanos(333_333_333));
+    /// assert_eq!(paceline::Quota::per_second(3).emission_interval(), Duration::from_nanos(333_333_333));
     /// ```
     pub const fn emission_interval(&self) -> Duration {
         Duration::from_nanos(self.params.interval())

@@ -15,7 +15,7 @@ use crate::quota::Quota;
 /// # Examples
 ///
 /// ```
-/// use pacer::{clock::ManualClock, Limiter, Quota};
+/// use paceline::{clock::ManualClock, Limiter, Quota};
 /// use std::time::Duration;
 ///
 /// let limiter = Limiter::with_clock(Quota::per_second(10), ManualClock::new());
@@ -71,8 +71,8 @@ impl Snapshot {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_minute(30));
-    /// assert_eq!(limiter.snapshot().quota(), pacer::Quota::per_minute(30));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_minute(30));
+    /// assert_eq!(limiter.snapshot().quota(), paceline::Quota::per_minute(30));
     /// ```
     pub fn quota(&self) -> Quota {
         self.quota
@@ -83,7 +83,7 @@ impl Snapshot {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(5).with_burst(2));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_second(5).with_burst(2));
     /// assert_eq!(limiter.snapshot().burst(), 2);
     /// ```
     pub fn burst(&self) -> u32 {
@@ -95,7 +95,7 @@ impl Snapshot {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_hour(3));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_hour(3));
     /// limiter.check().unwrap();
     /// assert_eq!(limiter.snapshot().remaining(), 2);
     /// ```
@@ -108,7 +108,7 @@ impl Snapshot {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_hour(1));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_hour(1));
     /// assert!(limiter.snapshot().until_next().is_zero());
     /// limiter.check().unwrap();
     /// assert!(limiter.snapshot().until_next().as_secs() > 3500);
@@ -123,7 +123,7 @@ impl Snapshot {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(2));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_second(2));
     /// assert!(limiter.snapshot().until_full().is_zero());
     /// limiter.check().unwrap();
     /// assert!(limiter.snapshot().until_full().as_millis() > 400);

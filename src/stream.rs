@@ -21,7 +21,7 @@ use crate::wait::queue::Waiters;
 /// # Examples
 ///
 /// ```
-/// use pacer::{stream::Handle, Limiter, Quota};
+/// use paceline::{stream::Handle, Limiter, Quota};
 /// use std::sync::Arc;
 ///
 /// let limiter = Arc::new(Limiter::new(Quota::per_second(10)));
@@ -107,7 +107,7 @@ pin_project! {
     ///
     /// ```
     /// use futures::StreamExt;
-    /// use pacer::{stream::{throttle, Throttled}, Limiter, Quota};
+    /// use paceline::{stream::{throttle, Throttled}, Limiter, Quota};
     ///
     /// let limiter = Limiter::new(Quota::per_second(100));
     /// // It holds a booked place while an item waits, so it is pinned to be polled.
@@ -148,7 +148,7 @@ pin_project! {
 ///
 /// ```
 /// use futures::StreamExt;
-/// use pacer::{stream::throttle, Limiter, Quota};
+/// use paceline::{stream::throttle, Limiter, Quota};
 ///
 /// let limiter = Limiter::new(Quota::per_second(1000).with_burst(1));
 /// let start = std::time::Instant::now();

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use pacer::clock::{Clock, ManualClock};
-use pacer::{Denied, KeyedLimiter, Limiter, Quota, QuotaError};
+use paceline::clock::{Clock, ManualClock};
+use paceline::{Denied, KeyedLimiter, Limiter, Quota, QuotaError};
 
 #[test]
 fn fallible_constructors_name_the_problem() {

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use pacer::clock::{Clock, ManualClock};
-use pacer::{KeyedLimiter, Limiter, Quota};
+use paceline::clock::{Clock, ManualClock};
+use paceline::{KeyedLimiter, Limiter, Quota};
 
 const SEC: u64 = 1_000_000_000;
 

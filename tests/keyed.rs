@@ -4,8 +4,8 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use pacer::clock::ManualClock;
-use pacer::{Denied, KeyedLimiter, Limiter, Quota};
+use paceline::clock::ManualClock;
+use paceline::{Denied, KeyedLimiter, Limiter, Quota};
 use proptest::prelude::*;
 
 const T: Duration = Duration::from_millis(100);

@@ -10,8 +10,8 @@ use std::pin::Pin;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use pacer::clock::ManualClock;
-use pacer::{Denied, Limiter, Quota};
+use paceline::clock::ManualClock;
+use paceline::{Denied, Limiter, Quota};
 use proptest::prelude::*;
 
 // The one reference model, shared with the fuzz targets (see its module docs).

@@ -9,8 +9,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
-use pacer::clock::{Clock, ManualClock};
-use pacer::{Denied, KeyedLimiter, Limiter, Quota};
+use paceline::clock::{Clock, ManualClock};
+use paceline::{Denied, KeyedLimiter, Limiter, Quota};
 
 const T: Duration = Duration::from_millis(100);
 
@@ -197,11 +197,11 @@ fn awaiting_a_reservation_finishes_at_its_instant() {
 fn a_throttled_stream_is_paced_on_a_manual_clock() {
     let clock = ManualClock::new();
     let limiter = Limiter::with_clock(quota(2), clock.clone());
-    let mut items = pin!(pacer::stream::throttle(
+    let mut items = pin!(paceline::stream::throttle(
         futures::stream::iter(0..5),
         &limiter
     ));
-    let next = |items: &mut Pin<&mut pacer::stream::Throttled<'_, _, _>>| {
+    let next = |items: &mut Pin<&mut paceline::stream::Throttled<'_, _, _>>| {
         items
             .as_mut()
             .poll_next(&mut Context::from_waker(Waker::noop()))
@@ -226,11 +226,11 @@ fn throttled_streams_sharing_a_limiter_are_served_in_order() {
     let clock = ManualClock::new();
     let limiter = Limiter::with_clock(quota(1), clock.clone());
     limiter.check().unwrap();
-    let mut a = pin!(pacer::stream::throttle(
+    let mut a = pin!(paceline::stream::throttle(
         futures::stream::iter(["a1", "a2"]),
         &limiter
     ));
-    let mut b = pin!(pacer::stream::throttle(
+    let mut b = pin!(paceline::stream::throttle(
         futures::stream::iter(["b1"]),
         &limiter
     ));
@@ -262,7 +262,7 @@ fn realtime_a_throttled_stream_on_tokio() {
     let start = Instant::now();
     // An `Arc` makes the stream 'static, so it can be spawned.
     let task = rt.spawn(async move {
-        pacer::stream::throttle(futures::stream::iter(0..20u32), limiter)
+        paceline::stream::throttle(futures::stream::iter(0..20u32), limiter)
             .collect::<Vec<_>>()
             .await
     });

@@ -7,8 +7,8 @@ use std::pin::{pin, Pin};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use pacer::clock::ManualClock;
-use pacer::{KeyedLimiter, Limiter, Quota};
+use paceline::clock::ManualClock;
+use paceline::{KeyedLimiter, Limiter, Quota};
 
 mod common;
 use common::SetClock;
@@ -205,7 +205,7 @@ fn a_throttled_stream_never_yields_an_item_whose_booking_was_refused() {
     let limiter = Limiter::with_clock(Quota::per_second(10), clock.clone());
     clock.advance(Duration::MAX); // the end of representable time
     assert!(limiter.check().is_err());
-    let mut paced = pin!(pacer::stream::throttle(
+    let mut paced = pin!(paceline::stream::throttle(
         futures::stream::iter(0..5),
         &limiter
     ));

@@ -3,8 +3,8 @@
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use pacer::clock::ManualClock;
-use pacer::{Limiter, Quota};
+use paceline::clock::ManualClock;
+use paceline::{Limiter, Quota};
 
 fn hammer(
     threads: usize,
@@ -69,7 +69,7 @@ fn limiters_errors_and_futures_are_send_and_sync_where_promised() {
     fn send_sync<T: Send + Sync>(_: &T) {}
     fn send<T: Send>(_: &T) {}
     let limiter = Limiter::new(Quota::per_second(1));
-    let keyed = pacer::KeyedLimiter::<String>::new(Quota::per_second(1));
+    let keyed = paceline::KeyedLimiter::<String>::new(Quota::per_second(1));
     send_sync(&limiter);
     send_sync(&keyed);
     send_sync(&Limiter::with_clock(

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::task::{Context, Waker};
 
-use pacer::{KeyedLimiter, Limiter, Quota};
+use paceline::{KeyedLimiter, Limiter, Quota};
 
 struct Counting;
 

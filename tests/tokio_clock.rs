@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{assert_paced, SLACK, WAITERS};
-use pacer::clock::TokioClock;
-use pacer::{Limiter, Quota};
+use paceline::clock::TokioClock;
+use paceline::{Limiter, Quota};
 
 /// Runs the 50 waiters as tokio tasks on `rt` with a `TokioClock` of that runtime; returns
 /// how long the last took.
@@ -40,7 +40,7 @@ fn realtime_tokio_clock_current_thread() {
         .enable_time()
         .build()
         .unwrap();
-    // A current-thread runtime only runs inside `block_on`: its wake-ups go to pacer's
+    // A current-thread runtime only runs inside `block_on`: its wake-ups go to paceline's
     // timer thread, so that a thread blocked on the limiter never depends on it.
     assert!(!TokioClock::from_handle(rt.handle().clone()).uses_runtime_timer());
     assert_paced(paced_on(&rt), "TokioClock, current-thread");
@@ -118,7 +118,7 @@ fn spent_on_a_dead_runtime(rt: tokio::runtime::Runtime) -> Limiter<TokioClock> {
 }
 
 #[test]
-fn realtime_a_runtime_that_shut_down_hands_wake_ups_to_pacers_timer() {
+fn realtime_a_runtime_that_shut_down_hands_wake_ups_to_pacelines_timer() {
     let limiter = spent_on_a_dead_runtime(tokio::runtime::Runtime::new().unwrap());
     // Blocking wait: the queue asks the clock for a wake-up, the dead runtime drops the
     // task that would have served it, and the fallback must deliver it.
@@ -140,7 +140,7 @@ fn three_waits_on(rt: tokio::runtime::Runtime, clock: TokioClock) {
 }
 
 #[test]
-fn realtime_a_runtime_without_timers_is_detected_and_served_by_pacers_timer() {
+fn realtime_a_runtime_without_timers_is_detected_and_served_by_pacelines_timer() {
     // No `enable_time`. The clock notices when it is made (tokio's one panic message on
     // stderr is expected, from the probe) and never asks the runtime for a timer.
     let rt = tokio::runtime::Builder::new_multi_thread().build().unwrap();
@@ -153,7 +153,7 @@ fn realtime_a_runtime_without_timers_is_detected_and_served_by_pacers_timer() {
 fn realtime_a_timer_wrongly_assumed_still_delivers_its_wake_ups() {
     // The caller vouched for a time driver that is not there: tokio's sleep panics inside
     // the spawned task (a panic message per wake-up on stderr is expected) and the
-    // dropped task hands each wake-up to pacer's timer thread.
+    // dropped task hands each wake-up to paceline's timer thread.
     let rt = tokio::runtime::Builder::new_multi_thread().build().unwrap();
     let clock = TokioClock::assume_time_driver(rt.handle().clone());
     assert!(clock.uses_runtime_timer());

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{assert_paced, IDEAL, SLACK, WAITERS};
-use pacer::clock::{Clock, ManualClock};
-use pacer::{Denied, Limiter, Quota};
+use paceline::clock::{Clock, ManualClock};
+use paceline::{Denied, Limiter, Quota};
 
 const T: Duration = Duration::from_millis(100);
 
@@ -436,7 +436,7 @@ fn realtime_async_waiters_are_not_starved_by_a_thread_hammering_check() {
 
 #[test]
 fn realtime_coarse_clock_paces_checks_and_waiters_never_early() {
-    use pacer::clock::CoarseClock;
+    use paceline::clock::CoarseClock;
     let clock = CoarseClock::with_resolution(Duration::from_millis(1));
     let limiter = Limiter::with_clock(Quota::per_second(500).with_burst(1), clock);
     let start = Instant::now();

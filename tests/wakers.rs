@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use pacer::{KeyedLimiter, Limiter, Quota};
+use paceline::{KeyedLimiter, Limiter, Quota};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -178,7 +178,7 @@ fn realtime_blocking_wakers_keep_the_timer_threads_bounded() {
     let start = Instant::now();
     let mut peak = 0;
     while start.elapsed() < Duration::from_millis(800) {
-        peak = peak.max(threads_named("pacer-timer"));
+        peak = peak.max(threads_named("paceline-timer"));
         std::thread::sleep(Duration::from_millis(1));
     }
     drop(releases);

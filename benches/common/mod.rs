@@ -54,12 +54,12 @@ pub(crate) fn size<T>(full: T, tiny: T) -> T {
     }
 }
 
-/// How many paired rounds to run: `PACER_BENCH_ROUNDS`, 15 by default; 1 in a test run.
+/// How many paired rounds to run: `PACELINE_BENCH_ROUNDS`, 15 by default; 1 in a test run.
 pub(crate) fn rounds() -> usize {
     if quick() {
         return 1;
     }
-    std::env::var("PACER_BENCH_ROUNDS")
+    std::env::var("PACELINE_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(15)

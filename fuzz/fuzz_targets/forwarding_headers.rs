@@ -1,2 +1,2 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| pacer::fuzzing::forwarding_headers(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| paceline::fuzzing::forwarding_headers(data));

@@ -1,2 +1,2 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| pacer::fuzzing::limiter_matches_model(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| paceline::fuzzing::limiter_matches_model(data));

@@ -1,2 +1,2 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| pacer::fuzzing::quota_construction(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| paceline::fuzzing::quota_construction(data));

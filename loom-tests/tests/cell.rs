@@ -5,7 +5,7 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use pacer::__loom::{admit, TatWord};
+use paceline::__loom::{admit, TatWord};
 
 const T: u64 = 10;
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loom::thread;
-use pacer::clock::ManualClock;
-use pacer::{Denied, Limiter, Quota};
+use paceline::clock::ManualClock;
+use paceline::{Denied, Limiter, Quota};
 
 #[test]
 fn a_quota_change_racing_a_check_is_seen_whole_or_not_at_all() {

@@ -8,7 +8,7 @@
 use loom::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use loom::sync::Arc;
 use loom::thread;
-use pacer::__loom::ReadMostly;
+use paceline::__loom::ReadMostly;
 
 type Pair = (AtomicU64, AtomicU64);
 

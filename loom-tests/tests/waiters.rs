@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
-use pacer::clock::ManualClock;
-use pacer::{Limiter, Quota};
+use paceline::clock::ManualClock;
+use paceline::{Limiter, Quota};
 
 const T: Duration = Duration::from_millis(100);
 
@@ -182,7 +182,7 @@ fn a_poll_racing_the_fire_completes_at_most_once_and_frees_the_node_after_it() {
 #[derive(Clone, Default)]
 struct SilentClock(Arc<loom::sync::atomic::AtomicU64>);
 
-impl pacer::clock::Clock for SilentClock {
+impl paceline::clock::Clock for SilentClock {
     fn now(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
     }
@@ -201,7 +201,7 @@ fn a_cancel_racing_a_check_across_the_instant_never_exceeds_the_burst() {
             clock.clone(),
         ));
         limiter.check_n(2).unwrap();
-        let mut booked: Pin<Box<dyn Future<Output = Result<(), pacer::InsufficientCapacity>> + Send>> = {
+        let mut booked: Pin<Box<dyn Future<Output = Result<(), paceline::InsufficientCapacity>> + Send>> = {
             let limiter = limiter.clone();
             Box::pin(async move { limiter.until_n_ready(2).await })
         };

@@ -20,14 +20,14 @@ use super::{timer, Clock, DefaultClock};
 /// 1 ms resolution for 100 requests per second). Async waiters are woken up to about one
 /// resolution after their instant.
 ///
-/// Each `CoarseClock::with_resolution` starts one thread (`pacer-coarse-clock`); clones
+/// Each `CoarseClock::with_resolution` starts one thread (`paceline-coarse-clock`); clones
 /// share it, and it exits once every clone is dropped. This module uses `std` atomics
 /// directly: it is a real OS thread that loom cannot model, and loom builds leave it out.
 ///
 /// # Examples
 ///
 /// ```
-/// use pacer::{clock::CoarseClock, Limiter, Quota};
+/// use paceline::{clock::CoarseClock, Limiter, Quota};
 /// use std::time::Duration;
 ///
 /// let clock = CoarseClock::with_resolution(Duration::from_millis(1));
@@ -63,7 +63,7 @@ impl CoarseClock {
     /// # Examples
     ///
     /// ```
-    /// use pacer::clock::{Clock, CoarseClock};
+    /// use paceline::clock::{Clock, CoarseClock};
     /// use std::time::Duration;
     /// let clock = CoarseClock::with_resolution(Duration::ZERO); // raised to 10 us
     /// assert_eq!(clock.resolution(), Duration::from_micros(10));
@@ -76,9 +76,9 @@ impl CoarseClock {
         });
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
-            .name("pacer-coarse-clock".into())
+            .name("paceline-coarse-clock".into())
             .spawn(move || upkeep(weak, resolution))
-            .expect("pacer: cannot spawn the coarse clock's upkeep thread");
+            .expect("paceline: cannot spawn the coarse clock's upkeep thread");
         CoarseClock { shared }
     }
 
@@ -87,7 +87,7 @@ impl CoarseClock {
     /// # Examples
     ///
     /// ```
-    /// # use pacer::clock::CoarseClock; use std::time::Duration;
+    /// # use paceline::clock::CoarseClock; use std::time::Duration;
     /// let clock = CoarseClock::with_resolution(Duration::from_millis(2));
     /// assert_eq!(clock.resolution(), Duration::from_millis(2));
     /// ```

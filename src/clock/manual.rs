@@ -14,7 +14,7 @@ use crate::sync::{AtomicU64, Mutex, Ordering, WakeList};
 /// # Examples
 ///
 /// ```
-/// use pacer::{clock::ManualClock, Limiter, Quota};
+/// use paceline::{clock::ManualClock, Limiter, Quota};
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new();
@@ -43,7 +43,7 @@ impl ManualClock {
     /// # Examples
     ///
     /// ```
-    /// use pacer::clock::{Clock, ManualClock};
+    /// use paceline::clock::{Clock, ManualClock};
     /// assert_eq!(ManualClock::new().now(), 0);
     /// ```
     pub fn new() -> ManualClock {
@@ -61,7 +61,7 @@ impl ManualClock {
     /// # Examples
     ///
     /// ```
-    /// use pacer::clock::{Clock, ManualClock};
+    /// use paceline::clock::{Clock, ManualClock};
     /// use std::time::Duration;
     /// let clock = ManualClock::new();
     /// clock.advance(Duration::from_millis(3));

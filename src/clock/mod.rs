@@ -4,7 +4,7 @@
 //!
 //! A limiter reads time only through its clock, and asks the clock to wake it when its next
 //! waiter is due ([`Clock::wake_at`]). That second method is how an embedding runtime can
-//! drive pacer's waiters from its own timer: implement `Clock` over the runtime's time and
+//! drive paceline's waiters from its own timer: implement `Clock` over the runtime's time and
 //! schedule the given waker there.
 
 #[cfg(all(feature = "std", not(loom)))]
@@ -34,7 +34,7 @@ use core::task::Waker;
 /// counter and never sleeps):
 ///
 /// ```
-/// use pacer::{clock::Clock, Limiter, Quota};
+/// use paceline::{clock::Clock, Limiter, Quota};
 /// use std::sync::{atomic::{AtomicU64, Ordering}, Arc};
 /// use std::task::Waker;
 ///
@@ -63,21 +63,21 @@ pub trait Clock: Clone + Send + Sync + 'static {
 
     /// Arranges for `waker` to be woken once [`Clock::now`] has reached `at`.
     ///
-    /// Waking early is harmless (pacer re-reads the time and asks again). Waking *on the
-    /// calling thread* before [`Clock::now`] has reached `at` breaks this contract: pacer
+    /// Waking early is harmless (paceline re-reads the time and asks again). Waking *on the
+    /// calling thread* before [`Clock::now`] has reached `at` breaks this contract: paceline
     /// tolerates it (it notices the re-entrant wake-up, handles it without recursing, and
     /// after a few early wake-ups in a row stops asking until its next booking), but waiters
     /// are then only woken by later polls or `Limiter::wake_due_waiters`. Waking late delays waiters
     /// by as much. A clock that never wakes leaves async waiters to be driven by
     /// `Limiter::wake_due_waiters`.
     ///
-    /// `waker` is a pacer-internal waker (one per limiter, or per waiting key); its `wake`
+    /// `waker` is a paceline-internal waker (one per limiter, or per waiting key); its `wake`
     /// never blocks and never panics, but it may run the wakers of the limiter's waiting
     /// tasks on the calling thread.
     fn wake_at(&self, at: u64, waker: Waker);
 
     /// Lets go of every wake-up still pending for `waker` (compare with
-    /// [`Waker::will_wake`]): pacer calls it when the limiter (or the keyed limiter's queue
+    /// [`Waker::will_wake`]): paceline calls it when the limiter (or the keyed limiter's queue
     /// for one key) that asked for them is dropped, so that a clock which stores wakers
     /// does not keep memory for a limiter that no longer exists.
     ///
@@ -87,7 +87,7 @@ pub trait Clock: Clone + Send + Sync + 'static {
     /// # Examples
     ///
     /// ```
-    /// use pacer::clock::{Clock, ManualClock};
+    /// use paceline::clock::{Clock, ManualClock};
     /// use std::task::Waker;
     ///
     /// let clock = ManualClock::new();
@@ -142,14 +142,14 @@ impl<C: Clock> Timeline<C> {
 ///
 /// Reading it costs a few nanoseconds (one `rdtsc` and a scale). All `DefaultClock`s share
 /// one origin, fixed the first time any of them is read. The timer thread, named
-/// `pacer-timer`, starts the first time a waiter must sleep; it keeps one entry per limiter
+/// `paceline-timer`, starts the first time a waiter must sleep; it keeps one entry per limiter
 /// with waiters (not one per waiter) and sleeps with the OS's precise timeout, so a waiter
 /// is woken within tens of microseconds of its instant on an idle machine.
 ///
 /// # Examples
 ///
 /// ```
-/// use pacer::clock::{Clock, DefaultClock};
+/// use paceline::clock::{Clock, DefaultClock};
 /// let clock = DefaultClock::default();
 /// let a = clock.now();
 /// assert!(clock.now() >= a);

@@ -26,7 +26,7 @@
 //!   So a sleeping waker delays only itself, and everything else by at most about `STALL`.
 //!   The watchdog parks for good after a second without activity, and `schedule` unparks
 //!   it when work arrives again.
-//! * the threads are bounded: at most [`MAX_THREADS`] `pacer-timer` threads are alive at
+//! * the threads are bounded: at most [`MAX_THREADS`] `paceline-timer` threads are alive at
 //!   once, the serving one included. While that many are stuck in wakes, no successor is
 //!   started, and the map waits until one of the stuck wakes returns: wakers that block
 //!   for good can, `MAX_THREADS` of them at once, stop the default clock's wake-ups for
@@ -51,7 +51,7 @@ pub(super) const MIN_GAP: u64 = 500_000;
 /// How long one wake may run before the map is handed to a successor thread.
 pub(crate) const STALL: u64 = 10_000_000;
 
-/// Most `pacer-timer` threads alive at once: the serving one and those stuck in a wake.
+/// Most `paceline-timer` threads alive at once: the serving one and those stuck in a wake.
 pub(crate) const MAX_THREADS: usize = 4;
 
 /// After this long without entries or wakes, the watchdog parks until `schedule` wakes it.
@@ -183,7 +183,7 @@ pub(super) fn schedule(at: u64, waker: Waker) {
     }
     if state.watchdog.is_none() {
         state.watchdog = thread::Builder::new()
-            .name("pacer-timer-watchdog".into())
+            .name("paceline-timer-watchdog".into())
             .spawn(watchdog)
             .ok()
             .map(|h| h.thread().clone());
@@ -226,7 +226,7 @@ pub(crate) fn pending_for(waker: &Waker) -> usize {
 fn spawn_server(state: &mut State) {
     let generation = state.generation.wrapping_add(1);
     if let Ok(handle) = thread::Builder::new()
-        .name("pacer-timer".into())
+        .name("paceline-timer".into())
         .spawn(move || serve(generation))
     {
         state.generation = generation;

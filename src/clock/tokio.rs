@@ -6,7 +6,7 @@ use core::time::Duration;
 use super::{timer, Clock, DefaultClock};
 
 /// [`DefaultClock`]'s time, with waiters woken by a tokio runtime's timer instead of
-/// pacer's `pacer-timer` thread.
+/// paceline's `paceline-timer` thread.
 ///
 /// With the default clock, every round of wake-ups is two thread switches: the timer
 /// thread wakes, then it wakes a runtime worker. With this clock the worker that sleeps
@@ -24,21 +24,21 @@ use super::{timer, Clock, DefaultClock};
 ///   workers drive the timer whenever the runtime is alive, so wake-ups go to tokio;
 /// * a **current-thread** runtime runs (and fires its timers) only while some thread is
 ///   inside its `block_on`; a thread blocked in `Limiter::wait` must not depend on that,
-///   so on such a runtime every wake-up goes to pacer's timer thread (exactly as with
+///   so on such a runtime every wake-up goes to paceline's timer thread (exactly as with
 ///   [`DefaultClock`]);
 /// * a runtime **without a time driver** is detected when the clock is made (where panics
 ///   unwind: tokio offers no query, so the clock tries a timer once and catches tokio's
-///   panic, whose message the panic hook prints); its wake-ups go to pacer's timer thread
+///   panic, whose message the panic hook prints); its wake-ups go to paceline's timer thread
 ///   too. Under `panic = "abort"` the clock cannot look without risking the process, so
-///   it uses pacer's timer thread unless told otherwise by
+///   it uses paceline's timer thread unless told otherwise by
 ///   [`TokioClock::assume_time_driver`];
-/// * a runtime that **shuts down** with wake-ups in flight hands them to pacer's timer
+/// * a runtime that **shuts down** with wake-ups in flight hands them to paceline's timer
 ///   thread as its tasks are dropped.
 ///
 /// # Examples
 ///
 /// ```
-/// use pacer::{clock::TokioClock, Limiter, Quota};
+/// use paceline::{clock::TokioClock, Limiter, Quota};
 ///
 /// #[tokio::main(flavor = "current_thread")]
 /// async fn main() {
@@ -51,7 +51,7 @@ use super::{timer, Clock, DefaultClock};
 #[derive(Clone, Debug)]
 pub struct TokioClock {
     /// The runtime whose timer serves wake-ups; `None` when it cannot be relied on (see
-    /// the type's docs), and pacer's timer thread serves them.
+    /// the type's docs), and paceline's timer thread serves them.
     handle: Option<tokio::runtime::Handle>,
 }
 
@@ -72,8 +72,8 @@ impl TokioClock {
     ///
     /// ```
     /// let runtime = tokio::runtime::Runtime::new().unwrap();
-    /// let clock = pacer::clock::TokioClock::from_handle(runtime.handle().clone());
-    /// let limiter = pacer::Limiter::with_clock(pacer::Quota::per_second(10), clock);
+    /// let clock = paceline::clock::TokioClock::from_handle(runtime.handle().clone());
+    /// let limiter = paceline::Limiter::with_clock(paceline::Quota::per_second(10), clock);
     /// assert!(limiter.check().is_ok());
     /// ```
     pub fn from_handle(handle: tokio::runtime::Handle) -> TokioClock {
@@ -87,17 +87,17 @@ impl TokioClock {
     /// The clock of the multi-thread runtime behind `handle`, which the caller vouches has
     /// its time driver (`enable_time` or `enable_all`): wake-ups go to its timer without a
     /// check. Meant for `panic = "abort"` builds, where [`TokioClock::from_handle`] cannot
-    /// check. A current-thread runtime still gets pacer's timer thread.
+    /// check. A current-thread runtime still gets paceline's timer thread.
     ///
     /// If the runtime has no time driver after all, the first wake-up panics inside the
     /// runtime (aborting the process under `panic = "abort"`), and with unwinding, every
-    /// wake-up prints that panic before pacer's timer thread takes it over.
+    /// wake-up prints that panic before paceline's timer thread takes it over.
     ///
     /// # Examples
     ///
     /// ```
     /// let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    /// let clock = pacer::clock::TokioClock::assume_time_driver(runtime.handle().clone());
+    /// let clock = paceline::clock::TokioClock::assume_time_driver(runtime.handle().clone());
     /// assert!(clock.uses_runtime_timer());
     /// ```
     pub fn assume_time_driver(handle: tokio::runtime::Handle) -> TokioClock {
@@ -107,7 +107,7 @@ impl TokioClock {
         }
     }
 
-    /// Whether wake-ups go to the runtime's timer (`true`) or to pacer's timer thread
+    /// Whether wake-ups go to the runtime's timer (`true`) or to paceline's timer thread
     /// (`false`: a current-thread runtime, or one without a time driver).
     ///
     /// # Examples
@@ -115,9 +115,9 @@ impl TokioClock {
     /// ```
     /// let multi = tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap();
     /// # #[cfg(panic = "unwind")]
-    /// assert!(pacer::clock::TokioClock::from_handle(multi.handle().clone()).uses_runtime_timer());
+    /// assert!(paceline::clock::TokioClock::from_handle(multi.handle().clone()).uses_runtime_timer());
     /// let no_time = tokio::runtime::Builder::new_multi_thread().build().unwrap();
-    /// assert!(!pacer::clock::TokioClock::from_handle(no_time.handle().clone()).uses_runtime_timer());
+    /// assert!(!paceline::clock::TokioClock::from_handle(no_time.handle().clone()).uses_runtime_timer());
     /// ```
     ///
     /// Under `panic = "abort"` a clock from [`TokioClock::from_handle`] says `false` here:
@@ -133,7 +133,7 @@ impl TokioClock {
 /// tokio has no query for this: making a timer on a runtime without one panics. Where
 /// panics unwind, we make one under `catch_unwind` (once per clock; the panic hook prints
 /// tokio's own advice to call `enable_time`). Where they abort, we cannot look, and answer
-/// "no": pacer's timer thread then serves the wake-ups, unless the caller vouched for the
+/// "no": paceline's timer thread then serves the wake-ups, unless the caller vouched for the
 /// driver with [`TokioClock::assume_time_driver`].
 fn has_time_driver(handle: &tokio::runtime::Handle) -> bool {
     #[cfg(panic = "unwind")]
@@ -149,7 +149,7 @@ fn has_time_driver(handle: &tokio::runtime::Handle) -> bool {
 }
 
 /// A wake-up in flight in the runtime. Dropped before it fired (the runtime shut down, or
-/// a timer that was assumed to exist panicked), it hands the waker to pacer's timer
+/// a timer that was assumed to exist panicked), it hands the waker to paceline's timer
 /// thread, so the wake-up is never lost.
 struct Pending {
     at: u64,

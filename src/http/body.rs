@@ -10,7 +10,7 @@ use bytes::Bytes;
 /// # Examples
 ///
 /// ```
-/// use pacer::http::RefusalBody;
+/// use paceline::http::RefusalBody;
 /// struct MyBody(Vec<u8>);
 /// impl RefusalBody for MyBody {
 ///     fn from_text(text: String) -> MyBody {

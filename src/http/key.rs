@@ -12,7 +12,7 @@ use http::{Extensions, HeaderMap, Method, Request, Uri};
 /// # Examples
 ///
 /// ```
-/// use pacer::http::Head;
+/// use paceline::http::Head;
 /// let request = http::Request::get("/health").body(()).unwrap();
 /// let head = Head::of(&request);
 /// assert_eq!(head.uri().path(), "/health");
@@ -62,7 +62,7 @@ impl<'a> Head<'a> {
 /// # Examples
 ///
 /// ```
-/// use pacer::http::ClientKey;
+/// use paceline::http::ClientKey;
 /// let key = ClientKey::Text("api-key-123".into());
 /// assert_ne!(key, ClientKey::Global);
 /// ```
@@ -130,7 +130,7 @@ impl core::hash::Hash for ClientKey {
 /// # Examples
 ///
 /// ```
-/// use pacer::http::Network;
+/// use paceline::http::Network;
 /// let net: Network = "10.0.0.0/8".parse().unwrap();
 /// assert!(net.contains("10.1.2.3".parse().unwrap()));
 /// assert!(!net.contains("11.0.0.1".parse().unwrap()));
@@ -182,7 +182,7 @@ impl Network {
     /// # Examples
     ///
     /// ```
-    /// let net: pacer::http::Network = "2001:db8::/32".parse().unwrap();
+    /// let net: paceline::http::Network = "2001:db8::/32".parse().unwrap();
     /// assert!(net.contains("2001:db8::1".parse().unwrap()));
     /// ```
     pub fn contains(&self, ip: IpAddr) -> bool {
@@ -281,7 +281,7 @@ impl KeySource {
     /// # Examples
     ///
     /// ```
-    /// let by_ip = pacer::http::KeySource::peer_ip();
+    /// let by_ip = paceline::http::KeySource::peer_ip();
     /// # let _ = by_ip;
     /// ```
     pub fn peer_ip() -> KeySource {
@@ -304,7 +304,7 @@ impl KeySource {
     /// # Examples
     ///
     /// ```
-    /// use pacer::http::KeySource;
+    /// use paceline::http::KeySource;
     /// let behind_lb = KeySource::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
     /// # let _ = behind_lb;
     /// ```
@@ -325,7 +325,7 @@ impl KeySource {
     /// # Examples
     ///
     /// ```
-    /// use pacer::http::KeySource;
+    /// use paceline::http::KeySource;
     /// let behind_envoy = KeySource::behind_proxies(["10.0.0.0/8".parse().unwrap()]).forwarded_header();
     /// # let _ = behind_envoy;
     /// ```
@@ -342,7 +342,7 @@ impl KeySource {
     /// # Examples
     ///
     /// ```
-    /// let by_56 = pacer::http::KeySource::peer_ip().ipv6_prefix(56);
+    /// let by_56 = paceline::http::KeySource::peer_ip().ipv6_prefix(56);
     /// # let _ = by_56;
     /// ```
     pub fn ipv6_prefix(mut self, prefix: u8) -> KeySource {
@@ -357,7 +357,7 @@ impl KeySource {
     /// # Examples
     ///
     /// ```
-    /// let by_api_key = pacer::http::KeySource::header(http::HeaderName::from_static("x-api-key"));
+    /// let by_api_key = paceline::http::KeySource::header(http::HeaderName::from_static("x-api-key"));
     /// # let _ = by_api_key;
     /// ```
     pub fn header(name: http::HeaderName) -> KeySource {
@@ -371,7 +371,7 @@ impl KeySource {
     /// # Examples
     ///
     /// ```
-    /// let whole_service = pacer::http::KeySource::global();
+    /// let whole_service = paceline::http::KeySource::global();
     /// # let _ = whole_service;
     /// ```
     pub fn global() -> KeySource {
@@ -383,7 +383,7 @@ impl KeySource {
     /// # Examples
     ///
     /// ```
-    /// use pacer::http::{ClientKey, KeySource};
+    /// use paceline::http::{ClientKey, KeySource};
     /// let by_tenant = KeySource::from_fn(|head| {
     ///     let host = head.uri().host()?;
     ///     Some(ClientKey::Text(host.into()))

@@ -4,8 +4,8 @@
 //!
 //! ```
 //! use axum::{routing::get, Router};
-//! use pacer::http::{KeySource, Limit, RateLimitLayer};
-//! use pacer::Quota;
+//! use paceline::http::{KeySource, Limit, RateLimitLayer};
+//! use paceline::Quota;
 //!
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
@@ -43,7 +43,7 @@
 //!   key no client can name. Text keys over 64 bytes are stored as a seeded 128-bit
 //!   digest, so a stored key costs a bounded number of bytes whatever clients send.
 //! * **Waiting instead of refusing** ([`RateLimitLayer::wait_up_to`]): a request books its
-//!   turn (pacer's FIFO) on every limit first, then waits for all of them at once, up to
+//!   turn (paceline's FIFO) on every limit first, then waits for all of them at once, up to
 //!   a maximum; a limit that cannot admit it in time (one that waited for room in a full
 //!   key table included) refuses it and gives back what the other limits booked. A client that goes away drops the request's future, which gives back every
 //!   booking whose instant has not come.
@@ -144,7 +144,7 @@ impl Limit {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{http::{KeySource, Limit}, Quota};
+    /// use paceline::{http::{KeySource, Limit}, Quota};
     /// let per_ip = Limit::new("per-ip", Quota::per_minute(600), KeySource::peer_ip());
     /// # let _ = per_ip;
     /// ```
@@ -162,7 +162,7 @@ impl Limit {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{http::{KeySource, Limit}, Quota};
+    /// use paceline::{http::{KeySource, Limit}, Quota};
     /// assert!(Limit::try_new("per \"tenant\"", Quota::per_second(5), KeySource::global()).is_ok());
     /// assert!(Limit::try_new("per-ip\n", Quota::per_second(5), KeySource::peer_ip()).is_err());
     /// ```
@@ -181,7 +181,7 @@ impl<C: Clock> Limit<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, http::{KeySource, Limit}, Quota};
+    /// use paceline::{clock::ManualClock, http::{KeySource, Limit}, Quota};
     /// let limit = Limit::with_clock("api", Quota::per_second(5), KeySource::global(), ManualClock::new());
     /// # let _ = limit;
     /// ```
@@ -201,7 +201,7 @@ impl<C: Clock> Limit<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, http::{KeySource, Limit}, Quota};
+    /// use paceline::{clock::ManualClock, http::{KeySource, Limit}, Quota};
     /// let bad = Limit::try_with_clock("café", Quota::per_second(5), KeySource::global(), ManualClock::new());
     /// assert!(bad.is_err());
     /// ```
@@ -227,7 +227,7 @@ impl<C: Clock> Limit<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{http::{KeySource, Limit}, Quota};
+    /// use paceline::{http::{KeySource, Limit}, Quota};
     /// let small = Limit::new("per-ip", Quota::per_second(1), KeySource::peer_ip()).with_max_keys(10_000);
     /// # let _ = small;
     /// ```
@@ -244,7 +244,7 @@ impl<C: Clock> Limit<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{http::{ClientKey, KeySource, Limit}, Quota};
+    /// use paceline::{http::{ClientKey, KeySource, Limit}, Quota};
     /// let limit = Limit::new("api", Quota::per_second(5), KeySource::global());
     /// assert_eq!(limit.limiter().remaining_key(&ClientKey::Global), 5);
     /// ```
@@ -349,7 +349,7 @@ impl RateLimitLayer {
     /// # Examples
     ///
     /// ```
-    /// let layer = pacer::http::RateLimitLayer::new();
+    /// let layer = paceline::http::RateLimitLayer::new();
     /// # let _ = layer;
     /// ```
     pub fn new() -> RateLimitLayer {
@@ -367,7 +367,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{http::{KeySource, Limit, RateLimitLayer}, Quota};
+    /// use paceline::{http::{KeySource, Limit, RateLimitLayer}, Quota};
     /// let layer = RateLimitLayer::new()
     ///     .limit(Limit::new("per-ip", Quota::per_second(10), KeySource::peer_ip()));
     /// # let _ = layer;
@@ -383,7 +383,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Examples
     ///
     /// ```
-    /// let layer = pacer::http::RateLimitLayer::new()
+    /// let layer = paceline::http::RateLimitLayer::new()
     ///     .exempt(|head| head.method() == http::Method::OPTIONS || head.uri().path() == "/health");
     /// # let _ = layer;
     /// ```
@@ -401,7 +401,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::http::{MissingKey, RateLimitLayer};
+    /// use paceline::http::{MissingKey, RateLimitLayer};
     /// let strict = RateLimitLayer::new().on_missing_key(MissingKey::Refuse(http::StatusCode::BAD_REQUEST));
     /// # let _ = strict;
     /// ```
@@ -415,7 +415,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Examples
     ///
     /// ```
-    /// let layer = pacer::http::RateLimitLayer::new().headers_on_success(true);
+    /// let layer = paceline::http::RateLimitLayer::new().headers_on_success(true);
     /// # let _ = layer;
     /// ```
     pub fn headers_on_success(mut self, on: bool) -> RateLimitLayer<C> {
@@ -432,7 +432,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Examples
     ///
     /// ```
-    /// let patient = pacer::http::RateLimitLayer::new().wait_up_to(std::time::Duration::from_millis(250));
+    /// let patient = paceline::http::RateLimitLayer::new().wait_up_to(std::time::Duration::from_millis(250));
     /// # let _ = patient;
     /// ```
     pub fn wait_up_to(mut self, max: Duration) -> RateLimitLayer<C> {
@@ -447,7 +447,7 @@ impl<C: Clock> RateLimitLayer<C> {
     ///
     /// ```
     /// use http::HeaderValue;
-    /// let json = pacer::http::RateLimitLayer::new().refusal_body(
+    /// let json = paceline::http::RateLimitLayer::new().refusal_body(
     ///     HeaderValue::from_static("application/json"),
     ///     |refusal| format!(r#"{{"error":"rate_limited","limit":"{}","retry_after":{}}}"#,
     ///         refusal.limit(), refusal.retry_after_secs()),

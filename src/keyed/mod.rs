@@ -63,7 +63,7 @@ type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 /// # Examples
 ///
 /// ```
-/// use pacer::{KeyedLimiter, Quota};
+/// use paceline::{KeyedLimiter, Quota};
 ///
 /// let per_ip = KeyedLimiter::new(Quota::per_second(2)).with_max_keys(100_000);
 /// assert!(per_ip.check_key(&"10.0.0.1").is_ok());
@@ -113,7 +113,7 @@ impl<K: Hash + Eq + Clone> KeyedLimiter<K> {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::KeyedLimiter::<u64>::new(pacer::Quota::per_minute(10));
+    /// let limiter = paceline::KeyedLimiter::<u64>::new(paceline::Quota::per_minute(10));
     /// assert!(limiter.is_empty());
     /// ```
     pub fn new(quota: Quota) -> KeyedLimiter<K> {
@@ -127,7 +127,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, KeyedLimiter, Quota};
+    /// use paceline::{clock::ManualClock, KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::with_clock(Quota::per_second(1), ManualClock::new());
     /// assert!(limiter.check_key(&1u32).is_ok());
     /// assert!(limiter.check_key(&1u32).is_err());
@@ -155,7 +155,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, KeyedLimiter, Quota};
+    /// use paceline::{clock::ManualClock, KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::with_clock(Quota::per_hour(1), ManualClock::new())
     ///     .with_max_keys(1_000);
     /// let admitted = (0..100_000u32).filter(|k| limiter.check_key(k).is_ok()).count();
@@ -225,7 +225,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{KeyedLimiter, Quota};
+    /// use paceline::{KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_second(1))
     ///     .with_quota_for(|user: &&str| (*user == "premium").then(|| Quota::per_second(100)));
     /// assert!(limiter.check_key_n(&"premium", 50).is_ok());
@@ -275,7 +275,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::KeyedLimiter::new(pacer::Quota::per_hour(1));
+    /// let limiter = paceline::KeyedLimiter::new(paceline::Quota::per_hour(1));
     /// assert!(limiter.check_key(&"alice").is_ok());
     /// assert!(limiter.check_key(&"alice").unwrap_err().wait_time().as_secs() > 3500);
     /// ```
@@ -306,7 +306,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Denied, KeyedLimiter, Quota};
+    /// use paceline::{Denied, KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_second(5));
     /// assert!(limiter.check_key_n(&7, 5).is_ok());
     /// assert!(matches!(limiter.check_key_n(&7, 6), Err(Denied::InsufficientCapacity(_))));
@@ -329,7 +329,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{KeyedLimiter, Quota};
+    /// use paceline::{KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_hour(10));
     /// limiter.check_key_n(&"alice", 4).unwrap();
     /// assert_eq!(limiter.remaining_key(&"alice"), 6);
@@ -354,7 +354,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{KeyedLimiter, Quota};
+    /// use paceline::{KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_minute(60));
     /// limiter.check_key_n(&"alice", 60).unwrap();
     /// let state = limiter.snapshot_key(&"alice");
@@ -381,7 +381,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, KeyedLimiter, Quota};
+    /// use paceline::{clock::ManualClock, KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::with_clock(Quota::per_second(1), ManualClock::new());
     /// limiter.check_key(&7).unwrap();
     /// assert!(limiter.check_key(&7).is_err());
@@ -416,7 +416,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{KeyedLimiter, Quota};
+    /// use paceline::{KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_second(1000).with_burst(1));
     /// futures::executor::block_on(async {
     ///     limiter.until_key_ready(&"job").await;
@@ -439,7 +439,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{KeyedLimiter, Quota};
+    /// use paceline::{KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_second(10));
     /// futures::executor::block_on(async {
     ///     assert!(limiter.until_key_n_ready(&1, 10).await.is_ok());
@@ -468,7 +468,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{KeyedLimiter, Quota};
+    /// use paceline::{KeyedLimiter, Quota};
     /// use std::time::Duration;
     /// let limiter = KeyedLimiter::new(Quota::per_hour(1));
     /// futures::executor::block_on(async {
@@ -497,7 +497,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{Denied, KeyedLimiter, Quota};
+    /// use paceline::{Denied, KeyedLimiter, Quota};
     /// use std::time::Duration;
     /// let limiter = KeyedLimiter::new(Quota::per_second(4));
     /// futures::executor::block_on(async {
@@ -524,7 +524,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{KeyedLimiter, Quota};
+    /// use paceline::{KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_second(1000).with_burst(1));
     /// let start = std::time::Instant::now();
     /// for _ in 0..3 {
@@ -548,7 +548,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{KeyedLimiter, Quota};
+    /// use paceline::{KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_second(10));
     /// limiter.wait_key_n(&1, 10).unwrap();
     /// assert!(limiter.wait_key_n(&1, 11).is_err());
@@ -572,7 +572,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::KeyedLimiter::new(pacer::Quota::per_second(1));
+    /// let limiter = paceline::KeyedLimiter::new(paceline::Quota::per_second(1));
     /// limiter.check_key(&1).unwrap();
     /// limiter.check_key(&2).unwrap();
     /// assert_eq!(limiter.len(), 2);
@@ -586,7 +586,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// assert!(pacer::KeyedLimiter::<u8>::new(pacer::Quota::per_second(1)).is_empty());
+    /// assert!(paceline::KeyedLimiter::<u8>::new(paceline::Quota::per_second(1)).is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
         self.store.is_empty()
@@ -598,7 +598,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use pacer::{clock::ManualClock, KeyedLimiter, Quota};
+    /// use paceline::{clock::ManualClock, KeyedLimiter, Quota};
     /// use std::time::Duration;
     /// let clock = ManualClock::new();
     /// let limiter = KeyedLimiter::with_clock(Quota::per_second(1), clock.clone());

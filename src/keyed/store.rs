@@ -39,7 +39,7 @@
 //! full again less than 100 ms after its last sweep doubles without sweeping: it is too
 //! small for the clients that keep coming. (Without that rule, clients that come back in
 //! a fixed order, as pollers do, settled into a table holding a fraction of them, each
-//! forgotten just before its next visit and re-inserted on it: a pacer HTTP layer over
+//! forgotten just before its next visit and re-inserted on it: a paceline HTTP layer over
 //! 10 000 such clients paid 100 ns more per request than with one key.) So:
 //!
 //! * a stable population of recurring clients costs only the read path: with no new key

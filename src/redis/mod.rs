@@ -1,9 +1,9 @@
 //! One quota across a fleet: GCRA with its state in Redis (cargo feature `redis`).
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
-//! use pacer::redis::{FailurePolicy, RedisLimiter};
-//! use pacer::Quota;
+//! # async fn run() -> Result<(), paceline::redis::RedisLimitError> {
+//! use paceline::redis::{FailurePolicy, RedisLimiter};
+//! use paceline::Quota;
 //!
 //! // Every worker of the fleet builds the same limiter: together they admit 100/s.
 //! let limiter = RedisLimiter::connect("redis://127.0.0.1/", Quota::per_second(100))
@@ -17,7 +17,7 @@
 //!
 //! # Implementation notes
 //!
-//! * **The same decisions as pacer's GCRA**, made server-side by one Lua script per call
+//! * **The same decisions as paceline's GCRA**, made server-side by one Lua script per call
 //!   (sent with `EVALSHA`; the `redis` crate loads it again if the script cache was
 //!   flushed), in whole nanoseconds (a 1.999 µs interval is 1999 ns) at the Redis
 //!   server's `TIME`: one clock for the whole fleet, so machines whose clocks drift cannot
@@ -285,8 +285,8 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
-    /// let limiter = pacer::redis::RedisLimiter::connect("redis://127.0.0.1:6379/", pacer::Quota::per_second(10)).await?;
+    /// # async fn run() -> Result<(), paceline::redis::RedisLimitError> {
+    /// let limiter = paceline::redis::RedisLimiter::connect("redis://127.0.0.1:6379/", paceline::Quota::per_second(10)).await?;
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str, quota: Quota) -> Result<RedisLimiter, RedisLimitError> {
@@ -319,9 +319,9 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
+    /// # async fn run() -> Result<(), paceline::redis::RedisLimitError> {
     /// let nodes = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"];
-    /// let limiter = pacer::redis::RedisLimiter::connect_cluster(&nodes, pacer::Quota::per_second(10)).await?;
+    /// let limiter = paceline::redis::RedisLimiter::connect_cluster(&nodes, paceline::Quota::per_second(10)).await?;
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "redis-cluster")]
@@ -354,7 +354,7 @@ impl RedisLimiter {
             script: redis::Script::new(SCRIPT),
             refund: Arc::new(redis::Script::new(REFUND)),
             quota,
-            prefix: "pacer".into(),
+            prefix: "paceline".into(),
             timeout: Duration::from_millis(250),
             policy: FailurePolicy::FailClosed,
             local: None,
@@ -365,14 +365,14 @@ impl RedisLimiter {
         })
     }
 
-    /// The prefix of every Redis key (default `pacer`): limiters with different prefixes
+    /// The prefix of every Redis key (default `paceline`): limiters with different prefixes
     /// are independent.
     ///
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
-    /// let limiter = pacer::redis::RedisLimiter::connect("redis://127.0.0.1/", pacer::Quota::per_second(10))
+    /// # async fn run() -> Result<(), paceline::redis::RedisLimitError> {
+    /// let limiter = paceline::redis::RedisLimiter::connect("redis://127.0.0.1/", paceline::Quota::per_second(10))
     ///     .await?
     ///     .with_prefix("billing");
     /// # Ok(()) }
@@ -387,8 +387,8 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
-    /// let limiter = pacer::redis::RedisLimiter::connect("redis://127.0.0.1/", pacer::Quota::per_second(10))
+    /// # async fn run() -> Result<(), paceline::redis::RedisLimitError> {
+    /// let limiter = paceline::redis::RedisLimiter::connect("redis://127.0.0.1/", paceline::Quota::per_second(10))
     ///     .await?
     ///     .with_timeout(std::time::Duration::from_millis(50));
     /// # Ok(()) }
@@ -403,8 +403,8 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), pacer::redis::RedisLimitError> {
-    /// use pacer::{redis::{FailurePolicy, RedisLimiter}, Quota};
+    /// # async fn run() -> Result<(), paceline::redis::RedisLimitError> {
+    /// use paceline::{redis::{FailurePolicy, RedisLimiter}, Quota};
     /// // 8 workers share 800/s; without Redis each keeps to its share.
     /// let limiter = RedisLimiter::connect("redis://127.0.0.1/", Quota::per_second(800))
     ///     .await?
@@ -441,7 +441,7 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run(limiter: pacer::redis::RedisLimiter) {
+    /// # async fn run(limiter: paceline::redis::RedisLimiter) {
     /// match limiter.check_key("tenant-42").await {
     ///     Ok(()) => { /* go */ }
     ///     Err(denied) => eprintln!("{denied}"),
@@ -461,7 +461,7 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run(limiter: pacer::redis::RedisLimiter) {
+    /// # async fn run(limiter: paceline::redis::RedisLimiter) {
     /// let batch_ok = limiter.check_key_n("exports", 5).await.is_ok();
     /// # }
     /// ```
@@ -502,7 +502,7 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run(limiter: pacer::redis::RedisLimiter) {
+    /// # async fn run(limiter: paceline::redis::RedisLimiter) {
     /// let left = limiter.remaining("tenant-42").await.unwrap_or(0);
     /// # }
     /// ```
@@ -539,7 +539,7 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run(limiter: pacer::redis::RedisLimiter) -> Result<(), pacer::redis::RedisDenied> {
+    /// # async fn run(limiter: paceline::redis::RedisLimiter) -> Result<(), paceline::redis::RedisDenied> {
     /// limiter.until_key_ready("partner-api").await?; // then call it
     /// # Ok(()) }
     /// ```
@@ -559,7 +559,7 @@ impl RedisLimiter {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run(limiter: pacer::redis::RedisLimiter) {
+    /// # async fn run(limiter: paceline::redis::RedisLimiter) {
     /// use std::time::Duration;
     /// if limiter.until_key_ready_within("report", Duration::from_millis(200)).await.is_err() {
     ///     // too busy: answer from the cache instead

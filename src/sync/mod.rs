@@ -1,4 +1,4 @@
-//! The one place where pacer gets its synchronisation primitives.
+//! The one place where paceline gets its synchronisation primitives.
 //!
 //! Under `cfg(loom)` every atomic, mutex, thread-local and spin hint comes from [`loom`],
 //! so the model checker sees each of them; otherwise they are the `std` ones. Nothing else
@@ -12,7 +12,7 @@
 //! * `backoff` — spinning after a failed compare-and-swap, visible to loom;
 //! * `wake_list` — a batch of wakers collected under a lock and woken after it.
 //!
-//! The lock wrappers ignore poisoning: every critical section in pacer leaves its data
+//! The lock wrappers ignore poisoning: every critical section in paceline leaves its data
 //! consistent before any code that could panic (waking a `Waker` happens outside the lock),
 //! so a poisoned lock carries no broken invariant.
 

@@ -1,7 +1,7 @@
 //! A fixed-size batch of wakers, filled under a lock and woken after it is released.
 //!
 //! Waking (or dropping) a `Waker` runs arbitrary executor code, which may poll the very
-//! future whose lock is held; so pacer never does either inside a critical section. Code
+//! future whose lock is held; so paceline never does either inside a critical section. Code
 //! that empties a queue takes up to [`WakeList::CAPACITY`] wakers per critical section,
 //! unlocks, wakes them, and goes round again (tokio's `WakeList` does the same).
 //!

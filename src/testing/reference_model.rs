@@ -1,14 +1,14 @@
 //! The spec's GCRA formula as an independent reference model, in `u128` nanoseconds.
 //!
-//! One model for every check that compares pacer with the spec: the fuzz bodies in
+//! One model for every check that compares paceline with the spec: the fuzz bodies in
 //! `src/testing/fuzzing.rs` use it as a module, and `tests/model.rs` includes this same
 //! file with `#[path]` (integration tests cannot see the library's `cfg(test)` code). It
-//! names only pacer's public API, as `pacer::…` (the library is its own `pacer` in
+//! names only paceline's public API, as `paceline::…` (the library is its own `paceline` in
 //! test and fuzzing builds), so it compiles the same in both places. It shares no
 //! code with the limiter: admission is the formula written out, and `remaining` is the
 //! spec's definition (the largest `k` that would be admitted), found by binary search.
 
-use pacer::{Denied, Quota};
+use paceline::{Denied, Quota};
 
 /// What a request got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +49,7 @@ impl Model {
         }
     }
 
-    /// Changes the quota: the TAT keeps its meaning in time (pacer's `set_quota`).
+    /// Changes the quota: the TAT keeps its meaning in time (paceline's `set_quota`).
     pub(crate) fn set_quota(&mut self, quota: Quota) {
         self.t = quota.emission_interval().as_nanos();
         self.b = u128::from(quota.burst());
@@ -98,7 +98,7 @@ impl Model {
     }
 
     /// Admit `n` cells at `now` iff `max(TAT, now) + n*T - now <= b*T`, then
-    /// `TAT = max(TAT, now) + n*T`; a denial waits `TAT - (b - n)*T - now`. With pacer's
+    /// `TAT = max(TAT, now) + n*T`; a denial waits `TAT - (b - n)*T - now`. With paceline's
     /// documented edge: a TAT past `u64::MAX` ns is never admitted (wait `u64::MAX`).
     pub(crate) fn check_n(&mut self, now: u128, n: u32) -> Outcome {
         let n = u128::from(n);

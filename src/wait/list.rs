@@ -8,7 +8,7 @@
 //! 1. A node is pinned (`PhantomPinned`) and is linked only through a pinned reference,
 //!    so its address is stable while linked.
 //! 2. The list and every node's link pointers are only touched by whoever holds the list
-//!    (in pacer, the waiter queue's mutex). Link pointers live in an `UnsafeCell` and are
+//!    (in paceline, the waiter queue's mutex). Link pointers live in an `UnsafeCell` and are
 //!    reached through raw pointers, never through a `&mut Node` while linked, so a shared
 //!    reference to the node held by its future stays valid.
 //! 3. A node's owner unlinks it before the node's memory goes away: the waiting future's

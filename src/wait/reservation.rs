@@ -24,7 +24,7 @@ use crate::limiter::Limiter;
 /// # Examples
 ///
 /// ```
-/// use pacer::{clock::ManualClock, Limiter, Quota};
+/// use paceline::{clock::ManualClock, Limiter, Quota};
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new();
@@ -69,7 +69,7 @@ impl<'a, C: Clock> Reservation<'a, C> {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(1));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_second(1));
     /// assert!(limiter.reserve(1).unwrap().ready_in().is_zero()); // the burst had room
     /// ```
     pub fn ready_in(&self) -> Duration {
@@ -81,7 +81,7 @@ impl<'a, C: Clock> Reservation<'a, C> {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_hour(1));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_hour(1));
     /// assert!(limiter.reserve(1).unwrap().is_ready());
     /// assert!(!limiter.reserve(1).unwrap().is_ready());
     /// ```
@@ -95,7 +95,7 @@ impl<'a, C: Clock> Reservation<'a, C> {
     /// # Examples
     ///
     /// ```
-    /// let limiter = pacer::Limiter::new(pacer::Quota::per_second(1000).with_burst(1));
+    /// let limiter = paceline::Limiter::new(paceline::Quota::per_second(1000).with_burst(1));
     /// limiter.check().unwrap();
     /// limiter.reserve(1).unwrap().wait(); // about 1 ms
     /// ```

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pacer::clock::Clock;
-use pacer::Limiter;
+use paceline::clock::Clock;
+use paceline::Limiter;
 
 /// 50 waiters at 500/s, burst 1: the last is due 49 * 2 ms = 98 ms after the first.
 pub(crate) const WAITERS: usize = 50;

@@ -84,7 +84,7 @@ pub(crate) struct Cluster {
 impl Cluster {
     pub(crate) fn start() -> Cluster {
         let dir = std::env::temp_dir().join(format!(
-            "pacer-cluster-{}-{}",
+            "paceline-cluster-{}-{}",
             std::process::id(),
             free_port()
         ));

@@ -8,15 +8,15 @@
 //! for i in $(seq 12); do curl -si http://127.0.0.1:3000/ | head -1; done
 //! ```
 //!
-//! `PACER_HTTP_ADDR` picks another address; `PACER_HTTP_SECONDS` stops it after a while.
+//! `PACELINE_HTTP_ADDR` picks another address; `PACELINE_HTTP_SECONDS` stops it after a while.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use pacer::http::{KeySource, Limit, RateLimitLayer};
-use pacer::Quota;
+use paceline::http::{KeySource, Limit, RateLimitLayer};
+use paceline::Quota;
 
 #[tokio::main]
 async fn main() {
@@ -35,7 +35,7 @@ async fn main() {
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .layer(layer);
-    let addr = std::env::var("PACER_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let addr = std::env::var("PACELINE_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .unwrap_or_else(|e| panic!("cannot listen on {addr}: {e}"));
@@ -47,7 +47,7 @@ async fn main() {
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     );
-    match std::env::var("PACER_HTTP_SECONDS")
+    match std::env::var("PACELINE_HTTP_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
     {

@@ -10,9 +10,9 @@ use axum::routing::get;
 use axum::Router;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use pacer::clock::ManualClock;
-use pacer::http::{KeySource, Limit, MissingKey, RateLimitLayer};
-use pacer::Quota;
+use paceline::clock::ManualClock;
+use paceline::http::{KeySource, Limit, MissingKey, RateLimitLayer};
+use paceline::Quota;
 
 #[path = "support/http_server.rs"]
 mod http_server;
@@ -220,7 +220,7 @@ async fn in_wait_mode_a_refusal_by_a_later_limit_gives_the_earlier_cells_back() 
         .wait_up_to(Duration::from_secs(5));
     let addr = serve(layer).await;
     let with_key = |key: &'static str| move |b: http::request::Builder| b.header("x-api-key", key);
-    let key = |k: &str| pacer::http::ClientKey::Text(k.into());
+    let key = |k: &str| paceline::http::ClientKey::Text(k.into());
     assert_eq!(send(addr, with_key("x")).await.status, StatusCode::OK);
     // x's per-key cell is booked 100 ms ahead, then the global limit refuses (an hour):
     // the booking is cancelled, and x's state is back to what the first request left.
@@ -357,7 +357,7 @@ fn realtime_waiting_mode_proceeds_in_turn_and_a_client_that_leaves_gives_its_cel
         // The server notices the closed connection and drops the waiting request, which
         // gives its booking back: the bucket is then full 1 s after the first request,
         // not 2 s. Without the refund it would read over 1.4 s for the next half second.
-        let key = pacer::http::ClientKey::Ip("127.0.0.1".parse().unwrap());
+        let key = paceline::http::ClientKey::Ip("127.0.0.1".parse().unwrap());
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut until_full = Duration::MAX;
         while Instant::now() < deadline {
@@ -462,6 +462,6 @@ async fn a_plain_hyper_service_with_full_bytes_bodies() {
         .unwrap()
         .starts_with("Too Many Requests"));
     // Counted under the peer address, not the keyless key.
-    let peer = pacer::http::ClientKey::Ip("127.0.0.1".parse().unwrap());
+    let peer = paceline::http::ClientKey::Ip("127.0.0.1".parse().unwrap());
     assert_eq!(limit.limiter().remaining_key(&peer), 0);
 }

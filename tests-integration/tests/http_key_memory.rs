@@ -6,8 +6,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use http::StatusCode;
-use pacer::http::{KeySource, Limit, RateLimitLayer};
-use pacer::Quota;
+use paceline::http::{KeySource, Limit, RateLimitLayer};
+use paceline::Quota;
 
 #[path = "support/http_server.rs"]
 mod http_server;

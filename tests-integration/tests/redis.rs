@@ -7,14 +7,14 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use pacer::redis::{FailurePolicy, RedisDenied, RedisLimitError, RedisLimiter};
-use pacer::Quota;
+use paceline::redis::{FailurePolicy, RedisDenied, RedisLimitError, RedisLimiter};
+use paceline::Quota;
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
 use redis_server::Server;
 
-#[path = "../src/testing/reference_model.rs"]
+#[path = "../../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
 use reference_model::Model;
@@ -226,7 +226,7 @@ fn bad_input_gets_clear_errors() {
         let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(1))
             .await
             .unwrap();
-        let long = "x".repeat(pacer::redis::MAX_KEY_LEN + 1);
+        let long = "x".repeat(paceline::redis::MAX_KEY_LEN + 1);
         assert!(matches!(
             limiter.check_key(&long).await,
             Err(RedisDenied::BadKey)

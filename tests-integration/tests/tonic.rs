@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use pacer::clock::ManualClock;
-use pacer::http::{ClientKey, KeySource, Limit, RateLimitLayer};
-use pacer::Quota;
+use paceline::clock::ManualClock;
+use paceline::http::{ClientKey, KeySource, Limit, RateLimitLayer};
+use paceline::Quota;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;

@@ -7,13 +7,13 @@
 //! cargo run --example fleet --features redis
 //! ```
 //!
-//! `PACER_REDIS_URL` picks another server (default `redis://127.0.0.1:6379/`).
+//! `PACELINE_REDIS_URL` picks another server (default `redis://127.0.0.1:6379/`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pacer::redis::RedisLimiter;
-use pacer::Quota;
+use paceline::redis::RedisLimiter;
+use paceline::Quota;
 
 const WORKERS: usize = 4;
 const RATE: u32 = 50;
@@ -21,7 +21,8 @@ const RUN: Duration = Duration::from_secs(4);
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::var("PACER_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let url =
+        std::env::var("PACELINE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     // A key of its own for this run, so an earlier run's state does not count.
     let key = format!("fleet-demo-{}", std::process::id());
     println!("{WORKERS} workers sharing {RATE}/s (burst 1) through {url}, for {RUN:?}");
@@ -37,7 +38,7 @@ async fn main() {
             while start.elapsed() < RUN {
                 match limiter.check_key(&key).await {
                     Ok(()) => calls += 1, // the rate-limited call would go here
-                    Err(pacer::redis::RedisDenied::NotUntil(wait)) => {
+                    Err(paceline::redis::RedisDenied::NotUntil(wait)) => {
                         tokio::time::sleep(wait.wait_time()).await
                     }
                     Err(e) => panic!("worker {worker}: {e}"),

@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use pacer::clock::ManualClock;
-use pacer::http::{ClientKey, KeySource, Limit, MissingKey, RateLimitLayer};
-use pacer::Quota;
+use paceline::clock::ManualClock;
+use paceline::http::{ClientKey, KeySource, Limit, MissingKey, RateLimitLayer};
+use paceline::Quota;
 
 #[path = "support/http_server.rs"]
 mod http_server;

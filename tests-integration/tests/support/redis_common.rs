@@ -1,7 +1,7 @@
 //! What `tests/redis.rs` and `tests/redis_cluster.rs` share (each includes this file by
 //! path, beside the reference model): a runtime, and a decision as the model writes it.
 
-use pacer::redis::RedisDenied;
+use paceline::redis::RedisDenied;
 
 use crate::reference_model::Outcome;
 

@@ -6,14 +6,14 @@
 
 use std::time::{Duration, Instant};
 
-use pacer::redis::{FailurePolicy, RedisDenied, RedisLimitError, RedisLimiter};
-use pacer::Quota;
+use paceline::redis::{FailurePolicy, RedisDenied, RedisLimitError, RedisLimiter};
+use paceline::Quota;
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
 use redis_server::Server;
 
-#[path = "../src/testing/reference_model.rs"]
+#[path = "../../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
 use reference_model::Model;
@@ -165,7 +165,7 @@ fn errors_redis_answered_are_not_outages() {
         let closed = RedisLimiter::connect(&server.url(), quota).await.unwrap();
         let mut admin = admin(&server).await;
         // Something else wrote a hash at the limiter's key: nothing is admitted.
-        redis_cmd(&mut admin, &["HSET", "pacer:{hash}", "a", "1"]).await;
+        redis_cmd(&mut admin, &["HSET", "paceline:{hash}", "a", "1"]).await;
         for _ in 0..10 {
             let r = open.check_key("hash").await;
             assert!(matches!(r, Err(RedisDenied::Rejected(_))), "{r:?}");
@@ -178,7 +178,7 @@ fn errors_redis_answered_are_not_outages() {
         ));
         // Values the limiter never writes: refused as unreadable, never a 0 wait.
         for value in ["1e300", "inf", "nan", "garbage", "99999999999999999999999"] {
-            redis_cmd(&mut admin, &["SET", "pacer:{bad}", value]).await;
+            redis_cmd(&mut admin, &["SET", "paceline:{bad}", value]).await;
             let r = open.check_key("bad").await;
             assert!(matches!(r, Err(RedisDenied::Rejected(_))), "{value}: {r:?}");
         }

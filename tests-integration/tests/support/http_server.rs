@@ -12,9 +12,9 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use pacer::clock::ManualClock;
-use pacer::http::{KeySource, Limit, RateLimitLayer};
-use pacer::Quota;
+use paceline::clock::ManualClock;
+use paceline::http::{KeySource, Limit, RateLimitLayer};
+use paceline::Quota;
 
 /// Serves `layer` around a `200 ok` route on an ephemeral loopback port.
 pub(crate) async fn serve(layer: RateLimitLayer<ManualClock>) -> SocketAddr {

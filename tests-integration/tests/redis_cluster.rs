@@ -6,14 +6,14 @@
 
 use std::time::Duration;
 
-use pacer::redis::{FailurePolicy, RedisDenied, RedisLimiter};
-use pacer::Quota;
+use paceline::redis::{FailurePolicy, RedisDenied, RedisLimiter};
+use paceline::Quota;
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
 use redis_server::Cluster;
 
-#[path = "../src/testing/reference_model.rs"]
+#[path = "../../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
 use reference_model::Model;
@@ -76,7 +76,7 @@ fn keys_spread_over_every_master_and_decisions_equal_the_model() {
             let held = keys_on(&cluster, i);
             assert!(!held.is_empty(), "master {i} holds no key");
             assert!(
-                held.iter().all(|k| k.starts_with("pacer:{tenant-")),
+                held.iter().all(|k| k.starts_with("paceline:{tenant-")),
                 "{held:?}"
             );
             total += held.len();
@@ -168,12 +168,12 @@ fn a_master_going_away_applies_the_policy_to_its_keys_and_service_resumes() {
     });
     let on_0 = keys_on(&cluster, 0)[0].clone();
     let on_0 = on_0
-        .trim_start_matches("pacer:{")
+        .trim_start_matches("paceline:{")
         .trim_end_matches('}')
         .to_owned();
     let on_1 = keys_on(&cluster, 1)[0].clone();
     let on_1 = on_1
-        .trim_start_matches("pacer:{")
+        .trim_start_matches("paceline:{")
         .trim_end_matches('}')
         .to_owned();
     cluster.stop(0);
