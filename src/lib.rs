@@ -59,6 +59,8 @@ mod quota_cell;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "std")]
+mod reservation;
 mod snapshot;
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
@@ -85,12 +87,13 @@ extern crate self as paceline;
 
 pub use error::{Denied, InsufficientCapacity, NotUntil};
 #[cfg(feature = "std")]
-pub use keyed::KeyedLimiter;
+pub use keyed::{KeyReservation, KeyedLimiter};
 pub use limiter::Limiter;
 pub use quota::{Quota, QuotaError};
-pub use snapshot::Snapshot;
 #[cfg(feature = "std")]
-pub use wait::reservation::Reservation;
+#[cfg(feature = "std")]
+pub use reservation::{OwnedReservation, Reservation};
+pub use snapshot::Snapshot;
 
 /// Internals for the loom models in `loom-tests/`: the cell layer, the keyed shards' lock
 /// and the pure arithmetic, reached without copying their code. Not part of the API.

@@ -17,12 +17,12 @@ use crate::snapshot::Snapshot;
 use {
     crate::clock::DefaultClock,
     crate::gcra::Params,
+    crate::reservation::{OwnedReservation, Reservation},
     crate::wait::{
         self,
         block::block_on,
         future::{Acquire, Target},
         queue::Waiters,
-        reservation::Reservation,
     },
     core::future::Future,
     std::sync::Arc,
@@ -219,6 +219,24 @@ impl<C: Clock> Limiter<C> {
         Snapshot::of(params, self.cell.tat(), now)
     }
 
+    /// How long from now until one cell would be admitted (zero if it would be now);
+    /// books and spends nothing: [`Limiter::peek_n`] for one cell.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{clock::ManualClock, Limiter, Quota};
+    /// use std::time::Duration;
+    /// let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), ManualClock::new());
+    /// assert_eq!(limiter.peek(), Duration::ZERO);
+    /// limiter.check().unwrap();
+    /// assert_eq!(limiter.peek(), Duration::from_millis(100));
+    /// ```
+    pub fn peek(&self) -> Duration {
+        // One cell always fits a burst of at least one.
+        self.peek_n(1).unwrap_or(Duration::MAX)
+    }
+
     /// How long from now until `n` cells would be admitted (zero if they would be now);
     /// books and spends nothing. Someone else may take the room first: to hold it, use
     /// [`Limiter::reserve`].
@@ -282,6 +300,98 @@ impl<C: Clock> Limiter<C> {
     #[cfg(feature = "std")]
     pub fn reserve(&self, n: u32) -> Result<Reservation<'_, C>, Denied> {
         Reservation::book(Acquire::new(self, n, u64::MAX))
+    }
+
+    /// [`Limiter::reserve`] on a shared limiter, returning a reservation that owns it (an
+    /// `Arc` clone): `'static`, to keep in a struct, a spawned task or a foreign object.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::reserve`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{Limiter, Quota};
+    /// use std::sync::Arc;
+    ///
+    /// let limiter = Arc::new(Limiter::new(Quota::per_second(100).with_burst(1)));
+    /// let turn = Arc::clone(&limiter).reserve_owned(1).unwrap();
+    /// assert!(turn.is_ready());
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn reserve_owned(self: Arc<Self>, n: u32) -> Result<OwnedReservation<C>, Denied> {
+        OwnedReservation::book(Acquire::new(self, n, u64::MAX))
+    }
+
+    /// [`Limiter::until_ready`] on a shared limiter: the future owns it (an `Arc`
+    /// clone), so it is `'static` (a spawned task, a struct, a foreign object).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{Limiter, Quota};
+    /// use std::sync::Arc;
+    ///
+    /// let limiter = Arc::new(Limiter::new(Quota::per_second(1000).with_burst(1)));
+    /// let turn = Arc::clone(&limiter).until_ready_owned();
+    /// std::thread::spawn(move || futures::executor::block_on(turn)).join().unwrap();
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn until_ready_owned(self: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        wait::ready(self)
+    }
+
+    /// [`Limiter::until_n_ready`], owning the limiter (see [`Limiter::until_ready_owned`]).
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] at once when `n` exceeds the burst; nothing is booked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{Limiter, Quota};
+    /// use std::sync::Arc;
+    ///
+    /// let limiter = Arc::new(Limiter::new(Quota::per_second(10)));
+    /// let ten = Arc::clone(&limiter).until_n_ready_owned(10);
+    /// assert!(futures::executor::block_on(ten).is_ok());
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn until_n_ready_owned(
+        self: Arc<Self>,
+        n: u32,
+    ) -> impl Future<Output = Result<(), InsufficientCapacity>> + Send + 'static {
+        wait::n_ready(self, n)
+    }
+
+    /// [`Limiter::until_n_ready_within`], owning the limiter (see
+    /// [`Limiter::until_ready_owned`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::until_n_ready_within`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{Limiter, Quota};
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// let limiter = Arc::new(Limiter::new(Quota::per_hour(1)));
+    /// let first = Arc::clone(&limiter).until_n_ready_within_owned(1, Duration::ZERO);
+    /// assert!(futures::executor::block_on(first).is_ok());
+    /// let second = Arc::clone(&limiter).until_n_ready_within_owned(1, Duration::from_secs(1));
+    /// assert!(futures::executor::block_on(second).is_err());
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn until_n_ready_within_owned(
+        self: Arc<Self>,
+        n: u32,
+        max: Duration,
+    ) -> impl Future<Output = Result<(), Denied>> + Send + 'static {
+        wait::n_ready_within(self, n, max)
     }
 
     /// Changes the quota while the limiter runs, from any thread, without resetting it.
@@ -537,7 +647,7 @@ impl<C: Clock> Limiter<C> {
 }
 
 #[cfg(feature = "std")]
-impl<C: Clock> Target for &Limiter<C> {
+impl<C: Clock> Target for Limiter<C> {
     type Clock = C;
 
     fn params(&self) -> Params {
@@ -558,14 +668,5 @@ impl<C: Clock> Target for &Limiter<C> {
 
     fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
         Some(f(&self.cell, self.now()))
-    }
-}
-
-impl<C: Clock> Limiter<C> {
-    /// The limiter's timeline (clock and origin), for adapters that hold the limiter by
-    /// another handle (the stream adapter's `Arc`).
-    #[cfg(feature = "stream")]
-    pub(crate) fn time_ref(&self) -> &Timeline<C> {
-        &self.time
     }
 }

@@ -84,7 +84,7 @@ impl<C: Clock> Target for Handle<'_, C> {
     }
 
     fn time(&self) -> &Timeline<C> {
-        self.get().time_ref()
+        Target::time(self.get())
     }
 
     fn waiters(&self) -> Arc<Waiters<C>> {

@@ -273,3 +273,36 @@ fn realtime_a_throttled_stream_on_tokio() {
     assert!(elapsed >= Duration::from_millis(94), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
 }
+
+#[test]
+fn owned_waits_and_reservations_outlive_the_borrow_and_give_cells_back() {
+    let clock = ManualClock::new();
+    let limiter = Arc::new(Limiter::with_clock(quota(1), clock.clone()));
+    limiter.check().unwrap();
+    // Owned: 'static futures and reservations, made from an Arc clone.
+    let mut owned = Box::pin(Arc::clone(&limiter).until_ready_owned());
+    assert!(poll(owned.as_mut()).is_pending());
+    let turn = Arc::clone(&limiter).reserve_owned(1).unwrap();
+    assert_eq!(turn.ready_in(), Duration::from_millis(200));
+    turn.cancel(); // before its instant: given back
+    drop(owned); // likewise
+    assert_eq!(limiter.peek(), Duration::from_millis(100));
+    // The keyed twins: a reservation per key, given back the same way.
+    let keyed = Arc::new(KeyedLimiter::with_clock(quota(1), clock.clone()));
+    keyed.check_key(&"k").unwrap();
+    let turn = keyed.reserve_key(&"k", 1).unwrap();
+    assert_eq!(turn.ready_in(), Duration::from_millis(100));
+    assert_eq!(
+        keyed.peek_key_n(&"k", 1).unwrap(),
+        Duration::from_millis(200)
+    );
+    drop(turn);
+    assert_eq!(
+        keyed.peek_key_n(&"k", 1).unwrap(),
+        Duration::from_millis(100)
+    );
+    let mut owned = Box::pin(Arc::clone(&keyed).until_key_ready_owned("k"));
+    assert!(poll(owned.as_mut()).is_pending());
+    clock.advance(Duration::from_millis(100));
+    assert!(poll(owned.as_mut()).is_ready());
+}

@@ -18,6 +18,12 @@ use bytes::Bytes;
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "paceline cannot write a refusal into a `{Self}` response body",
+    label = "the wrapped service's response body",
+    note = "for axum, enable paceline's `axum` feature; for tonic, its `tonic` feature",
+    note = "for a body type of your own, implement `paceline::http::RefusalBody` for it"
+)]
 pub trait RefusalBody: Sized {
     /// A body holding `text` (empty for gRPC refusals, which carry their message in
     /// headers).

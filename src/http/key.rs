@@ -398,26 +398,38 @@ impl KeySource {
         }
     }
 
-    /// The key of a request, or `None` when it has none.
-    pub(crate) fn key(&self, head: &Head<'_>) -> Option<ClientKey> {
+    /// The key of a request, or why it has none.
+    pub(crate) fn key(&self, head: &Head<'_>) -> Result<ClientKey, Missing> {
         match &self.kind {
-            Kind::Global => Some(ClientKey::Global),
+            Kind::Global => Ok(ClientKey::Global),
             Kind::Header(name) => {
-                let value = head.headers().get(name)?.to_str().ok()?;
-                Some(ClientKey::Text(value.into()).bounded())
+                let value = head.headers().get(name).and_then(|v| v.to_str().ok());
+                let value = value.ok_or(Missing::FromClient)?;
+                Ok(ClientKey::Text(value.into()).bounded())
             }
-            Kind::Custom(f) => f(head).map(ClientKey::bounded),
+            Kind::Custom(f) => f(head).map(ClientKey::bounded).ok_or(Missing::FromClient),
             Kind::Peer {
                 trusted,
                 ipv6_prefix,
                 forwarded,
             } => {
-                let peer = peer_addr(head)?;
-                let client = client_behind(peer, head.headers(), trusted, *forwarded)?;
-                Some(ClientKey::Ip(group(client, *ipv6_prefix)))
+                let peer = peer_addr(head).ok_or(Missing::PeerAddress)?;
+                let client = client_behind(peer, head.headers(), trusted, *forwarded)
+                    .ok_or(Missing::FromClient)?;
+                Ok(ClientKey::Ip(group(client, *ipv6_prefix)))
             }
         }
     }
+}
+
+/// Why a request has no key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Missing {
+    /// The client sent none (no such header, a forwarding chain that cannot be read).
+    FromClient,
+    /// The server passes no peer address at all: a misconfiguration, the same for every
+    /// request (axum served without connect info, say).
+    PeerAddress,
 }
 
 /// The connection's peer address from the request's extensions.

@@ -55,6 +55,7 @@ mod body;
 mod key;
 
 pub use body::RefusalBody;
+use key::Missing;
 pub use key::{ClientKey, Head, KeySource, Network, NetworkError};
 
 use core::fmt;
@@ -253,13 +254,20 @@ impl<C: Clock> Limit<C> {
     }
 }
 
-/// What to do with a request that has no key for a limit (no peer address, no such
-/// header, a forwarding chain that cannot be read).
+/// What to do with a request that has no key for a limit (no such header, a forwarding
+/// chain that cannot be read, no peer address).
+///
+/// Unless you choose, a request the *client* left keyless is [`MissingKey::Shared`], and
+/// a limit keyed by the peer address on a server that passes none (axum served without
+/// `into_make_service_with_connect_info`, say) answers `500 Internal Server Error` with a
+/// body that names the fix, and logs one line to standard error: otherwise every client
+/// would silently share one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Count it under one key shared by every keyless request (the default): it is
-    /// limited, and it cannot exhaust anyone else's budget.
+    /// Count it under one key shared by every keyless request (the default for requests
+    /// the client left keyless; choosing it also covers a server that passes no peer
+    /// address): it is limited, and it cannot exhaust anyone else's budget.
     #[default]
     Shared,
     /// Do not apply this limit to it.
@@ -282,8 +290,10 @@ struct Config<C: Clock> {
     limits: Vec<Limit<C>>,
     /// `None`: the default, `OPTIONS` exempt (checked inline, no call through a pointer).
     exempt: Option<Exempt>,
-    missing: MissingKey,
+    /// `None`: the default (module docs of [`MissingKey`]).
+    missing: Option<MissingKey>,
     headers_on_success: bool,
+    legacy_headers: bool,
     wait_up_to: Option<Duration>,
     /// The refusal body's content type and text (`None`: the default plain text).
     body: Option<(HeaderValue, BodyFn)>,
@@ -333,8 +343,9 @@ impl<C: Clock> Default for RateLimitLayer<C> {
             config: Arc::new(Config {
                 limits: Vec::new(),
                 exempt: None,
-                missing: MissingKey::Shared,
+                missing: None,
                 headers_on_success: false,
+                legacy_headers: false,
                 wait_up_to: None,
                 body: None,
             }),
@@ -395,8 +406,8 @@ impl<C: Clock> RateLimitLayer<C> {
         self
     }
 
-    /// What to do with a request that has no key for a limit (default
-    /// [`MissingKey::Shared`]).
+    /// What to do with a request that has no key for a limit (default: see
+    /// [`MissingKey`]).
     ///
     /// # Examples
     ///
@@ -406,7 +417,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # let _ = strict;
     /// ```
     pub fn on_missing_key(mut self, missing: MissingKey) -> RateLimitLayer<C> {
-        self.config().missing = missing;
+        self.config().missing = Some(missing);
         self
     }
 
@@ -420,6 +431,22 @@ impl<C: Clock> RateLimitLayer<C> {
     /// ```
     pub fn headers_on_success(mut self, on: bool) -> RateLimitLayer<C> {
         self.config().headers_on_success = on;
+        self
+    }
+
+    /// Also writes the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (seconds) fields, for clients that read only those, from the
+    /// tightest limit (the fewest cells left); wherever the `RateLimit` fields go (refusals,
+    /// and responses that passed with [`RateLimitLayer::headers_on_success`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let layer = paceline::http::RateLimitLayer::new().legacy_headers(true);
+    /// # let _ = layer;
+    /// ```
+    pub fn legacy_headers(mut self, on: bool) -> RateLimitLayer<C> {
+        self.config().legacy_headers = on;
         self
     }
 
@@ -609,7 +636,7 @@ where
                 let fields = config.headers_on_success.then(|| {
                     let mut fields = Box::new(http::HeaderMap::new());
                     if let Ok(keys) = keys(config, &head) {
-                        put_fields(config.limits.iter().zip(&keys), &mut fields);
+                        put_fields(config, config.limits.iter().zip(&keys), &mut fields);
                     }
                     fields
                 });
@@ -639,14 +666,18 @@ impl<S, C: Clock> RateLimit<S, C> {
                 future: Box::pin(async move {
                     let keys = match keys(&config, &Head::of(&request)) {
                         Ok(keys) => keys,
-                        Err(status) => return Ok(plain_refusal(status)),
+                        Err(why) => return Ok(plain_refusal(why)),
                     };
                     if let Err(refused) = admit_waiting(&config, &keys).await {
                         return Ok(refusal(&config, &keys, &Head::of(&request), refused));
                     }
                     let mut response = inner.call(request).await?;
                     if config.headers_on_success {
-                        put_fields(config.limits.iter().zip(&keys), response.headers_mut());
+                        put_fields(
+                            &config,
+                            config.limits.iter().zip(&keys),
+                            response.headers_mut(),
+                        );
                     }
                     Ok(response)
                 }),
@@ -664,7 +695,7 @@ fn refuse<C: Clock, F, R: RefusalBody, E>(
     why: Refusal,
 ) -> ResponseFuture<F, R, E> {
     match why {
-        Refusal::MissingKey(status) => ResponseFuture::refused(plain_refusal(status)),
+        Refusal::MissingKey(why) => ResponseFuture::refused(plain_refusal(why)),
         Refusal::Limited(refused) => {
             let keys = keys(config, head).unwrap_or_default();
             ResponseFuture::refused(refusal(config, &keys, head, refused))
@@ -672,27 +703,59 @@ fn refuse<C: Clock, F, R: RefusalBody, E>(
     }
 }
 
+/// Why a request is answered without a decision: its key is missing.
+#[derive(Clone, Debug)]
+enum NoKey {
+    /// As configured ([`MissingKey::Refuse`]).
+    Refuse(StatusCode),
+    /// The server passes no peer address to a limit keyed by it: a 500 naming the fix.
+    NoPeerAddress(Arc<str>),
+}
+
 /// The key of one limit for this request: `Ok(None)` skips the limit.
 fn key<C: Clock>(
     config: &Config<C>,
     limit: &Limit<C>,
     head: &Head<'_>,
-) -> Result<Option<ClientKey>, StatusCode> {
+) -> Result<Option<ClientKey>, NoKey> {
     match limit.source.key(head) {
-        Some(key) => Ok(Some(key)),
-        None => match config.missing {
-            MissingKey::Shared => Ok(Some(ClientKey::keyless())),
-            MissingKey::Skip => Ok(None),
-            MissingKey::Refuse(status) => Err(status),
+        Ok(key) => Ok(Some(key)),
+        Err(why) => match (config.missing, why) {
+            (None, Missing::PeerAddress) => {
+                warn_once_no_peer_address(&limit.name);
+                Err(NoKey::NoPeerAddress(Arc::clone(&limit.name)))
+            }
+            (None | Some(MissingKey::Shared), _) => Ok(Some(ClientKey::keyless())),
+            (Some(MissingKey::Skip), _) => Ok(None),
+            (Some(MissingKey::Refuse(status)), _) => Err(NoKey::Refuse(status)),
         },
     }
 }
 
+/// What the 500 of a server that passes no peer address says, and its one log line.
+fn no_peer_address_message(limit: &str) -> String {
+    format!(
+        "paceline: the rate limit {limit:?} keys clients by their address, but this server \
+         passes none to it. With axum, serve \
+         `app.into_make_service_with_connect_info::<SocketAddr>()`; with hyper, insert each \
+         connection's `SocketAddr` into its requests' extensions; or share one bucket on \
+         purpose with `.on_missing_key(MissingKey::Shared)`.\n"
+    )
+}
+
+/// Logs the misconfiguration once per process, to standard error.
+#[cold]
+fn warn_once_no_peer_address(limit: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    // Relaxed: a flag that only keeps the line from repeating; it publishes nothing.
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        eprint!("{}", no_peer_address_message(limit));
+    }
+}
+
 /// Every limit's key for this request.
-fn keys<C: Clock>(
-    config: &Config<C>,
-    head: &Head<'_>,
-) -> Result<Vec<Option<ClientKey>>, StatusCode> {
+fn keys<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<Vec<Option<ClientKey>>, NoKey> {
     config
         .limits
         .iter()
@@ -701,7 +764,7 @@ fn keys<C: Clock>(
 }
 
 enum Refusal {
-    MissingKey(StatusCode),
+    MissingKey(NoKey),
     Limited(Refused),
 }
 
@@ -716,7 +779,7 @@ fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<(), Refusa
                 .check_key(&key)
                 .map_err(|e| Refusal::Limited(refused(0, e))),
             Ok(None) => Ok(()),
-            Err(status) => Err(Refusal::MissingKey(status)),
+            Err(why) => Err(Refusal::MissingKey(why)),
         };
     }
     let mut taken: Vec<(usize, ClientKey, Undo)> = Vec::new();
@@ -725,9 +788,9 @@ fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<(), Refusa
         let key = match key(config, limit, head) {
             Ok(Some(key)) => key,
             Ok(None) => continue,
-            Err(status) => {
+            Err(why) => {
                 undo_all(config, taken);
-                return Err(Refusal::MissingKey(status));
+                return Err(Refusal::MissingKey(why));
             }
         };
         match limit.limiter.check_key_undoably(&key) {
@@ -870,8 +933,15 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
-fn plain_refusal<R: RefusalBody>(status: StatusCode) -> Response<R> {
-    let mut response = Response::new(R::from_text(format!("{status}\n")));
+fn plain_refusal<R: RefusalBody>(why: NoKey) -> Response<R> {
+    let (status, text) = match why {
+        NoKey::Refuse(status) => (status, format!("{status}\n")),
+        NoKey::NoPeerAddress(limit) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            no_peer_address_message(&limit),
+        ),
+    };
+    let mut response = Response::new(R::from_text(text));
     *response.status_mut() = status;
     response
 }
@@ -927,44 +997,75 @@ fn refusal<C: Clock, R: RefusalBody>(
     response
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(retry_after));
-    put_fields(config.limits.iter().zip(keys), response.headers_mut());
+    put_fields(
+        config,
+        config.limits.iter().zip(keys),
+        response.headers_mut(),
+    );
     response
 }
 
+/// A limit's policy as the `RateLimit-Policy` field writes it: `q` cells per `w` seconds,
+/// with `w` the burst window in whole seconds (at least 1) and `q` the cells the
+/// sustained rate admits in `w`, rounded down. So `q / w` is never above the real rate and
+/// within one cell per window of it (2/s with a burst of 3 is `q=4;w=2`, 100/s with a
+/// burst of 1 is `q=100;w=1`); the burst itself is what `r` says when the client is idle.
+fn policy(quota: Quota) -> (u64, u64) {
+    let interval = quota.emission_interval().as_nanos().max(1);
+    let window = quota
+        .emission_interval()
+        .checked_mul(quota.burst())
+        .unwrap_or(Duration::MAX);
+    let w = ceil_secs(window).max(1);
+    let q = u128::from(w) * 1_000_000_000 / interval;
+    (u64::try_from(q).unwrap_or(u64::MAX), w)
+}
+
 /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers) for every
-/// limit that applies to this request.
+/// limit that applies to this request, and the legacy `X-RateLimit-*` fields of the
+/// tightest of them when asked for.
 fn put_fields<'a, C: Clock>(
+    config: &Config<C>,
     limits: impl Iterator<Item = (&'a Limit<C>, &'a Option<ClientKey>)>,
     headers: &mut http::HeaderMap,
 ) {
     let mut policies = Vec::new();
     let mut states = Vec::new();
+    // The tightest limit: the fewest cells left, then the longest until full.
+    let mut tightest: Option<(u32, u64, u64)> = None;
     for (limit, key) in limits {
         let Some(key) = key else { continue };
         let state: Snapshot = limit.limiter.snapshot_key(key);
-        let quota = state.quota();
-        let window = quota
-            .emission_interval()
-            .checked_mul(quota.burst())
-            .unwrap_or(Duration::MAX);
-        policies.push(format!(
-            "{};q={};w={}",
-            limit.field_name,
-            quota.burst(),
-            ceil_secs(window).max(1)
-        ));
+        let (q, w) = policy(state.quota());
+        let t = ceil_secs(state.until_full());
+        policies.push(format!("{};q={q};w={w}", limit.field_name));
         states.push(format!(
-            "{};r={};t={}",
+            "{};r={};t={t}",
             limit.field_name,
-            state.remaining(),
-            ceil_secs(state.until_full())
+            state.remaining()
         ));
+        let candidate = (state.remaining(), t, q);
+        let tighter = |&(r, until, _): &(u32, u64, u64)| {
+            candidate.0 < r || (candidate.0 == r && candidate.1 > until)
+        };
+        if tightest.as_ref().is_none_or(tighter) {
+            tightest = Some(candidate);
+        }
     }
     for (name, items) in [("ratelimit-policy", policies), ("ratelimit", states)] {
         if let Ok(value) = HeaderValue::from_str(&items.join(", ")) {
             if !items.is_empty() {
                 headers.insert(HeaderName::from_static(name), value);
             }
+        }
+    }
+    if let (true, Some((remaining, reset, limit))) = (config.legacy_headers, tightest) {
+        for (name, value) in [
+            ("x-ratelimit-limit", limit),
+            ("x-ratelimit-remaining", u64::from(remaining)),
+            ("x-ratelimit-reset", reset),
+        ] {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
         }
     }
 }

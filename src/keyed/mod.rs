@@ -15,46 +15,31 @@
 //! key like a check does, within the bound: a new key at a full shard books nothing and
 //! waits (through the clock) until a slot frees, then tries again.
 
-use core::future::Future;
 use core::hash::Hash;
-use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::cell::TatWord;
 use crate::clock::{Clock, DefaultClock, Timeline};
+use core::time::Duration;
+
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
 use crate::quota_cell::QuotaCell;
 use crate::snapshot::Snapshot;
 use crate::sync::Mutex;
-#[cfg(feature = "tower")]
-use crate::wait::future::Acquire;
-use crate::wait::future::Target;
 use crate::wait::queue::Waiters;
-use crate::wait::{self, block::block_on};
-use store::{Store, MIN_SWEEP_LEN};
+use store::Store;
 
 mod store;
-
-/// An admission that can be given back: the TAT it left and its cost.
 #[cfg(feature = "tower")]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Undo {
-    tat: u64,
-    cost: u64,
-}
+mod undo;
+mod waiting;
 
-/// One cell booked by [`KeyedLimiter::book_key_within`].
 #[cfg(feature = "tower")]
-pub(crate) enum Booked<'a, K: Hash + Eq + Clone, C: Clock> {
-    /// Admitted at once; [`KeyedLimiter::undo`] gives it back.
-    Now(Undo),
-    /// Booked for a later instant: await it; dropped before its instant, it gives the
-    /// cell back.
-    Later(core::pin::Pin<Box<Acquire<KeyTarget<'a, K, C>>>>),
-}
+pub(crate) use undo::{Booked, Undo};
+pub use waiting::KeyReservation;
 
 type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 
@@ -170,53 +155,6 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// [`KeyedLimiter::with_max_keys`] in place.
     pub(crate) fn set_max_keys(&mut self, max: usize) {
         self.store.set_max_keys(max);
-    }
-
-    /// `check_key`, returning what [`KeyedLimiter::undo`] needs to give the cell back
-    /// (the HTTP middleware's several limits: a refusal by a later one undoes the earlier).
-    #[cfg(feature = "tower")]
-    pub(crate) fn check_key_undoably(&self, key: &K) -> Result<Undo, NotUntil> {
-        self.acquire_one(key)
-            .map(|(tat, cost)| Undo { tat, cost })
-            .map_err(NotUntil::from_nanos)
-    }
-
-    /// Gives back the cell an admission took, if nothing was admitted on that key since
-    /// (else it stays spent: the limit only errs on the strict side).
-    #[cfg(feature = "tower")]
-    pub(crate) fn undo(&self, key: &K, undo: Undo) {
-        let _ = self.with_stored_cell(key, |cell, _| cell.refund(undo.tat, undo.cost));
-    }
-
-    /// Books one cell for `key` within `max` without waiting for it: admitted now (and
-    /// undoable), or booked in the key's FIFO for a later instant (given back if the
-    /// booking is dropped before it). The HTTP middleware's wait mode books every limit
-    /// first, so a refusal by a later limit gives the earlier limits' cells back.
-    #[cfg(feature = "tower")]
-    pub(crate) fn book_key_within(
-        &self,
-        key: &K,
-        max: Duration,
-    ) -> Result<Booked<'_, K, C>, NotUntil> {
-        use core::task::{Context, Poll, Waker};
-        match self.check_key_undoably(key) {
-            Ok(undo) => return Ok(Booked::Now(undo)),
-            Err(e) if e.wait_time() > max => return Err(e),
-            Err(_) => {}
-        }
-        let mut acquire = Box::pin(Acquire::new(self.target(key), 1, wait::duration_nanos(max)));
-        // The first poll books (or admits, or refuses); the real waker comes with the
-        // first poll of the request's own task.
-        match acquire
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-        {
-            Poll::Pending | Poll::Ready(Ok(())) => Ok(Booked::Later(acquire)),
-            Poll::Ready(Err(Denied::NotUntil(e))) => Err(e),
-            Poll::Ready(Err(Denied::InsufficientCapacity(_))) => {
-                unreachable!("one cell always fits a burst of at least one")
-            }
-        }
     }
 
     /// Gives some keys a quota of their own: `quota_for(key)` returns `Some(quota)` for
@@ -374,6 +312,44 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             })
     }
 
+    /// How long from now until `n` cells would be admitted for `key` (zero if they would
+    /// be now); books, spends and stores nothing (the keyed twin of
+    /// [`Limiter::peek_n`](crate::Limiter::peek_n)). For a new key at a full key table,
+    /// the time until a slot frees.
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] when `n` exceeds the key's burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{clock::ManualClock, KeyedLimiter, Quota};
+    /// use std::time::Duration;
+    /// let limiter = KeyedLimiter::with_clock(Quota::per_second(10), ManualClock::new());
+    /// limiter.check_key_n(&"a", 10).unwrap();
+    /// assert_eq!(limiter.peek_key_n(&"a", 3).unwrap(), Duration::from_millis(300));
+    /// assert_eq!(limiter.peek_key_n(&"b", 3).unwrap(), Duration::ZERO);
+    /// ```
+    pub fn peek_key_n(&self, key: &K, n: u32) -> Result<Duration, InsufficientCapacity> {
+        let params = self.params_for(key);
+        let cost = match error::cost(&params, n) {
+            Ok(cost) => cost,
+            Err(Denied::InsufficientCapacity(e)) => return Err(e),
+            Err(Denied::NotUntil(e)) => return Ok(e.wait_time()),
+        };
+        let wait = |tat, now| gcra::admit(tat, now, cost, params.tau()).map_or_else(|w| w, |_| 0);
+        let nanos = self
+            .with_stored_cell(key, |cell, now| wait(cell.tat(), now))
+            .unwrap_or_else(|| {
+                let now = self.now();
+                self.store
+                    .vacancy(key, now)
+                    .map_or_else(|room| room, |tat| wait(tat, now))
+            });
+        Ok(Duration::from_nanos(nanos))
+    }
+
     /// Changes the default quota (the one of keys without a quota of their own) while the
     /// limiter runs, with the same meaning as [`Limiter::set_quota`](crate::Limiter::set_quota):
     /// every key's spent backlog carries over, its booked waiters keep their order.
@@ -403,167 +379,6 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         for queue in queues {
             let arm = queue.requote(quota.params(), now);
             queue.schedule(arm);
-        }
-    }
-
-    /// Waits `key`'s booked turn for one cell (the same FIFO promises as
-    /// [`Limiter::until_ready`](crate::Limiter::until_ready)).
-    ///
-    /// The key bound of [`KeyedLimiter::with_max_keys`] holds here too: a new key that
-    /// finds its shard full of limited keys books nothing and waits until a slot frees,
-    /// then tries again.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use paceline::{KeyedLimiter, Quota};
-    /// let limiter = KeyedLimiter::new(Quota::per_second(1000).with_burst(1));
-    /// futures::executor::block_on(async {
-    ///     limiter.until_key_ready(&"job").await;
-    ///     limiter.until_key_ready(&"job").await; // about 1 ms later
-    /// });
-    /// ```
-    pub fn until_key_ready(&self, key: &K) -> impl Future<Output = ()> + Send + '_
-    where
-        K: Send + Sync,
-    {
-        wait::ready(self.target(key))
-    }
-
-    /// Waits `key`'s booked turn for `n` cells at once.
-    ///
-    /// # Errors
-    ///
-    /// [`InsufficientCapacity`] at once when `n` exceeds the key's burst.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use paceline::{KeyedLimiter, Quota};
-    /// let limiter = KeyedLimiter::new(Quota::per_second(10));
-    /// futures::executor::block_on(async {
-    ///     assert!(limiter.until_key_n_ready(&1, 10).await.is_ok());
-    ///     assert!(limiter.until_key_n_ready(&1, 11).await.is_err());
-    /// });
-    /// ```
-    pub fn until_key_n_ready(
-        &self,
-        key: &K,
-        n: u32,
-    ) -> impl Future<Output = Result<(), InsufficientCapacity>> + Send + '_
-    where
-        K: Send + Sync,
-    {
-        wait::n_ready(self.target(key), n)
-    }
-
-    /// Waits for one cell for `key` only if it can be had within `max`; otherwise books
-    /// nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`NotUntil`] when the cell cannot be had within `max` (or, for a new key at the key
-    /// bound, when no slot frees within `max`).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use paceline::{KeyedLimiter, Quota};
-    /// use std::time::Duration;
-    /// let limiter = KeyedLimiter::new(Quota::per_hour(1));
-    /// futures::executor::block_on(async {
-    ///     assert!(limiter.until_key_ready_within(&1, Duration::ZERO).await.is_ok());
-    ///     assert!(limiter.until_key_ready_within(&1, Duration::from_secs(1)).await.is_err());
-    /// });
-    /// ```
-    pub fn until_key_ready_within(
-        &self,
-        key: &K,
-        max: Duration,
-    ) -> impl Future<Output = Result<(), NotUntil>> + Send + '_
-    where
-        K: Send + Sync,
-    {
-        wait::ready_within(self.target(key), max)
-    }
-
-    /// Waits for `n` cells for `key` within `max`, or books nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`Denied::NotUntil`] when the cells cannot be had within `max`;
-    /// [`Denied::InsufficientCapacity`] when `n` exceeds the key's burst.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use paceline::{Denied, KeyedLimiter, Quota};
-    /// use std::time::Duration;
-    /// let limiter = KeyedLimiter::new(Quota::per_second(4));
-    /// futures::executor::block_on(async {
-    ///     limiter.until_key_n_ready_within(&"a", 4, Duration::ZERO).await.unwrap();
-    ///     let late = limiter.until_key_n_ready_within(&"a", 2, Duration::from_millis(100)).await;
-    ///     assert!(matches!(late, Err(Denied::NotUntil(_))));
-    /// });
-    /// ```
-    pub fn until_key_n_ready_within(
-        &self,
-        key: &K,
-        n: u32,
-        max: Duration,
-    ) -> impl Future<Output = Result<(), Denied>> + Send + '_
-    where
-        K: Send + Sync,
-    {
-        wait::n_ready_within(self.target(key), n, max)
-    }
-
-    /// Blocks the calling thread until one cell is admitted for `key`, in the same booked
-    /// FIFO as the key's async waiters. Don't call it inside an async task.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use paceline::{KeyedLimiter, Quota};
-    /// let limiter = KeyedLimiter::new(Quota::per_second(1000).with_burst(1));
-    /// let start = std::time::Instant::now();
-    /// for _ in 0..3 {
-    ///     limiter.wait_key(&"job");
-    /// }
-    /// assert!(start.elapsed().as_millis() >= 2);
-    /// ```
-    pub fn wait_key(&self, key: &K)
-    where
-        K: Send + Sync,
-    {
-        block_on(self.until_key_ready(key));
-    }
-
-    /// Blocks the calling thread until `n` cells are admitted for `key` at once.
-    ///
-    /// # Errors
-    ///
-    /// [`InsufficientCapacity`] at once when `n` exceeds the key's burst.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use paceline::{KeyedLimiter, Quota};
-    /// let limiter = KeyedLimiter::new(Quota::per_second(10));
-    /// limiter.wait_key_n(&1, 10).unwrap();
-    /// assert!(limiter.wait_key_n(&1, 11).is_err());
-    /// ```
-    pub fn wait_key_n(&self, key: &K, n: u32) -> Result<(), InsufficientCapacity>
-    where
-        K: Send + Sync,
-    {
-        block_on(self.until_key_n_ready(key, n))
-    }
-
-    fn target(&self, key: &K) -> KeyTarget<'_, K, C> {
-        KeyTarget {
-            limiter: self,
-            key: key.clone(),
         }
     }
 
@@ -612,45 +427,5 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn retain_recent(&self) {
         self.store.retain_recent(self.now());
         self.waiters.lock().clean();
-    }
-}
-
-/// A waiting future's view of one key.
-pub(crate) struct KeyTarget<'a, K: Hash + Eq + Clone, C: Clock> {
-    limiter: &'a KeyedLimiter<K, C>,
-    key: K,
-}
-
-impl<K: Hash + Eq + Clone, C: Clock> Target for KeyTarget<'_, K, C> {
-    type Clock = C;
-
-    fn params(&self) -> Params {
-        self.limiter.params_for(&self.key)
-    }
-
-    fn time(&self) -> &Timeline<C> {
-        &self.limiter.time
-    }
-
-    fn waiters(&self) -> Arc<Waiters<C>> {
-        let limiter = self.limiter;
-        let mut queues = limiter.waiters.lock();
-        if queues.map.len() >= MIN_SWEEP_LEN && queues.map.len() >= 2 * queues.cleaned_len {
-            queues.clean();
-        }
-        Arc::clone(
-            queues
-                .map
-                .entry(self.key.clone())
-                .or_insert_with(|| Waiters::new(limiter.time.clone())),
-        )
-    }
-
-    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        self.limiter.with_cell(&self.key, |cell, _| f(cell))
-    }
-
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        self.limiter.with_stored_cell(&self.key, f)
     }
 }

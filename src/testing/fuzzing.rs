@@ -307,7 +307,7 @@ pub fn forwarding_headers(data: &[u8]) {
                 request.headers_mut().append(name, value);
             }
         }
-        source.key(&Head::of(&request))
+        source.key(&Head::of(&request)).ok()
     };
     let trusted = |ip: IpAddr| nets.iter().any(|net| net.contains(ip));
     let plain = key_of(&[chain]);

@@ -6,7 +6,7 @@
 //!   invariant and the fairness argument);
 //! * `future` — the future that books on first poll and refunds on drop;
 //! * `block` — blocking a thread on that same future;
-//! * `reservation` — a booking held as a value (`Limiter::reserve`).
+//! * `turn` — a booking held as a value, behind every reservation type.
 //!
 //! The functions here turn one [`future::Acquire`] into each public result type, so the
 //! direct and the keyed limiter (and any later adapter) share one waiting path.
@@ -16,7 +16,7 @@ pub(crate) mod block;
 pub(crate) mod future;
 pub(crate) mod list;
 pub(crate) mod queue;
-pub(crate) mod reservation;
+pub(crate) mod turn;
 
 use core::future::Future;
 use core::time::Duration;

