@@ -20,10 +20,43 @@
 //! limiter.wait();
 //! ```
 //!
-//! * [`Limiter`]: one quota shared by threads (`check`, `check_n`, `wait`) and tasks
-//!   (`until_ready`, `until_n_ready`, `until_ready_within`).
-//! * [`KeyedLimiter`]: one quota per key (client IP, API key) with bounded memory.
-//! * [`clock`]: the default TSC clock and [`ManualClock`](clock::ManualClock) for tests.
+//! Quotas are a rate and a burst: `Quota::per_second(100)` admits 100 at once, then one
+//! every 10 ms; `Quota::per_second(100).with_burst(1)` never admits more than 100 in any
+//! one-second window.
+//!
+//! # One example per job
+//!
+//! * **Threads** share a [`Limiter`] by reference or `Arc`: `check()` to admit or refuse,
+//!   `wait()` for a booked turn.
+//! * **Async tasks** (any executor) `until_ready().await` their booked turn; owned forms
+//!   (`until_ready_owned`, [`OwnedReservation`]) live in spawned tasks and structs.
+//! * **A server per client** uses a [`KeyedLimiter`] (bounded memory), or the tower layer
+//!   `http::RateLimitLayer` (feature `tower`):
+//!
+//!   ```
+//!   use paceline::{KeyedLimiter, Quota};
+//!   let per_ip = KeyedLimiter::new(Quota::per_second(20)).with_max_keys(1_000_000);
+//!   assert!(per_ip.check_key(&"203.0.113.7").is_ok());
+//!   ```
+//! * **A fleet** shares one quota through Redis: `redis::RedisLimiter` (feature `redis`).
+//! * **A runtime or framework** implements [`clock::Clock`] over its own timer, or drives
+//!   waiters with [`Limiter::next_waiter_due_in`] and [`Limiter::wake_due_waiters`]; tests
+//!   use [`ManualClock`](clock::ManualClock).
+//!
+//! # Features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `std` (default) | the default clock, waiting (async and blocking), reservations, [`KeyedLimiter`] |
+//! | `tokio` | `clock::TokioClock`: waiters woken by a tokio runtime's timer |
+//! | `stream` | `stream::throttle`: a `Stream`'s items no faster than a limiter allows |
+//! | `tower` | `http::RateLimitLayer`: 429, `Retry-After`, the IETF `RateLimit` fields |
+//! | `axum`, `tonic` | the layer's peer address from axum's or tonic's connection info |
+//! | `redis`, `redis-cluster` | `redis::RedisLimiter`: one quota across a fleet |
+//!
+//! Without `std`, paceline is `no_std` and allocates nothing: [`Quota`],
+//! [`Limiter::check`], `check_n`, `remaining`, `snapshot`, `peek_n` and `set_quota` on a
+//! clock of your own.
 //!
 //! # How it decides
 //!

@@ -75,6 +75,15 @@ use crate::{Denied, NotUntil, Quota, Snapshot};
 
 /// One limit of a [`RateLimitLayer`]: a name (shown in the `RateLimit` fields), a quota
 /// per key, and where the key comes from.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::{http::{KeySource, Limit}, Quota};
+/// let per_key = Limit::new("per-key", Quota::per_minute(600), KeySource::header(http::HeaderName::from_static("x-api-key")))
+///     .with_max_keys(100_000);
+/// assert_eq!(per_key.limiter().len(), 0);
+/// ```
 #[derive(Clone)]
 pub struct Limit<C: Clock = DefaultClock> {
     name: Arc<str>,
@@ -98,6 +107,14 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// A limit name that cannot be sent in the `RateLimit` fields: names are printable ASCII
 /// (`"` and `\` are fine, and escaped), 1 to 64 characters.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::{http::{KeySource, Limit}, Quota};
+/// let err = Limit::try_new("per-ip\n", Quota::per_second(1), KeySource::peer_ip()).unwrap_err();
+/// assert!(err.to_string().contains("printable ASCII"));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidLimitName {
     name: String,
@@ -222,7 +239,10 @@ impl<C: Clock> Limit<C> {
         })
     }
 
-    /// Bounds the keys this limit stores (see [`KeyedLimiter::with_max_keys`]). Call it
+    /// Bounds the keys this limit stores (default 1 000 000): at the bound, a new client
+    /// is refused (with the time until a slot frees) rather than evicting a limited one;
+    /// keys that refilled are forgotten first. A stored key costs at most about 100 bytes
+    /// (long text keys are stored as a digest), so this bounds the limit's memory. Call it
     /// before cloning the limit: a clone shares the limiter, and then this changes nothing.
     ///
     /// # Examples
@@ -262,6 +282,15 @@ impl<C: Clock> Limit<C> {
 /// `into_make_service_with_connect_info`, say) answers `500 Internal Server Error` with a
 /// body that names the fix, and logs one line to standard error: otherwise every client
 /// would silently share one bucket.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::http::{MissingKey, RateLimitLayer};
+/// let strict = RateLimitLayer::new().on_missing_key(MissingKey::Refuse(http::StatusCode::BAD_REQUEST));
+/// let shared = RateLimitLayer::new().on_missing_key(MissingKey::Shared);
+/// # let _ = (strict, shared);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissingKey {
@@ -278,8 +307,24 @@ pub enum MissingKey {
 
 type Exempt = Arc<dyn Fn(&Head<'_>) -> bool + Send + Sync>;
 
-/// A tower [`Layer`](tower_layer::Layer) that rate-limits requests; see the [module
-/// docs](self).
+/// A tower [`Layer`](tower_layer::Layer) that rate-limits requests: every [`Limit`] must
+/// admit a request, or it is refused with `429` and `Retry-After` (see the [module
+/// docs](self) for everything it does).
+///
+/// # Examples
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use paceline::http::{KeySource, Limit, RateLimitLayer};
+/// use paceline::Quota;
+///
+/// let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(
+///     RateLimitLayer::new()
+///         .limit(Limit::new("per-ip", Quota::per_second(10), KeySource::peer_ip()))
+///         .headers_on_success(true),
+/// );
+/// // Serve with `app.into_make_service_with_connect_info::<std::net::SocketAddr>()`.
+/// ```
 #[derive(Clone)]
 pub struct RateLimitLayer<C: Clock = DefaultClock> {
     config: Arc<Config<C>>,
@@ -303,6 +348,17 @@ type BodyFn = Arc<dyn Fn(&RefusalInfo<'_>) -> String + Send + Sync>;
 
 /// What a refusal tells its client, for a body of your own
 /// ([`RateLimitLayer::refusal_body`]).
+///
+/// # Examples
+///
+/// ```
+/// use http::HeaderValue;
+/// let layer = paceline::http::RateLimitLayer::new().refusal_body(
+///     HeaderValue::from_static("text/plain"),
+///     |refusal| format!("slow down: {} in {} s", refusal.limit(), refusal.retry_after_secs()),
+/// );
+/// # let _ = layer;
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct RefusalInfo<'a> {
     limit: &'a str,
@@ -502,7 +558,21 @@ impl<S, C: Clock> tower_layer::Layer<S> for RateLimitLayer<C> {
     }
 }
 
-/// The service [`RateLimitLayer`] wraps around yours.
+/// The service [`RateLimitLayer`] wraps around yours (made by the layer; with tower's
+/// `ServiceBuilder` or axum's `Router::layer`).
+///
+/// # Examples
+///
+/// ```
+/// use paceline::http::{KeySource, Limit, RateLimitLayer};
+/// use tower_layer::Layer;
+///
+/// let layer = RateLimitLayer::new()
+///     .limit(Limit::new("global", paceline::Quota::per_second(100), KeySource::global()));
+/// let routes = axum::Router::<()>::new().route("/", axum::routing::get(|| async { "ok" }));
+/// let service = layer.layer(routes); // a `tower_service::Service` of axum requests
+/// # let _ = service;
+/// ```
 #[derive(Clone)]
 pub struct RateLimit<S, C: Clock = DefaultClock> {
     inner: S,

@@ -68,7 +68,19 @@ use crate::{KeyedLimiter, NotUntil, Quota};
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
 
-/// What to do when Redis cannot answer (unreachable, or slower than the timeout).
+/// What to do when Redis cannot answer (unreachable, or slower than the timeout). Errors
+/// Redis *answers* are not outages: they never follow the policy.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), paceline::redis::RedisLimitError> {
+/// use paceline::{redis::{FailurePolicy, RedisLimiter}, Quota};
+/// let limiter = RedisLimiter::connect("redis://127.0.0.1/", Quota::per_second(100))
+///     .await?
+///     .on_failure(FailurePolicy::FailOpen);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -84,6 +96,16 @@ pub enum FailurePolicy {
 }
 
 /// Why a Redis-backed limiter could not be built.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use paceline::{redis::{RedisLimitError, RedisLimiter}, Quota};
+/// let bad = RedisLimiter::connect("not a url", Quota::per_second(1)).await;
+/// assert!(matches!(bad, Err(RedisLimitError::Connect(_))));
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RedisLimitError {
@@ -121,6 +143,20 @@ impl core::error::Error for RedisLimitError {
 }
 
 /// Why a check was refused.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run(limiter: paceline::redis::RedisLimiter) {
+/// use paceline::redis::RedisDenied;
+/// match limiter.check_key("tenant-42").await {
+///     Ok(()) => { /* go */ }
+///     Err(RedisDenied::NotUntil(wait)) => println!("retry in {:?}", wait.wait_time()),
+///     Err(RedisDenied::Unavailable(e)) => eprintln!("Redis is down, failing closed: {e}"),
+///     Err(other) => eprintln!("{other}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RedisDenied {
@@ -160,6 +196,16 @@ impl core::error::Error for RedisDenied {}
 
 /// A limiter whose state lives in Redis, shared by every process that uses the same
 /// Redis, prefix and quota. See the [module docs](self).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use paceline::{redis::RedisLimiter, Quota};
+/// let limiter = RedisLimiter::connect("redis://127.0.0.1/", Quota::per_second(50)).await?;
+/// limiter.until_key_ready("partner-api").await?; // a booked turn, fleet-wide
+/// # Ok(()) }
+/// ```
 pub struct RedisLimiter {
     conn: Conn,
     script: redis::Script,
