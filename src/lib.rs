@@ -120,7 +120,7 @@ extern crate self as paceline;
 
 pub use error::{Denied, InsufficientCapacity, NotUntil};
 #[cfg(feature = "std")]
-pub use keyed::{KeyReservation, KeyedLimiter};
+pub use keyed::{KeyReservation, KeyedLimiter, OwnedKeyReservation};
 pub use limiter::Limiter;
 pub use quota::{Quota, QuotaError};
 #[cfg(feature = "std")]

@@ -302,6 +302,52 @@ impl<C: Clock> Limiter<C> {
         Reservation::book(Acquire::new(self, n, u64::MAX))
     }
 
+    /// [`Limiter::reserve`], but only if the cells can be had within `max`; otherwise
+    /// books nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] with the wait when it is longer than `max` (nothing booked);
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{Limiter, Quota};
+    /// use std::time::Duration;
+    /// let limiter = Limiter::new(Quota::per_minute(1));
+    /// assert!(limiter.reserve_within(1, Duration::ZERO).is_ok());
+    /// assert!(limiter.reserve_within(1, Duration::from_secs(1)).is_err()); // a minute away
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn reserve_within(&self, n: u32, max: Duration) -> Result<Reservation<'_, C>, Denied> {
+        Reservation::book(Acquire::new(self, n, wait::duration_nanos(max)))
+    }
+
+    /// [`Limiter::reserve_within`], owning the limiter (see [`Limiter::reserve_owned`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::reserve_within`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{Limiter, Quota};
+    /// use std::{sync::Arc, time::Duration};
+    /// let limiter = Arc::new(Limiter::new(Quota::per_minute(1)));
+    /// assert!(Arc::clone(&limiter).reserve_within_owned(1, Duration::ZERO).is_ok());
+    /// assert!(Arc::clone(&limiter).reserve_within_owned(1, Duration::ZERO).is_err());
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn reserve_within_owned(
+        self: Arc<Self>,
+        n: u32,
+        max: Duration,
+    ) -> Result<OwnedReservation<C>, Denied> {
+        OwnedReservation::book(Acquire::new(self, n, wait::duration_nanos(max)))
+    }
+
     /// [`Limiter::reserve`] on a shared limiter, returning a reservation that owns it (an
     /// `Arc` clone): `'static`, to keep in a struct, a spawned task or a foreign object.
     ///

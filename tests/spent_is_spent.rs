@@ -219,3 +219,17 @@ fn a_throttled_stream_never_yields_an_item_whose_booking_was_refused() {
         }
     }
 }
+
+#[test]
+fn a_reservation_for_a_new_key_at_a_full_table_books_nothing_and_says_so() {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::with_clock(Quota::per_hour(1), clock).with_max_keys(1);
+    for key in 0..1_000u32 {
+        let _ = limiter.check_key(&key);
+    }
+    let refused = (1_000..2_000u32).find_map(|k| limiter.reserve_key(&k, 1).err());
+    match refused {
+        Some(paceline::Denied::NotUntil(e)) => assert!(e.wait_time() > Duration::from_secs(3000)),
+        other => panic!("a reservation without a slot: {other:?}"),
+    }
+}

@@ -39,7 +39,7 @@ mod waiting;
 
 #[cfg(feature = "tower")]
 pub(crate) use undo::{Booked, Undo};
-pub use waiting::KeyReservation;
+pub use waiting::{KeyReservation, OwnedKeyReservation};
 
 type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 

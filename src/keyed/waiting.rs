@@ -222,6 +222,64 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         Turn::book(Acquire::new(self.target(key), n, u64::MAX)).map(|turn| KeyReservation { turn })
     }
 
+    /// [`KeyedLimiter::reserve_key`], but only if the cells can be had within `max`;
+    /// otherwise books nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] with the wait when it is longer than `max` (nothing booked);
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the key's burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{KeyedLimiter, Quota};
+    /// use std::time::Duration;
+    /// let limiter = KeyedLimiter::new(Quota::per_minute(1));
+    /// assert!(limiter.reserve_key_within(&"a", 1, Duration::ZERO).is_ok());
+    /// assert!(limiter.reserve_key_within(&"a", 1, Duration::from_secs(1)).is_err());
+    /// ```
+    pub fn reserve_key_within(
+        &self,
+        key: &K,
+        n: u32,
+        max: Duration,
+    ) -> Result<KeyReservation<'_, K, C>, Denied> {
+        Turn::book(Acquire::new(self.target(key), n, wait::duration_nanos(max)))
+            .map(|turn| KeyReservation { turn })
+    }
+
+    /// [`KeyedLimiter::reserve_key_within`] on a shared limiter, owning it and the key:
+    /// `'static`, to keep in a struct, a task or a foreign object (`Duration::MAX` for no
+    /// maximum).
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyedLimiter::reserve_key_within`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{KeyedLimiter, Quota};
+    /// use std::{sync::Arc, time::Duration};
+    /// let limiter = Arc::new(KeyedLimiter::new(Quota::per_second(10)));
+    /// let turn = Arc::clone(&limiter).reserve_key_within_owned("a".to_string(), 3, Duration::MAX).unwrap();
+    /// assert!(turn.is_ready());
+    /// ```
+    pub fn reserve_key_within_owned(
+        self: Arc<Self>,
+        key: K,
+        n: u32,
+        max: Duration,
+    ) -> Result<OwnedKeyReservation<K, C>, Denied> {
+        Turn::book(Acquire::new(
+            KeyTarget { limiter: self, key },
+            n,
+            wait::duration_nanos(max),
+        ))
+        .map(|turn| OwnedKeyReservation { turn })
+    }
+
     /// [`KeyedLimiter::until_key_ready`] on a shared limiter: the future owns it (an `Arc`
     /// clone) and the key, so it is `'static`.
     ///
@@ -301,6 +359,46 @@ impl<K: Hash + Eq + Clone + Send + Sync, C: Clock> KeyReservation<'_, K, C> {
     reservation_methods!(
         "let limiter = paceline::KeyedLimiter::new(paceline::Quota::per_second(1000));\nlet turn = limiter.reserve_key(&1u32, 1).unwrap();"
     );
+}
+
+/// A [`KeyReservation`] that owns its limiter and key: made by
+/// [`KeyedLimiter::reserve_key_within_owned`]; the same promises.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::{KeyedLimiter, Quota};
+/// use std::{sync::Arc, time::Duration};
+/// let limiter = Arc::new(KeyedLimiter::new(Quota::per_second(100)));
+/// let turn = limiter.reserve_key_within_owned(7u64, 1, Duration::MAX).unwrap();
+/// std::thread::spawn(move || turn.wait()).join().unwrap();
+/// ```
+#[must_use = "dropping a reservation before its instant gives its cells back"]
+pub struct OwnedKeyReservation<K: Hash + Eq + Clone, C: Clock> {
+    turn: Turn<KeyTarget<Arc<KeyedLimiter<K, C>>, K>>,
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync, C: Clock> OwnedKeyReservation<K, C> {
+    reservation_methods!(
+        "let limiter = std::sync::Arc::new(paceline::KeyedLimiter::new(paceline::Quota::per_second(1000)));\nlet turn = limiter.reserve_key_within_owned(1u32, 1, std::time::Duration::MAX).unwrap();"
+    );
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> core::fmt::Debug for OwnedKeyReservation<K, C> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("OwnedKeyReservation")
+            .field("ready_in", &self.turn.ready_in())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> Future for OwnedKeyReservation<K, C> {
+    type Output = ();
+
+    /// Ready at the reservation's instant (at once if it has come).
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.turn.poll(cx)
+    }
 }
 
 impl<K: Hash + Eq + Clone, C: Clock> core::fmt::Debug for KeyReservation<'_, K, C> {

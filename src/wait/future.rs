@@ -157,6 +157,16 @@ impl<T: Target> Acquire<T> {
         }
     }
 
+    /// While a keyed limiter has no room to store the key (nothing booked): nanoseconds
+    /// from now until it will.
+    pub(crate) fn room_wait(self: Pin<&Self>) -> Option<u64> {
+        let this = self.get_ref();
+        match this.phase {
+            Phase::NoRoom { until } => Some(until.saturating_sub(this.target.time().now()).max(1)),
+            _ => None,
+        }
+    }
+
     /// Tries to admit or book; `now` is limiter time, read just before.
     fn first_poll(
         &mut self,

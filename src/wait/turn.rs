@@ -22,7 +22,13 @@ impl<T: Target> Turn<T> {
         let noop = core::task::Waker::noop();
         match acquire.as_mut().poll(&mut Context::from_waker(noop)) {
             Poll::Ready(Err(denied)) => Err(denied),
-            Poll::Ready(Ok(())) | Poll::Pending => Ok(Turn { acquire }),
+            Poll::Pending => match acquire.as_ref().room_wait() {
+                // A new key at a full key table: nothing is booked, so there is nothing
+                // to hold; say when a slot frees (dropping the wait lets go of its timer).
+                Some(wait) => Err(crate::NotUntil::from_nanos(wait).into()),
+                None => Ok(Turn { acquire }),
+            },
+            Poll::Ready(Ok(())) => Ok(Turn { acquire }),
         }
     }
 
