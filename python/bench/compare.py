@@ -1,0 +1,128 @@
+"""paceline side by side with aiolimiter, pyrate-limiter and limits, in one run.
+
+    python3 python/bench/compare.py
+
+1. The cost of one acquire that does not wait (a quota far above the request rate),
+   median of several rounds, per library.
+2. The job at volume: 20 000 tasks through 10 000/s (burst 1), on one event loop: wall
+   time against the ideal (2.0 s) and the process's CPU time, per library that waits.
+Both are printed as ratios to paceline's, with the raw numbers beside them.
+"""
+
+import asyncio
+import statistics
+import sys
+import time
+
+import paceline
+
+ROUNDS = 7
+N = 50_000
+
+
+def per_call(fn, n=N):
+    """Median nanoseconds per call of `fn` over ROUNDS rounds of `n` calls."""
+    samples = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter_ns()
+        fn(n)
+        samples.append((time.perf_counter_ns() - t0) / n)
+    return statistics.median(samples)
+
+
+def no_wait_costs():
+    """name -> ns per acquire that does not wait."""
+    import aiolimiter
+    import limits
+    import pyrate_limiter
+
+    costs = {}
+
+    pl = paceline.Limiter(10**9, per=1.0, burst=10**6)
+    costs["paceline try_acquire"] = per_call(lambda n: [pl.try_acquire() for _ in range(n)])
+
+    async def pl_async(n):
+        for _ in range(n):
+            await pl.acquire()
+
+    costs["paceline await acquire()"] = per_call(lambda n: asyncio.run(pl_async(n)))
+
+    al = None
+
+    async def al_async(n):
+        nonlocal al
+        al = al or aiolimiter.AsyncLimiter(10**9, 1)
+        for _ in range(n):
+            await al.acquire()
+
+    costs["aiolimiter await acquire()"] = per_call(lambda n: asyncio.run(al_async(n)))
+
+    async def al_has(n):
+        limiter = aiolimiter.AsyncLimiter(10**9, 1)
+        for _ in range(n):
+            limiter.has_capacity()
+
+    costs["aiolimiter has_capacity()"] = per_call(lambda n: asyncio.run(al_has(n)))
+
+    pr = pyrate_limiter.Limiter(pyrate_limiter.Rate(10**9, pyrate_limiter.Duration.SECOND))
+    costs["pyrate-limiter try_acquire"] = per_call(
+        lambda n: [pr.try_acquire("k", blocking=False) for _ in range(n)], n=N // 10
+    )
+
+    storage = limits.storage.MemoryStorage()
+    window = limits.strategies.MovingWindowRateLimiter(storage)
+    item = limits.parse("1000000000/second")
+    costs["limits moving window hit"] = per_call(
+        lambda n: [window.hit(item, "k") for _ in range(n)], n=N // 10
+    )
+    return costs
+
+
+async def job(acquire, tasks=20_000):
+    """`tasks` coroutines, each waiting its turn once: the span from the first admission
+    to the last, the whole wall time (creating 20 000 tasks included) and CPU seconds."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    admitted = []
+
+    async def one():
+        await acquire()
+        admitted.append(time.perf_counter())
+
+    await asyncio.gather(*(one() for _ in range(tasks)))
+    span = max(admitted) - min(admitted)
+    return span, time.perf_counter() - wall0, time.process_time() - cpu0
+
+
+def volume():
+    """name -> (wall s, cpu s) for 20 000 tasks at 10 000/s, burst 1."""
+    import aiolimiter
+
+    results = {}
+    pl = paceline.Limiter(10_000, per=1.0, burst=1)
+    results["paceline"] = asyncio.run(job(pl.acquire))
+    unbounded = paceline.Limiter(10_000, per=1.0, burst=1, execution_bound=False)
+    results["paceline, no execution bound"] = asyncio.run(job(unbounded.acquire))
+    al = aiolimiter.AsyncLimiter(1, 1 / 10_000)  # 10 000/s, bucket of 1
+    results["aiolimiter"] = asyncio.run(job(al.acquire))
+    return results
+
+
+def main():
+    print(f"Python {sys.version.split()[0]}; paceline, aiolimiter, pyrate-limiter, limits")
+    costs = no_wait_costs()
+    base = costs["aiolimiter await acquire()"]
+    print("\n1. one acquire that does not wait (median of %d rounds)" % ROUNDS)
+    for name, ns in costs.items():
+        print(f"   {name:32s} {ns:8.0f} ns   aiolimiter's await acquire() / this: {base / ns:5.2f}x")
+    print("\n2. 20 000 tasks at 10 000/s, burst 1 (ideal span from the first admission to")
+    print("   the last: 1.9999 s; wall includes creating the tasks)")
+    results = volume()
+    al_cpu = results["aiolimiter"][2]
+    for name, (span, wall, cpu) in results.items():
+        print(
+            f"   {name:30s} span {span:6.3f} s ({(span / 1.9999 - 1) * 100:+6.2f} %)"
+            f"   wall {wall:6.3f} s   CPU {cpu:6.3f} s ({cpu / al_cpu:4.2f}x aiolimiter's)"
+        )
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""Rate limiting for asyncio and threads, on one limiter.
+
+"100 calls per second to an API, however long each call takes"::
+
+    import asyncio, paceline
+
+    limiter = paceline.Limiter(100, per=1.0, burst=1)
+
+    async def call(i):
+        async with limiter:          # a booked turn, first come first served
+            await fake_api(i)
+
+    asyncio.run(asyncio.gather(*(call(i) for i in range(300))))
+
+Every caller books its turn in the limiter's queue (in Rust, the same queue for every
+thread and event loop), so turns are first come, first served, heavy requests included,
+never early; a task cancelled while it waits gives its cells back and the queue moves
+up. An event loop only sleeps until the next turn it holds (one timer per limiter and
+loop). By default the limiter also bounds the moment the work *runs*: a task that
+resumes late (a loop that stalled) takes its cells again from an execution cell and
+waits if the quota is used up there, so work never runs faster than the quota.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+from typing import Dict, List, Optional, Tuple
+
+from ._paceline import Core, KeyedCore, Ticket
+
+__all__ = ["Limiter", "KeyedLimiter"]
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not minimum <= value <= 0xFFFF_FFFF:
+        raise ValueError(f"{name} must be between {minimum} and {0xFFFF_FFFF}, got {value}")
+    return value
+
+
+def _seconds(name: str, value: object, allow_none: bool = False) -> Optional[float]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    value = float(value)
+    if not value >= 0.0 or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
+    return value
+
+
+def _quota(rate: object, per: object, burst: object) -> Tuple[int, float, int]:
+    rate = _count("rate", rate, 1)
+    per = _seconds("per", per)
+    if per == 0.0:
+        raise ValueError("per must be more than 0 seconds")
+    burst = _count("burst", burst, 1)
+    return rate, per, burst
+
+
+class _Sleepers:
+    """The turns one event loop waits for on one limiter: a heap by deadline, and one
+    timer (``loop.call_at``) for the earliest. Touched only from its loop's thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: List[Tuple[float, int, Ticket, asyncio.Future]] = []
+        self.seq = itertools.count()
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.armed_at = float("inf")
+
+    def add(self, ticket: Ticket) -> asyncio.Future:
+        future = self.loop.create_future()
+        deadline = self.loop.time() + ticket.ready_in()
+        heapq.heappush(self.heap, (deadline, next(self.seq), ticket, future))
+        if deadline < self.armed_at:
+            self._arm(deadline)
+        return future
+
+    def _arm(self, deadline: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(deadline, self.fire)
+        self.armed_at = deadline
+
+    def fire(self) -> None:
+        self.timer = None
+        self.armed_at = float("inf")
+        now = self.loop.time()
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            _, seq, ticket, future = heapq.heappop(heap)
+            if future.done():  # cancelled meanwhile
+                continue
+            left = ticket.ready_in()
+            if left > 0.0:
+                # Its turn moved later (a quota change): wait again.
+                heapq.heappush(heap, (now + left, seq, ticket, future))
+                continue
+            future.set_result(None)
+        if heap:
+            self._arm(heap[0][0])
+
+    def refresh(self) -> None:
+        """Re-reads every deadline: turns move earlier when a waiter ahead gives its
+        cells back (on any loop or thread) or the quota changes."""
+        now = self.loop.time()
+        self.heap = [
+            (now + ticket.ready_in(), seq, ticket, future)
+            for (_, seq, ticket, future) in self.heap
+            if not future.done()
+        ]
+        heapq.heapify(self.heap)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.armed_at = float("inf")
+        if self.heap:
+            self._arm(self.heap[0][0])
+
+
+class _Waiting:
+    """What a limiter shares with the event loops that wait on it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loops: Dict[asyncio.AbstractEventLoop, _Sleepers] = {}
+
+    def sleepers(self) -> _Sleepers:
+        loop = asyncio.get_running_loop()
+        with self.lock:
+            sleepers = self.loops.get(loop)
+            if sleepers is None or sleepers.loop is not loop:
+                sleepers = self.loops[loop] = _Sleepers(loop)
+            return sleepers
+
+    def moved(self) -> None:
+        """Turns moved (a cancel, a quota change): every loop re-reads its deadlines."""
+        with self.lock:
+            loops = [(loop, s) for loop, s in self.loops.items() if not loop.is_closed()]
+            self.loops = dict(loops)
+        for loop, sleepers in loops:
+            try:
+                loop.call_soon_threadsafe(sleepers.refresh)
+            except RuntimeError:  # closed meanwhile
+                pass
+
+    async def wait(self, ticket: Ticket) -> None:
+        if ticket.ready_in() <= 0.0:
+            ticket.done()
+            return
+        future = self.sleepers().add(ticket)
+        try:
+            await future
+        except BaseException:
+            # Cancelled (CancelledError, a wait_for timeout): before its turn the cells go
+            # back and everyone behind moves up; after it, they stay spent.
+            ticket.cancel()
+            self.moved()
+            raise
+        ticket.done()
+
+
+class Limiter:
+    """``rate`` cells per ``per`` seconds, at most ``burst`` at once.
+
+    One limiter serves coroutines on any number of event loops and plain threads at once,
+    in one first-come-first-served queue. ``execution_bound`` (default True) also bounds
+    the moment work runs, after event-loop stalls (see the module docs).
+    """
+
+    def __init__(
+        self, rate: int, per: float = 1.0, burst: int = 1, *, execution_bound: bool = True
+    ) -> None:
+        rate, per, burst = _quota(rate, per, burst)
+        self._core = Core(rate, per, burst, bool(execution_bound))
+        self._waiting = _Waiting()
+
+    @classmethod
+    def per_second(cls, rate: int, burst: Optional[int] = None, **kw: bool) -> "Limiter":
+        """``rate`` per second; the burst defaults to ``rate``, as in the Rust crate."""
+        return cls(rate, 1.0, rate if burst is None else burst, **kw)
+
+    @classmethod
+    def per_minute(cls, rate: int, burst: Optional[int] = None, **kw: bool) -> "Limiter":
+        """``rate`` per minute; the burst defaults to ``rate``."""
+        return cls(rate, 60.0, rate if burst is None else burst, **kw)
+
+    @classmethod
+    def per_hour(cls, rate: int, burst: Optional[int] = None, **kw: bool) -> "Limiter":
+        """``rate`` per hour; the burst defaults to ``rate``."""
+        return cls(rate, 3600.0, rate if burst is None else burst, **kw)
+
+    @property
+    def burst(self) -> int:
+        """The most cells ever admitted at once."""
+        return self._core.burst()
+
+    def try_acquire(self, n: int = 1) -> bool:
+        """Takes ``n`` cells now if they fit and nobody waits ahead; never waits."""
+        if n.__class__ is int and 0 <= n:
+            return self._core.try_acquire(n)
+        return self._core.try_acquire(_count("n", n, 0))
+
+    def remaining(self) -> int:
+        """Cells a ``try_acquire`` would get right now; spends nothing."""
+        return self._core.remaining()
+
+    async def acquire(self, n: int = 1, timeout: Optional[float] = None) -> None:
+        """Waits this task's booked turn for ``n`` cells.
+
+        With ``timeout`` (seconds), books nothing and raises ``TimeoutError`` at once if
+        the turn is further away than that. Cancelled while it waits, the cells go back.
+        """
+        core = self._core
+        # The common case first: a plain int, no timeout, and room now.
+        if n.__class__ is int and timeout is None and 0 <= n and core.try_acquire(n):
+            return
+        n = _count("n", n, 0)
+        timeout = _seconds("timeout", timeout, allow_none=True)
+        if core.try_acquire(n):
+            return
+        await self._waiting.wait(core.book(n, timeout))
+        run = core.run(n)
+        if run is not None:
+            await self._waiting.wait(run)
+
+    def acquire_blocking(self, n: int = 1, timeout: Optional[float] = None) -> None:
+        """Blocks this thread (the GIL released) for its booked turn for ``n`` cells,
+        with the same ``timeout`` rule as ``acquire``."""
+        n = _count("n", n, 0)
+        timeout = _seconds("timeout", timeout, allow_none=True)
+        self._core.acquire_blocking(n, timeout)
+
+    def set_quota(self, rate: int, per: float = 1.0, burst: int = 1) -> None:
+        """Changes the quota while running: what was spent stays spent, waiters keep
+        their places in the queue."""
+        rate, per, burst = _quota(rate, per, burst)
+        self._core.set_quota(rate, per, burst)
+        self._waiting.moved()
+
+    async def __aenter__(self) -> "Limiter":
+        await self.acquire(1)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def __enter__(self) -> "Limiter":
+        self.acquire_blocking(1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class KeyedLimiter:
+    """One quota per key (a ``str``: a client, a tenant, an endpoint), each key exactly
+    like its own ``Limiter``; ``max_keys`` bounds the keys stored."""
+
+    def __init__(
+        self,
+        rate: int,
+        per: float = 1.0,
+        burst: int = 1,
+        *,
+        execution_bound: bool = True,
+        max_keys: Optional[int] = None,
+    ) -> None:
+        rate, per, burst = _quota(rate, per, burst)
+        if max_keys is not None:
+            max_keys = _count("max_keys", max_keys, 1)
+        self._core = KeyedCore(rate, per, burst, bool(execution_bound), max_keys)
+        self._waiting = _Waiting()
+
+    @staticmethod
+    def _key(key: object) -> str:
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, got {type(key).__name__}")
+        return key
+
+    @property
+    def burst(self) -> int:
+        """The most cells ever admitted at once, per key."""
+        return self._core.burst()
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def try_acquire(self, key: str, n: int = 1) -> bool:
+        """Takes ``n`` cells of ``key`` now if they fit and nobody waits ahead."""
+        return self._core.try_acquire(self._key(key), _count("n", n, 0))
+
+    def remaining(self, key: str) -> int:
+        """Cells of ``key`` a ``try_acquire`` would get right now."""
+        return self._core.remaining(self._key(key))
+
+    async def acquire(self, key: str, n: int = 1, timeout: Optional[float] = None) -> None:
+        """Waits this task's booked turn for ``n`` cells of ``key`` (see
+        ``Limiter.acquire``)."""
+        core = self._core
+        if key.__class__ is str and n.__class__ is int and timeout is None and 0 <= n:
+            if core.try_acquire(key, n):
+                return
+        key = self._key(key)
+        n = _count("n", n, 0)
+        timeout = _seconds("timeout", timeout, allow_none=True)
+        if core.try_acquire(key, n):
+            return
+        await self._waiting.wait(core.book(key, n, timeout))
+        run = core.run(key, n)
+        if run is not None:
+            await self._waiting.wait(run)
+
+    def acquire_blocking(self, key: str, n: int = 1, timeout: Optional[float] = None) -> None:
+        """Blocks this thread (the GIL released) for its booked turn."""
+        key = self._key(key)
+        n = _count("n", n, 0)
+        timeout = _seconds("timeout", timeout, allow_none=True)
+        self._core.acquire_blocking(key, n, timeout)
+
+    def set_quota(self, rate: int, per: float = 1.0, burst: int = 1) -> None:
+        """Changes every key's quota while running."""
+        rate, per, burst = _quota(rate, per, burst)
+        self._core.set_quota(rate, per, burst)
+        self._waiting.moved()

@@ -1,0 +1,276 @@
+"""paceline from Python, on real event loops and real threads. Time bounds are generous
+on the slow side (a loaded 2-core CI machine) and exact on the fast side (the quota)."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import paceline
+
+
+def starts_within(starts, window):
+    """The most start times that fall in any half-open window of `window` seconds."""
+    starts = sorted(starts)
+    best, j = 0, 0
+    for i, t in enumerate(starts):
+        while starts[j] <= t - window:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+async def paced(limiter, count, n=1, work=0.0):
+    """`count` tasks, each waiting its turn then 'calling the API' for `work` s."""
+    t0 = time.monotonic()
+    starts = []
+
+    async def call():
+        await limiter.acquire(n)
+        starts.append(time.monotonic() - t0)
+        await asyncio.sleep(work)
+
+    await asyncio.gather(*(call() for _ in range(count)))
+    return sorted(starts)
+
+
+def test_100_per_second_exactly_over_3_seconds():
+    limiter = paceline.Limiter(100, per=1.0, burst=1)
+    starts = asyncio.run(paced(limiter, 301, work=0.05))
+    # Never more than 100 in any one-second window: the quota, however long each call
+    # (one more for the reading each task takes a moment after its admission).
+    assert starts_within(starts, 1.0) <= 100 + 1
+    assert starts[-1] >= 3.0 - 0.002
+    rate = 300 / (starts[-1] - starts[0])
+    assert 95.0 <= rate <= 100.0 + 0.1, rate
+
+
+def test_a_burst_of_40_then_2_per_second_for_coroutines():
+    limiter = paceline.Limiter(2, per=1.0, burst=40)
+    starts = asyncio.run(paced(limiter, 46))
+    assert starts[39] < 0.5, "the burst starts at once"
+    # Then one every 0.5 s: the 46th at 3.0 s, never earlier.
+    for k in range(40, 46):
+        assert starts[k] >= (k - 39) * 0.5 - 0.002, (k, starts[k])
+    assert starts[45] < 3.0 + 1.0
+
+
+def test_heavy_requests_are_not_overtaken_by_light_ones():
+    async def main():
+        limiter = paceline.Limiter(10, per=1.0, burst=10)
+        assert limiter.try_acquire(10)
+        order = []
+
+        async def take(name, n, delay):
+            await asyncio.sleep(delay)
+            await limiter.acquire(n)
+            order.append(name)
+
+        await asyncio.gather(
+            take("heavy", 10, 0.0), *(take(f"light{i}", 1, 0.05) for i in range(3))
+        )
+        return order
+
+    assert asyncio.run(main()) == ["heavy", "light0", "light1", "light2"]
+
+
+def test_a_cancelled_task_gives_its_cells_back_and_the_queue_moves_up():
+    async def main():
+        limiter = paceline.Limiter(10, per=1.0, burst=1)
+        assert limiter.try_acquire()
+        t0 = time.monotonic()
+        done = {}
+
+        async def wait(i):
+            await limiter.acquire()
+            done[i] = time.monotonic() - t0
+
+        tasks = [asyncio.ensure_future(wait(i)) for i in range(10)]
+        await asyncio.sleep(0.05)
+        # Every other waiter gives up (as wait_for and task groups cancel).
+        for task in tasks[1::2]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return done
+
+    done = asyncio.run(main())
+    assert sorted(done) == [0, 2, 4, 6, 8]
+    # Five waiters at 10/s after the burst: the last at 0.5 s, not 0.9 s.
+    assert max(done.values()) < 0.8, done
+    assert max(done.values()) >= 0.5 - 0.002
+
+
+def test_a_timeout_books_nothing_and_raises_at_once():
+    async def main():
+        limiter = paceline.Limiter(1, per=1.0, burst=1)
+        assert limiter.try_acquire()
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await limiter.acquire(timeout=0.1)
+        assert time.monotonic() - t0 < 0.1
+        # asyncio.wait_for around a wait: cancelled, its cell goes back.
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(limiter.acquire(), 0.2)
+        return t0
+
+    t0 = asyncio.run(main())
+    # Nothing is left booked: the next turn is the one after the first cell, at 1 s.
+    limiter_wait = paceline.Limiter(1, per=1.0, burst=1)
+    assert limiter_wait.try_acquire()
+
+
+def test_threads_and_coroutines_on_several_loops_never_exceed_the_bound():
+    limiter = paceline.Limiter(200, per=1.0, burst=5)
+    starts, lock = [], threading.Lock()
+    t0 = time.monotonic()
+    deadline = t0 + 1.5
+
+    def record():
+        with lock:
+            starts.append(time.monotonic() - t0)
+
+    def thread_worker():
+        while time.monotonic() < deadline:
+            limiter.acquire_blocking()
+            record()
+
+    def loop_worker():
+        async def task():
+            while time.monotonic() < deadline:
+                await limiter.acquire()
+                record()
+
+        async def main():
+            await asyncio.gather(*(task() for _ in range(20)))
+
+        asyncio.run(main())
+
+    workers = [threading.Thread(target=thread_worker) for _ in range(3)]
+    workers += [threading.Thread(target=loop_worker) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=30)
+    assert not any(w.is_alive() for w in workers)
+    # 200/s with a burst of 5: at most 5 + 200*w in any window of w seconds (one more
+    # for the two clocks' readings of the same instant).
+    for window in (0.05, 0.2, 1.0):
+        assert starts_within(starts, window) <= 5 + 200 * window + 1, window
+    assert len(starts) >= 200, "threads and loops all made progress"
+
+
+def test_a_stalled_loop_does_not_break_the_execution_bound():
+    async def main():
+        limiter = paceline.Limiter(100, per=1.0, burst=10)
+        t0 = time.monotonic()
+        starts = []
+
+        async def call():
+            await limiter.acquire()
+            starts.append(time.monotonic() - t0)
+
+        tasks = [asyncio.ensure_future(call()) for _ in range(60)]
+        await asyncio.sleep(0.05)
+        time.sleep(0.3)  # the loop stalls: many booked turns pass meanwhile
+        await asyncio.gather(*tasks)
+        return starts
+
+    starts = asyncio.run(main())
+    assert len(starts) == 60
+    # 100/s, burst 10: at most 110 in any second and 20 in any 0.1 s, stall or not.
+    # (One more for the reading each task takes a moment after its admission.)
+    assert starts_within(starts, 0.1) <= 20 + 1, sorted(starts)
+    assert starts_within(starts, 1.0) <= 110 + 1
+
+
+def test_without_the_execution_bound_a_stall_releases_turns_together():
+    async def main():
+        limiter = paceline.Limiter(100, per=1.0, burst=10, execution_bound=False)
+        t0 = time.monotonic()
+        starts = []
+
+        async def call():
+            await limiter.acquire()
+            starts.append(time.monotonic() - t0)
+
+        tasks = [asyncio.ensure_future(call()) for _ in range(60)]
+        await asyncio.sleep(0.05)
+        time.sleep(0.3)
+        await asyncio.gather(*tasks)
+        return starts
+
+    # The turns were booked exactly; only the moment the work ran bunched up.
+    assert starts_within(asyncio.run(main()), 0.1) > 20
+
+
+def test_set_quota_while_running_keeps_the_spent_and_the_queue():
+    async def main():
+        limiter = paceline.Limiter(10, per=1.0, burst=1)
+        assert limiter.try_acquire()
+        t0 = time.monotonic()
+        booked = asyncio.ensure_future(limiter.acquire())  # its turn: 0.1 s
+        await asyncio.sleep(0.02)
+        limiter.set_quota(100, per=1.0, burst=1)
+        # What was spent stays spent: the booked turn keeps its place at 0.1 s, and
+        # the turns booked after the change come 10 ms apart, not 100 ms.
+        later = [asyncio.ensure_future(limiter.acquire()) for _ in range(5)]
+        await booked
+        first = time.monotonic() - t0
+        await asyncio.gather(*later)
+        return first, time.monotonic() - t0
+
+    first, last = asyncio.run(main())
+    assert 0.1 - 0.002 <= first < 0.5
+    assert 0.15 - 0.002 <= last < 0.5
+
+
+def test_keyed_limiters_limit_each_key_on_its_own():
+    async def main():
+        limiter = paceline.KeyedLimiter(5, per=1.0, burst=1)
+        assert limiter.try_acquire("a")
+        assert not limiter.try_acquire("a")
+        assert limiter.try_acquire("b")
+        t0 = time.monotonic()
+        await asyncio.gather(limiter.acquire("a"), limiter.acquire("a"))
+        return time.monotonic() - t0, len(limiter)
+
+    elapsed, keys = asyncio.run(main())
+    assert elapsed >= 0.4 - 0.002
+    assert keys == 2
+    limiter = paceline.KeyedLimiter(5, per=1.0, burst=2)
+    limiter.acquire_blocking("x", 2)
+    assert limiter.remaining("x") == 0
+
+
+def test_bad_arguments_raise_clear_errors_and_change_nothing():
+    with pytest.raises(ValueError, match="rate"):
+        paceline.Limiter(0)
+    with pytest.raises(TypeError, match="rate"):
+        paceline.Limiter("100")
+    with pytest.raises(TypeError, match="rate"):
+        paceline.Limiter(True)
+    with pytest.raises(ValueError, match="per"):
+        paceline.Limiter(1, per=-1)
+    with pytest.raises(ValueError, match="per"):
+        paceline.Limiter(1, per=float("nan"))
+    with pytest.raises(ValueError, match="burst"):
+        paceline.Limiter(1, burst=0)
+    with pytest.raises(ValueError):
+        paceline.Limiter(1, per=1e-12)  # an interval below a nanosecond
+    limiter = paceline.Limiter(10, per=1.0, burst=3)
+    with pytest.raises(ValueError, match="burst"):
+        limiter.try_acquire(4)
+    with pytest.raises(ValueError, match="burst"):
+        asyncio.run(limiter.acquire(4))
+    with pytest.raises(ValueError, match="timeout"):
+        asyncio.run(limiter.acquire(1, timeout=-1))
+    with pytest.raises(TypeError, match="n must be an int"):
+        limiter.try_acquire(1.5)
+    with pytest.raises(ValueError, match="burst"):
+        limiter.set_quota(10, burst=0)
+    assert limiter.remaining() == 3, "nothing was spent"
+    keyed = paceline.KeyedLimiter(1)
+    with pytest.raises(TypeError, match="key"):
+        keyed.try_acquire(7)
+    assert len(keyed) == 0
