@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{BenchmarkId, Criterion};
 
 mod common;
 use crossbeam_utils::CachePadded;
@@ -150,12 +150,7 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(30);
-    targets = bench
-}
-criterion_main!(benches);
+common::bench_main!(common::criterion()
+    .warm_up_time(Duration::from_millis(500))
+    .measurement_time(Duration::from_secs(2))
+    .sample_size(30));

@@ -24,7 +24,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{BenchmarkId, Criterion};
 use http::Request;
 use tower::ServiceExt;
 
@@ -167,12 +167,4 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(20);
-    targets = bench
-}
-criterion_main!(benches);
+common::bench_main!(common::criterion());

@@ -20,51 +20,19 @@
 //! checks per round) and print the per-round throughput ratio's median and spread, on 1
 //! and 2 threads; criterion then measures them once more. `cargo bench --bench keyed`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{BenchmarkId, Criterion};
 
 mod common;
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every call to `System`, only counting the bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is `System::alloc`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is `System::dealloc`'s.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        // SAFETY: the caller's contract is `System::realloc`'s.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn live_bytes() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
+#[path = "../tests/common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::live;
 
 /// A keyed limiter under test: its check, and how many keys it stores.
 #[derive(Clone)]
@@ -250,11 +218,11 @@ fn regimes() -> Vec<Regime> {
 /// Builds a contender, warms it with `warm` checks, and returns it with its memory per
 /// stored key and its stored keys.
 fn warmed(build: fn() -> Contender, keys: Keys, warm: u64) -> (Contender, f64, usize) {
-    let before = live_bytes();
+    let before = live();
     let who = build();
     run(&who, keys, 1, warm);
     let stored = (who.len)();
-    let bytes = (live_bytes() - before) as f64 / stored.max(1) as f64;
+    let bytes = (live() - before) as f64 / stored.max(1) as f64;
     (who, bytes, stored)
 }
 
@@ -346,10 +314,10 @@ fn flood() {
         ),
     ];
     for (who, contender) in contenders {
-        let before = live_bytes();
+        let before = live();
         run(&contender, Keys::Uniform(known), 1, known * 3);
         let stored_before = (contender.len)();
-        let mem_before = live_bytes() - before;
+        let mem_before = live() - before;
         let quiet = run(&contender, Keys::Uniform(known), 1, checks);
         let stop = Arc::new(AtomicBool::new(false));
         let flooded = Arc::new(AtomicU64::new(0));
@@ -376,7 +344,7 @@ fn flood() {
         stop.store(true, Ordering::Relaxed);
         flooder.join().unwrap();
         let during = during / rounds.max(1) * 10;
-        let mem_after = live_bytes() - before;
+        let mem_after = live() - before;
         eprintln!(
             "flood: {who:<29} known-key checks {:.1} M/s quiet, {:.1} M/s during the flood \
              ({:.2}x); {} new keys offered; stored keys {stored_before} -> {}; memory \
@@ -392,12 +360,4 @@ fn flood() {
     }
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(20);
-    targets = bench
-}
-criterion_main!(benches);
+common::bench_main!(common::criterion());

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::Criterion;
 use redis::aio::ConnectionManager;
 
 mod common;
@@ -208,12 +208,4 @@ fn bench(c: &mut Criterion) {
     drop(server);
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(20);
-    targets = bench
-}
-criterion_main!(benches);
+common::bench_main!(common::criterion());

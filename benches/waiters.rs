@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{BenchmarkId, Criterion};
 
 mod common;
 
@@ -256,12 +256,7 @@ fn timer_lateness() {
     report("futures-intrusive", late);
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(100))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(10);
-    targets = bench
-}
-criterion_main!(benches);
+common::bench_main!(common::criterion()
+    .warm_up_time(Duration::from_millis(100))
+    .measurement_time(Duration::from_secs(3))
+    .sample_size(10));

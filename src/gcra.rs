@@ -1,4 +1,5 @@
-//! GCRA as pure functions on integers: the first of paceline's three layers.
+//! GCRA as pure functions on integers: the first of paceline's three layers (arithmetic,
+//! cell, adapters; see `lib.rs`).
 //!
 //! No atomics, no clock, no allocation: the cell (`crate::cell`) feeds these functions the
 //! word it loaded and the time it was given, and the property tests and fuzzers hammer them

@@ -75,8 +75,11 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The layers, bottom up: `gcra` (pure arithmetic) and `sync` (the std/loom switch),
-// `cell` (the one atomic word), then `clock` and `wait`, then the two limiters.
+// Three layers, bottom up: `gcra` (the pure arithmetic), `cell` (the one atomic word; with
+// `shared_quota`, the quota read beside it), and the adapters (`wait` and `clock`, the
+// limiters in `limiter` and `keyed`, `reservation`, `stream`, and the integrations in
+// `http/` and `redis/`, which use only the public API). `sync` is the std/loom switch
+// under all of them. Each layer imports only from the ones below it.
 mod cell;
 pub mod clock;
 mod error;
@@ -88,12 +91,12 @@ pub mod http;
 mod keyed;
 mod limiter;
 mod quota;
-mod quota_cell;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(feature = "std")]
 mod reservation;
+mod shared_quota;
 mod snapshot;
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
@@ -120,7 +123,7 @@ extern crate self as paceline;
 
 pub use error::{Denied, InsufficientCapacity, NotUntil};
 #[cfg(feature = "std")]
-pub use keyed::{KeyReservation, KeyedLimiter, OwnedKeyReservation};
+pub use keyed::{KeyAdmission, KeyReservation, KeyedLimiter, OwnedKeyReservation};
 pub use limiter::Limiter;
 pub use quota::{Quota, QuotaError};
 #[cfg(feature = "std")]

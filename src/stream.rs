@@ -91,12 +91,12 @@ impl<C: Clock> Target for Handle<'_, C> {
         Target::waiters(&self.get())
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        Target::with_cell(&self.get(), f)
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
+        Target::with_word(&self.get(), f)
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        Target::with_stored_cell(&self.get(), f)
+    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+        Target::with_stored_word(&self.get(), f)
     }
 }
 

@@ -2,38 +2,15 @@
 //! it stays behind until its last waiter's instant. Measured with a counting allocator,
 //! so this file holds a single test (a second one would allocate concurrently).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
-use std::sync::atomic::{AtomicIsize, Ordering};
+
 use std::task::{Context, Waker};
 
 use paceline::{KeyedLimiter, Limiter, Quota};
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::SeqCst);
-        // SAFETY: the caller's contract is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::SeqCst);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.load(Ordering::SeqCst)
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::live;
 
 /// Polls `future` once (it books a place and arms the timer), then drops it.
 fn book_and_cancel(future: impl Future) {

@@ -287,21 +287,10 @@ fn blocked_threads_take_booked_places_and_wake_on_advance() {
     assert_eq!(finished.load(Ordering::SeqCst), 4);
 }
 
-/// A clock for a runtime that drives waiters itself: `wake_at` does nothing.
-#[derive(Clone, Default)]
-struct Driven(Arc<std::sync::atomic::AtomicU64>);
-
-impl Clock for Driven {
-    fn now(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-
-    fn wake_at(&self, _at: u64, _waker: Waker) {}
-}
-
 #[test]
 fn an_embedding_runtime_drives_waiters_with_next_waiter_due_in_and_wake_due_waiters() {
-    let clock = Driven::default();
+    // A runtime that drives waiters itself: its clock's `wake_at` does nothing.
+    let clock = common::SetClock::default();
     let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), clock.clone());
     limiter.check().unwrap();
     let mut a = Probe::new(limiter.until_ready());
@@ -309,7 +298,7 @@ fn an_embedding_runtime_drives_waiters_with_next_waiter_due_in_and_wake_due_wait
     assert!(!a.poll() && !b.poll());
     let due_in = limiter.next_waiter_due_in().unwrap();
     assert_eq!(due_in, Duration::from_millis(100));
-    clock.0.store(due_in.as_nanos() as u64, Ordering::SeqCst);
+    clock.set(due_in);
     limiter.wake_due_waiters();
     assert_eq!((a.woken(), b.woken()), (1, 0));
     assert!(a.poll());

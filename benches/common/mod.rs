@@ -74,3 +74,25 @@ pub(crate) fn spread(values: &mut [f64]) -> (f64, f64, f64) {
         values[values.len() - 1],
     )
 }
+
+/// The criterion settings every bench starts from: short runs, since the paired rounds
+/// each bench prints before criterion carry the ratios.
+pub(crate) fn criterion() -> criterion::Criterion {
+    criterion::Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20)
+}
+
+/// The bench's `main`: its function `bench` under criterion with `config`.
+macro_rules! bench_main {
+    ($config:expr) => {
+        criterion::criterion_group! {
+            name = benches;
+            config = $config;
+            targets = bench
+        }
+        criterion::criterion_main!(benches);
+    };
+}
+pub(crate) use bench_main;

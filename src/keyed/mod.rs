@@ -11,9 +11,11 @@
 //! so overrides cost no memory per key and no second map.
 //!
 //! **Waiting** uses the same booked FIFO queue as the direct limiter, one queue per key
-//! that has waiters, kept in a small side table and dropped once empty. Waiting stores a
-//! key like a check does, within the bound: a new key at a full shard books nothing and
-//! waits (through the clock) until a slot frees, then tries again.
+//! that has waiters, kept in a small side table; queues nobody waits on or holds are
+//! dropped when the table has doubled since its last clean-up, and by `retain_recent`.
+//! Waiting stores a key like a check does, within the bound: a new key at a full shard
+//! books nothing and waits (through the clock) until a slot frees, then tries again (a
+//! reservation is refused instead, with the time until a slot frees).
 
 use core::hash::Hash;
 use std::collections::HashMap;
@@ -26,19 +28,18 @@ use core::time::Duration;
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
-use crate::quota_cell::QuotaCell;
+use crate::shared_quota::SharedQuota;
 use crate::snapshot::Snapshot;
 use crate::sync::Mutex;
 use crate::wait::queue::Waiters;
 use store::Store;
 
+mod admission;
+mod members;
 mod store;
-#[cfg(feature = "tower")]
-mod undo;
 mod waiting;
 
-#[cfg(feature = "tower")]
-pub(crate) use undo::{Booked, Undo};
+pub use admission::KeyAdmission;
 pub use waiting::{KeyReservation, OwnedKeyReservation};
 
 type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
@@ -60,7 +61,7 @@ type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
     store: Store<K>,
     /// The default quota (keys without one of their own), changeable by `set_quota`.
-    quota: QuotaCell,
+    quota: SharedQuota,
     quota_for: Option<QuotaFor<K>>,
     time: Timeline<C>,
     /// Queues of the keys that have waiters. Locked only on the waiting path.
@@ -120,7 +121,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn with_clock(quota: Quota, clock: C) -> KeyedLimiter<K, C> {
         KeyedLimiter {
             store: Store::new(),
-            quota: QuotaCell::new(quota),
+            quota: SharedQuota::new(quota),
             quota_for: None,
             time: Timeline::starting_now(clock),
             waiters: Mutex::new(Queues {
@@ -147,13 +148,22 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(admitted >= 1_000 && admitted <= 1_000 + 256);
     /// assert!(limiter.len() <= 1_000 + 256);
     /// ```
-    pub fn with_max_keys(mut self, max: usize) -> KeyedLimiter<K, C> {
+    pub fn with_max_keys(self, max: usize) -> KeyedLimiter<K, C> {
         self.set_max_keys(max);
         self
     }
 
-    /// [`KeyedLimiter::with_max_keys`] in place.
-    pub(crate) fn set_max_keys(&mut self, max: usize) {
+    /// Changes the key bound of [`KeyedLimiter::with_max_keys`] while the limiter runs
+    /// (through any handle: every clone of an `Arc` sees it). A smaller bound takes effect
+    /// as keys are forgotten; nothing stored is evicted for it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = std::sync::Arc::new(paceline::KeyedLimiter::<u32>::new(paceline::Quota::per_second(1)));
+    /// limiter.set_max_keys(10_000);
+    /// ```
+    pub fn set_max_keys(&self, max: usize) {
         self.store.set_max_keys(max);
     }
 
@@ -194,13 +204,13 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// wait until the key bound leaves room for it. The clock is read once the cell is
     /// found, so the read overlaps the likely cache miss on it.
     #[inline]
-    fn with_cell<R>(&self, key: &K, f: impl FnOnce(&TatWord, u64) -> R) -> Result<R, u64> {
-        self.store.with_cell(key, || self.now(), f)
+    fn with_word<R>(&self, key: &K, f: impl FnOnce(&TatWord, u64) -> R) -> Result<R, u64> {
+        self.store.with_word(key, || self.now(), f)
     }
 
     /// Runs `f` on `key`'s cell and the time now if the key is stored.
-    fn with_stored_cell<R>(&self, key: &K, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        self.store.with_stored_cell(key, || self.now(), f)
+    fn with_stored_word<R>(&self, key: &K, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+        self.store.with_stored_word(key, || self.now(), f)
     }
 
     /// Admits one cell for `key` now, or says how long until one would be admitted.
@@ -230,7 +240,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     fn acquire_one(&self, key: &K) -> Result<(u64, u64), u64> {
         let params = self.params_for(key);
         let cost = params.interval();
-        self.with_cell(key, |word, now| word.acquire(now, cost, params.tau()))
+        self.with_word(key, |word, now| word.acquire(now, cost, params.tau()))
             .and_then(|admitted| admitted.map(|tat| (tat, cost)))
     }
 
@@ -255,7 +265,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         if cost == 0 {
             return Ok(());
         }
-        self.with_cell(key, |cell, now| cell.acquire(now, cost, params.tau()))
+        self.with_word(key, |cell, now| cell.acquire(now, cost, params.tau()))
             .and_then(|admitted| admitted.map(drop))
             .map_err(|wait| NotUntil::from_nanos(wait).into())
     }
@@ -276,7 +286,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// ```
     pub fn remaining_key(&self, key: &K) -> u32 {
         let params = self.params_for(key);
-        self.with_stored_cell(key, |cell, now| gcra::remaining(cell.tat(), now, &params))
+        self.with_stored_word(key, |cell, now| gcra::remaining(cell.tat(), now, &params))
             .unwrap_or_else(|| {
                 let now = self.now();
                 self.store
@@ -302,7 +312,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// ```
     pub fn snapshot_key(&self, key: &K) -> Snapshot {
         let params = self.params_for(key);
-        self.with_stored_cell(key, |cell, now| Snapshot::of(params, cell.tat(), now))
+        self.with_stored_word(key, |cell, now| Snapshot::of(params, cell.tat(), now))
             .unwrap_or_else(|| {
                 let now = self.now();
                 match self.store.vacancy(key, now) {
@@ -340,7 +350,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         };
         let wait = |tat, now| gcra::admit(tat, now, cost, params.tau()).map_or_else(|w| w, |_| 0);
         let nanos = self
-            .with_stored_cell(key, |cell, now| wait(cell.tat(), now))
+            .with_stored_word(key, |cell, now| wait(cell.tat(), now))
             .unwrap_or_else(|| {
                 let now = self.now();
                 self.store

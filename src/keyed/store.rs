@@ -88,8 +88,9 @@ use core::hash::{BuildHasher, Hash};
 use crossbeam_utils::CachePadded;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
+use super::members::Members;
 use crate::cell::TatWord;
-use crate::sync::ReadMostly;
+use crate::sync::{AtomicUsize, Ordering, ReadMostly};
 
 /// Every key's cell, in shards.
 pub(super) struct Store<K> {
@@ -98,7 +99,9 @@ pub(super) struct Store<K> {
     shift: u32,
     hasher: DefaultHashBuilder,
     /// Most keys per shard; `usize::MAX` when unbounded.
-    shard_cap: usize,
+    /// Most keys per shard; `usize::MAX` when unbounded. Relaxed: a setting, read on the
+    /// new-key path only; a check that reads the old bound decides as it would have.
+    shard_cap: AtomicUsize,
 }
 
 impl<K: Hash + Eq + Clone> Store<K> {
@@ -116,13 +119,21 @@ impl<K: Hash + Eq + Clone> Store<K> {
                 .collect(),
             shift: 64 - shards.trailing_zeros(),
             hasher: DefaultHashBuilder::default(),
-            shard_cap: usize::MAX,
+            shard_cap: AtomicUsize::new(usize::MAX),
         }
     }
 
     /// Bounds the stored keys to about `max` (rounded up to a multiple of the shard count).
-    pub(super) fn set_max_keys(&mut self, max: usize) {
-        self.shard_cap = max.div_ceil(self.shards.len()).max(1);
+    pub(super) fn set_max_keys(&self, max: usize) {
+        let cap = max.div_ceil(self.shards.len()).max(1);
+        self.shard_cap.store(cap, Ordering::Relaxed);
+    }
+
+    /// The per-shard key bound now.
+    #[inline]
+    fn shard_cap(&self) -> usize {
+        // Relaxed: see the field.
+        self.shard_cap.load(Ordering::Relaxed)
     }
 
     #[inline]
@@ -138,7 +149,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
     ///
     /// The clock is read only once the key's word is found: the read then overlaps the likely
     /// cache miss on the word instead of adding to it.
-    pub(super) fn with_cell<R>(
+    pub(super) fn with_word<R>(
         &self,
         key: &K,
         now: impl Fn() -> u64,
@@ -159,7 +170,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
             }
             // A new key. A flood of them at a full shard is refused here, without the write
             // lock.
-            if shard.table.len() >= self.shard_cap {
+            if shard.table.len() >= self.shard_cap() {
                 let now = now();
                 if now < shard.full_until {
                     return Err(shard.full_until - now);
@@ -170,7 +181,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
     }
 
     /// Runs `f` on `key`'s cell if it is stored; never stores it.
-    pub(super) fn with_stored_cell<R>(
+    pub(super) fn with_stored_word<R>(
         &self,
         key: &K,
         now: impl Fn() -> u64,
@@ -184,13 +195,13 @@ impl<K: Hash + Eq + Clone> Store<K> {
 
     /// For a key that is not stored: the TAT it would be stored with at `now` (its shard's
     /// forgetting time, see "Lossless forgetting"), or, when its shard is full of limited
-    /// keys, the wait until a slot frees, exactly as [`Store::with_cell`] would answer.
+    /// keys, the wait until a slot frees, exactly as [`Store::with_word`] would answer.
     /// May sweep the shard, as storing the key would; stores nothing.
     pub(super) fn vacancy(&self, key: &K, now: u64) -> Result<u64, u64> {
         let shard = self.shard(self.hasher.hash_one(key));
         {
             let shard = shard.read();
-            if shard.table.len() < self.shard_cap {
+            if shard.table.len() < self.shard_cap() {
                 return Ok(shard.forgotten_to);
             }
             if now < shard.full_until {
@@ -207,12 +218,12 @@ impl<K: Hash + Eq + Clone> Store<K> {
     /// keys limited until `full_until`; `Err` with the wait until a slot frees if there is
     /// still no room (and the filter of its keys built, see "Bounded under a flood").
     fn make_room(&self, shard: &mut Shard<K>, now: u64) -> Result<(), u64> {
-        if shard.table.len() < self.shard_cap {
+        if shard.table.len() < self.shard_cap() {
             return Ok(());
         }
         if now >= shard.full_until {
             match shard.sweep(now) {
-                Some(earliest) if shard.table.len() >= self.shard_cap => {
+                Some(earliest) if shard.table.len() >= self.shard_cap() => {
                     shard.full_until = earliest;
                 }
                 // Room was made.
@@ -228,7 +239,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
         Ok(())
     }
 
-    /// [`Store::with_cell`]'s path for a key that was not found: under the shard's
+    /// [`Store::with_word`]'s path for a key that was not found: under the shard's
     /// write lock, stores it unless the shard is full of limited keys, then runs `f`.
     fn insert_and<R>(
         &self,
@@ -239,7 +250,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
         f: impl FnOnce(&TatWord, u64) -> R,
     ) -> Result<R, u64> {
         if shard.table.find(hash, |(k, _)| k == key).is_none() {
-            if shard.table.len() >= self.shard_cap {
+            if shard.table.len() >= self.shard_cap() {
                 self.make_room(shard, now)?;
             } else {
                 shard.sweep_instead_of_growing(now, &self.hasher);
@@ -390,49 +401,6 @@ impl<K: Hash> Shard<K> {
     }
 }
 
-/// A Bloom filter over the keys of a full shard (`Shard::members`): one 64-bit word per
-/// key lookup, eight bits of filter per key, three of them set per key, so a key that is
-/// not stored is ruled out about 95 % of the time (and a stored key never is).
-struct Members {
-    words: Box<[u64]>,
-}
-
-impl Members {
-    /// The filter of every key in `table`.
-    fn of<K: Hash>(table: &HashTable<(K, TatWord)>, hasher: &DefaultHashBuilder) -> Members {
-        let words = (table.len() / 8).max(1).next_power_of_two();
-        let mut members = Members {
-            words: vec![0; words].into_boxed_slice(),
-        };
-        for (key, _) in table {
-            members.insert(hasher.hash_one(key));
-        }
-        members
-    }
-
-    /// The word and the bits for a key's hash: its own mix of the hash, whose low bits
-    /// also place the key in the table and whose top bits pick the shard.
-    #[inline]
-    fn bits(&self, hash: u64) -> (usize, u64) {
-        let h = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        // `words.len()` is a power of two, so the mask keeps the index in range.
-        let word = (h >> 32) as usize & (self.words.len() - 1);
-        let bits = 1 << (h & 63) | 1 << ((h >> 6) & 63) | 1 << ((h >> 12) & 63);
-        (word, bits)
-    }
-
-    fn insert(&mut self, hash: u64) {
-        let (word, bits) = self.bits(hash);
-        self.words[word] |= bits;
-    }
-
-    #[inline]
-    fn may_hold(&self, hash: u64) -> bool {
-        let (word, bits) = self.bits(hash);
-        self.words[word] & bits == bits
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -477,7 +445,7 @@ mod tests {
         )) {
             // Keys stay live for 10-20 µs (a few dozen operations), long enough for the
             // shards to fill and refuse, short enough for sweeps to make room again.
-            let mut store = Store::<u32>::new();
+            let store = Store::<u32>::new();
             store.set_max_keys(16);
             let (cost, tolerance) = (10_000, 20_000);
             let mut now = 1u64;
@@ -498,7 +466,7 @@ mod tests {
                         next_new
                     }
                 };
-                let _ = store.with_cell(&key, || now, |cell, now| cell.acquire(now, cost, tolerance));
+                let _ = store.with_word(&key, || now, |cell, now| cell.acquire(now, cost, tolerance));
                 prop_assert!(filters_hold_their_keys(&store));
             }
         }
@@ -506,18 +474,18 @@ mod tests {
 
     #[test]
     fn a_full_shard_builds_its_filter_and_refuses_through_it() {
-        let mut store = Store::<u32>::new();
+        let store = Store::<u32>::new();
         store.set_max_keys(64);
         let admit = |cell: &TatWord, now| cell.acquire(now, 1_000, 1_000);
         let refused = (0..10_000u32)
-            .filter(|key| store.with_cell(key, || 1, admit).is_err())
+            .filter(|key| store.with_word(key, || 1, admit).is_err())
             .count();
         assert!(refused >= 10_000 - 64, "{refused} refused");
         assert!(store.shards.iter().all(|s| s.read().members.is_some()));
         assert!(filters_hold_their_keys(&store));
         // Once the stored keys are replenished, a new key makes room and gets in; the
         // sweep that forgot keys dropped the filter.
-        assert!(store.with_cell(&20_000, || 5_000, admit).is_ok());
+        assert!(store.with_word(&20_000, || 5_000, admit).is_ok());
         assert!(filters_hold_their_keys(&store));
         assert!(store.shards.iter().any(|s| s.read().members.is_none()));
     }

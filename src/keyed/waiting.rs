@@ -454,11 +454,11 @@ where
         )
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        self.limiter.with_cell(&self.key, |cell, _| f(cell))
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
+        self.limiter.with_word(&self.key, |cell, _| f(cell))
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        self.limiter.with_stored_cell(&self.key, f)
+    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+        self.limiter.with_stored_word(&self.key, f)
     }
 }

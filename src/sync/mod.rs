@@ -16,14 +16,16 @@
 //! consistent before any code that could panic (waking a `Waker` happens outside the lock),
 //! so a poisoned lock carries no broken invariant.
 
-#[cfg(all(feature = "std", not(loom)))]
-pub(crate) use core::sync::atomic::AtomicBool;
 #[cfg(all(not(loom), target_has_atomic = "64"))]
 pub(crate) use core::sync::atomic::AtomicU64;
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::{fence, AtomicU32, Ordering};
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use core::sync::atomic::{AtomicBool, AtomicUsize};
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(all(not(loom), not(target_has_atomic = "64")))]
 pub(crate) use portable_atomic::AtomicU64;
 

@@ -27,11 +27,11 @@ pub(crate) trait Target {
     /// Runs `f` on the cell, storing it first if need be. `Err` carries the wait until
     /// there is room to store it (a keyed limiter at its bound); the cell must be the same
     /// one every time.
-    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64>;
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64>;
 
     /// Runs `f` on the cell and the time now if the cell is stored; never stores it. The
     /// time is never earlier than anything the target forgot (a keyed limiter's sweeps).
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R>;
+    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R>;
 }
 
 /// A borrowed target is the target: `Acquire<&Limiter>` waits on a borrowed limiter.
@@ -50,12 +50,12 @@ impl<T: Target> Target for &T {
         (**self).waiters()
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        (**self).with_cell(f)
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
+        (**self).with_word(f)
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        (**self).with_stored_cell(f)
+    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+        (**self).with_stored_word(f)
     }
 }
 
@@ -77,12 +77,12 @@ impl<T: Target> Target for Arc<T> {
         (**self).waiters()
     }
 
-    fn with_cell<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        (**self).with_cell(f)
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
+        (**self).with_word(f)
     }
 
-    fn with_stored_cell<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        (**self).with_stored_cell(f)
+    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+        (**self).with_stored_word(f)
     }
 }
 
@@ -188,7 +188,7 @@ impl<T: Target> Acquire<T> {
         // anyone, because linked waiters leave no room before their instants.
         let fast = self
             .target
-            .with_cell(|cell| cell.acquire(now, cost, params.tau()));
+            .with_word(|cell| cell.acquire(now, cost, params.tau()));
         match fast {
             Ok(Ok(_)) => return Poll::Ready(Ok(())),
             Ok(Err(wait)) if wait > max_wait => {
@@ -200,7 +200,7 @@ impl<T: Target> Acquire<T> {
         let waiters = self.target.waiters();
         // SAFETY: `node` points into this pinned future, is in no list (phase Unpolled), and
         // `Drop` cancels it before the future's memory goes away.
-        let booking = self.target.with_cell(|cell| unsafe {
+        let booking = self.target.with_word(|cell| unsafe {
             waiters.book(cell, &params, node, now, cost, max_wait, cx.waker())
         });
         match booking {
@@ -308,7 +308,7 @@ impl<T: Target> Drop for Acquire<T> {
                 .target
                 // SAFETY: the node was linked by `book` on `waiters` beside this target's
                 // cell, and is still alive: we are inside its owner's `drop`.
-                .with_stored_cell(|cell, now| unsafe { waiters.cancel(Some((cell, now)), node) })
+                .with_stored_word(|cell, now| unsafe { waiters.cancel(Some((cell, now)), node) })
                 // SAFETY: as above.
                 .unwrap_or_else(|| unsafe { waiters.cancel(None, node) });
             // After the cell's lock (a keyed shard's) is released.

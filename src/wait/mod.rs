@@ -2,6 +2,7 @@
 //!
 //! * `alarm` — a waiting task's one clock registration while it books nothing;
 //! * `list` — the generic intrusive list (the only `unsafe` data structure);
+//! * `node` — a waiter's node, embedded in its future;
 //! * `queue` — waiters beside a cell: booking, firing, cancelling (its docs hold the
 //!   invariant and the fairness argument);
 //! * `future` — the future that books on first poll and refunds on drop;
@@ -15,6 +16,7 @@ pub(crate) mod alarm;
 pub(crate) mod block;
 pub(crate) mod future;
 pub(crate) mod list;
+mod node;
 pub(crate) mod queue;
 pub(crate) mod turn;
 

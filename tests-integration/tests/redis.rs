@@ -57,7 +57,7 @@ fn decisions_equal_the_reference_model_at_the_same_time() {
                         let real = outcome(limiter.check_key_n("k", n).await);
                         let expected = model.check_n(u128::from(now_us - start_us) * 1_000, n);
                         assert_eq!(real, expected, "case {case}, step {step}, n {n}");
-                        let left = limiter.remaining("k").await.unwrap();
+                        let left = limiter.remaining_key("k").await.unwrap();
                         assert_eq!(
                             u128::from(left),
                             model.remaining(u128::from(now_us - start_us) * 1_000),

@@ -173,7 +173,7 @@ fn errors_redis_answered_are_not_outages() {
         let r = closed.check_key("hash").await;
         assert!(matches!(r, Err(RedisDenied::Rejected(_))), "{r:?}");
         assert!(matches!(
-            open.remaining("hash").await,
+            open.remaining_key("hash").await,
             Err(RedisDenied::Rejected(_))
         ));
         // Values the limiter never writes: refused as unreadable, never a 0 wait.
@@ -198,7 +198,7 @@ fn errors_redis_answered_are_not_outages() {
         // An outage still follows the policy, and says so plainly.
         drop(server);
         assert!(open.check_key("other").await.is_ok());
-        let down = open.remaining("other").await.unwrap_err();
+        let down = open.remaining_key("other").await.unwrap_err();
         assert!(matches!(down, RedisDenied::Unavailable(_)));
         assert!(!down.to_string().contains("failing closed"), "{down}");
     });

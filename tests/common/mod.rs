@@ -76,3 +76,18 @@ impl Clock for SetClock {
 
     fn wake_at(&self, _at: u64, _waker: std::task::Waker) {}
 }
+
+/// The interval the runtime API tests use: 100 ms.
+pub(crate) const T: Duration = Duration::from_millis(100);
+
+/// One cell per [`T`] with `burst`.
+pub(crate) fn quota(burst: u32) -> paceline::Quota {
+    paceline::Quota::try_new(1, T).unwrap().with_burst(burst)
+}
+
+/// One poll with a waker that does nothing.
+pub(crate) fn poll<F: std::future::Future + ?Sized>(
+    future: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    future.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}

@@ -1,4 +1,5 @@
-//! The quota a limiter enforces, changeable at runtime without a lock on the check path.
+//! The quota a limiter enforces (a `SharedQuota`), changeable at runtime without a lock
+//! on the check path.
 //!
 //! # Implementation notes
 //!
@@ -28,17 +29,17 @@ use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// A [`Params`] that can be replaced while checks read it.
 #[derive(Debug)]
-pub(crate) struct QuotaCell {
+pub(crate) struct SharedQuota {
     /// Even: stable; odd: a change is being written.
     version: AtomicU64,
     interval: AtomicU64,
     burst: AtomicU32,
 }
 
-impl QuotaCell {
-    pub(crate) fn new(quota: Quota) -> QuotaCell {
+impl SharedQuota {
+    pub(crate) fn new(quota: Quota) -> SharedQuota {
         let params = quota.params();
-        QuotaCell {
+        SharedQuota {
             version: AtomicU64::new(0),
             interval: AtomicU64::new(params.interval()),
             burst: AtomicU32::new(params.burst()),

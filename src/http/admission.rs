@@ -1,0 +1,231 @@
+//! Taking one cell from every limit at once, or none: keys worked out once per request,
+//! immediate and wait-mode admission, and giving cells back on a refusal.
+
+use super::*;
+
+/// Why a request is answered without a decision: its key is missing.
+#[derive(Clone, Debug)]
+pub(super) enum NoKey {
+    /// As configured ([`MissingKey::Refuse`]).
+    Refuse(StatusCode),
+    /// The server passes no peer address to a limit keyed by it: a 500 naming the fix.
+    NoPeerAddress(Arc<str>),
+}
+
+/// The key of one limit for this request: `Ok(None)` skips the limit.
+pub(super) fn key<C: Clock>(
+    config: &Config<C>,
+    limit: &Limit<C>,
+    head: &Head<'_>,
+) -> Result<Option<ClientKey>, NoKey> {
+    match limit.source.key(head) {
+        Ok(key) => Ok(Some(key)),
+        Err(why) => match (config.missing, why) {
+            (None, Missing::PeerAddress) => {
+                warn_once_no_peer_address(&limit.name);
+                Err(NoKey::NoPeerAddress(Arc::clone(&limit.name)))
+            }
+            (None | Some(MissingKey::Shared), _) => Ok(Some(ClientKey::keyless())),
+            (Some(MissingKey::Skip), _) => Ok(None),
+            (Some(MissingKey::Refuse(status)), _) => Err(NoKey::Refuse(status)),
+        },
+    }
+}
+
+/// What the 500 of a server that passes no peer address says, and its one log line.
+pub(super) fn no_peer_address_message(limit: &str) -> String {
+    format!(
+        "paceline: the rate limit {limit:?} keys clients by their address, but this server \
+         passes none to it. With axum, serve \
+         `app.into_make_service_with_connect_info::<SocketAddr>()`; with hyper, insert each \
+         connection's `SocketAddr` into its requests' extensions; or share one bucket on \
+         purpose with `.on_missing_key(MissingKey::Shared)`.\n"
+    )
+}
+
+/// Logs the misconfiguration once per process, to standard error.
+#[cold]
+pub(super) fn warn_once_no_peer_address(limit: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    // Relaxed: a flag that only keeps the line from repeating; it publishes nothing.
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        eprint!("{}", no_peer_address_message(limit));
+    }
+}
+
+/// Every limit's key for this request.
+pub(super) fn keys<C: Clock>(
+    config: &Config<C>,
+    head: &Head<'_>,
+) -> Result<Vec<Option<ClientKey>>, NoKey> {
+    config
+        .limits
+        .iter()
+        .map(|limit| key(config, limit, head))
+        .collect()
+}
+
+pub(super) enum Refusal {
+    MissingKey(NoKey),
+    Limited(Refused),
+}
+
+/// Takes one cell from every limit, or none (module docs). Allocates only to remember
+/// what to undo when more than one limit applies.
+pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<(), Refusal> {
+    if let [limit] = config.limits.as_slice() {
+        // One limit: nothing to undo, whatever happens.
+        return match key(config, limit, head) {
+            Ok(Some(key)) => limit
+                .limiter
+                .check_key(&key)
+                .map_err(|e| Refusal::Limited(refused(0, e))),
+            Ok(None) => Ok(()),
+            Err(why) => Err(Refusal::MissingKey(why)),
+        };
+    }
+    let mut taken: Vec<(usize, ClientKey, KeyAdmission)> = Vec::new();
+    let last = config.limits.len().saturating_sub(1);
+    for (i, limit) in config.limits.iter().enumerate() {
+        let key = match key(config, limit, head) {
+            Ok(Some(key)) => key,
+            Ok(None) => continue,
+            Err(why) => {
+                undo_all(config, taken);
+                return Err(Refusal::MissingKey(why));
+            }
+        };
+        match limit.limiter.check_key_refundable(&key) {
+            // The last limit's admission never needs giving back.
+            Ok(_) if i == last => {}
+            Ok(admission) => taken.push((i, key, admission)),
+            Err(e) => {
+                undo_all(config, taken);
+                return Err(Refusal::Limited(refused(i, e)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives back the cells a refused request took from the earlier limits.
+pub(super) fn undo_all<C: Clock>(config: &Config<C>, taken: Vec<(usize, ClientKey, KeyAdmission)>) {
+    for (i, key, admission) in taken {
+        config.limits[i].limiter.refund_key(&key, admission);
+    }
+}
+
+/// One limit's cell for a waiting request: admitted now (refundable), or a booked place
+/// in the key's FIFO (given back if dropped before its instant).
+pub(super) enum Booked<'a, C: Clock> {
+    Now(KeyAdmission),
+    Later(KeyReservation<'a, ClientKey, C>),
+}
+
+/// One cell of `key` on `limit` within `max`: admitted now, booked for later, or why not.
+fn book<'a, C: Clock>(
+    limit: &'a Limit<C>,
+    key: &ClientKey,
+    max: Duration,
+) -> Result<Booked<'a, C>, NotUntil> {
+    match limit.limiter.check_key_refundable(key) {
+        Ok(admission) => return Ok(Booked::Now(admission)),
+        Err(e) if e.wait_time() > max => return Err(e),
+        Err(_) => {}
+    }
+    match limit.limiter.reserve_key_within(key, 1, max) {
+        Ok(turn) => Ok(Booked::Later(turn)),
+        // Too late, or a new key at a full key table (nothing booked, the wait until a
+        // slot frees): the request is refused.
+        Err(Denied::NotUntil(e)) => Err(e),
+        Err(Denied::InsufficientCapacity(_)) => {
+            unreachable!("one cell always fits a burst of at least one")
+        }
+    }
+}
+
+/// Which limit refused, and how long until it would admit.
+pub(super) struct Refused {
+    pub(super) limit: usize,
+    pub(super) wait: Duration,
+}
+
+/// Wait mode: books one cell on every limit first (admitted now, or a place in the key's
+/// FIFO), each within the configured maximum, then waits for the latest. A limit that
+/// cannot admit within the maximum gives back what the earlier limits booked, and so does
+/// a request dropped while waiting (its client gone): a booking before its instant is
+/// cancelled, an admission undone. A cell whose instant has come stays spent.
+pub(super) async fn admit_waiting<C: Clock>(
+    config: &Config<C>,
+    keys: &[Option<ClientKey>],
+) -> Result<(), Refused> {
+    let max = config.wait_up_to.unwrap_or_default();
+    let mut booked = Bookings {
+        config,
+        taken: Vec::with_capacity(keys.len()),
+    };
+    for (i, (limit, key)) in config.limits.iter().zip(keys).enumerate() {
+        let Some(key) = key else { continue };
+        match book(limit, key, max) {
+            Ok(booking) => booked.taken.push((i, key, Some(booking))),
+            // `booked` is dropped here: the earlier limits get their cells back.
+            Err(e) => return Err(refused(i, e)),
+        }
+    }
+    // Every booking at once: the request proceeds when the last is due.
+    core::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (_, _, booking) in &mut booked.taken {
+            let Some(Booked::Later(turn)) = booking else {
+                continue;
+            };
+            match Pin::new(turn).poll(cx) {
+                // Used: nothing to give back, and never polled again.
+                Poll::Ready(()) => *booking = None,
+                Poll::Pending => pending = true,
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    for (_, _, booking) in &mut booked.taken {
+        *booking = None; // admitted now, or at an instant that has come: used
+    }
+    Ok(())
+}
+
+/// The cells a waiting request booked so far, given back unless used.
+pub(super) struct Bookings<'a, C: Clock> {
+    config: &'a Config<C>,
+    taken: Vec<Taken<'a, C>>,
+}
+
+/// A limit's index, the request's key for it, and its booking (`None` once used).
+pub(super) type Taken<'a, C> = (usize, &'a ClientKey, Option<Booked<'a, C>>);
+
+impl<C: Clock> Drop for Bookings<'_, C> {
+    fn drop(&mut self) {
+        for (i, key, booking) in self.taken.drain(..) {
+            match booking {
+                Some(Booked::Now(admission)) => {
+                    self.config.limits[i].limiter.refund_key(key, admission);
+                }
+                // Dropping a booking cancels it (its cell back if before its instant).
+                Some(Booked::Later(turn)) => turn.cancel(),
+                None => {}
+            }
+        }
+    }
+}
+
+pub(super) fn refused(limit: usize, e: NotUntil) -> Refused {
+    Refused {
+        limit,
+        wait: e.wait_time(),
+    }
+}

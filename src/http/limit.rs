@@ -1,0 +1,234 @@
+//! One limit of the layer: its name (as the `RateLimit` fields write it), its keyed
+//! limiter and its key source; and what to do with a request that has no key.
+
+use super::*;
+
+/// One limit of a [`RateLimitLayer`]: a name (shown in the `RateLimit` fields), a quota
+/// per key, and where the key comes from.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::{http::{KeySource, Limit}, Quota};
+/// let per_key = Limit::new("per-key", Quota::per_minute(600), KeySource::header(http::HeaderName::from_static("x-api-key")))
+///     .with_max_keys(100_000);
+/// assert_eq!(per_key.limiter().len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct Limit<C: Clock = DefaultClock> {
+    pub(super) name: Arc<str>,
+    /// `name` as a structured-field string, quotes and escapes included.
+    pub(super) field_name: Arc<str>,
+    pub(super) limiter: Arc<KeyedLimiter<ClientKey, C>>,
+    pub(super) source: KeySource,
+}
+
+impl<C: Clock> fmt::Debug for Limit<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stored keys per limit unless [`Limit::with_max_keys`] says otherwise.
+pub(super) const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// A limit name that cannot be sent in the `RateLimit` fields: names are printable ASCII
+/// (`"` and `\` are fine, and escaped), 1 to 64 characters.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::{http::{KeySource, Limit}, Quota};
+/// let err = Limit::try_new("per-ip\n", Quota::per_second(1), KeySource::peer_ip()).unwrap_err();
+/// assert!(err.to_string().contains("printable ASCII"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidLimitName {
+    name: String,
+}
+
+impl fmt::Display for InvalidLimitName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "limit name {:?} cannot be sent in the RateLimit fields: use 1 to 64 printable \
+             ASCII characters",
+            self.name
+        )
+    }
+}
+
+impl core::error::Error for InvalidLimitName {}
+
+/// `name` as a structured-field string (RFC 8941 `sf-string`), or why it cannot be one.
+pub(super) fn field_name(name: &str) -> Result<Arc<str>, InvalidLimitName> {
+    let printable = name.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    if name.is_empty() || name.len() > 64 || !printable {
+        return Err(InvalidLimitName { name: name.into() });
+    }
+    let mut quoted = String::with_capacity(name.len() + 2);
+    quoted.push('"');
+    for c in name.chars() {
+        if c == '"' || c == '\\' {
+            quoted.push('\\');
+        }
+        quoted.push(c);
+    }
+    quoted.push('"');
+    Ok(quoted.into())
+}
+
+impl Limit {
+    /// A limit of `quota` per key from `source`, on the default clock.
+    ///
+    /// # Panics
+    ///
+    /// If `name` cannot be sent in the `RateLimit` fields (see [`InvalidLimitName`]);
+    /// [`Limit::try_new`] returns the error instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{KeySource, Limit}, Quota};
+    /// let per_ip = Limit::new("per-ip", Quota::per_minute(600), KeySource::peer_ip());
+    /// # let _ = per_ip;
+    /// ```
+    pub fn new(name: &str, quota: Quota, source: KeySource) -> Limit {
+        Limit::with_clock(name, quota, source, DefaultClock::default())
+    }
+
+    /// [`Limit::new`], with an error for a name that cannot be sent in the `RateLimit`
+    /// fields.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidLimitName`] unless the name is 1 to 64 printable ASCII characters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{KeySource, Limit}, Quota};
+    /// assert!(Limit::try_new("per \"tenant\"", Quota::per_second(5), KeySource::global()).is_ok());
+    /// assert!(Limit::try_new("per-ip\n", Quota::per_second(5), KeySource::peer_ip()).is_err());
+    /// ```
+    pub fn try_new(name: &str, quota: Quota, source: KeySource) -> Result<Limit, InvalidLimitName> {
+        Limit::try_with_clock(name, quota, source, DefaultClock::default())
+    }
+}
+
+impl<C: Clock> Limit<C> {
+    /// A limit on the given clock (a `ManualClock` in tests).
+    ///
+    /// # Panics
+    ///
+    /// As [`Limit::new`], for a name that cannot be sent in the `RateLimit` fields.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{clock::ManualClock, http::{KeySource, Limit}, Quota};
+    /// let limit = Limit::with_clock("api", Quota::per_second(5), KeySource::global(), ManualClock::new());
+    /// # let _ = limit;
+    /// ```
+    pub fn with_clock(name: &str, quota: Quota, source: KeySource, clock: C) -> Limit<C> {
+        match Limit::try_with_clock(name, quota, source, clock) {
+            Ok(limit) => limit,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// [`Limit::with_clock`], with an error for a name that cannot be sent.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidLimitName`], as [`Limit::try_new`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{clock::ManualClock, http::{KeySource, Limit}, Quota};
+    /// let bad = Limit::try_with_clock("café", Quota::per_second(5), KeySource::global(), ManualClock::new());
+    /// assert!(bad.is_err());
+    /// ```
+    pub fn try_with_clock(
+        name: &str,
+        quota: Quota,
+        source: KeySource,
+        clock: C,
+    ) -> Result<Limit<C>, InvalidLimitName> {
+        Ok(Limit {
+            field_name: field_name(name)?,
+            name: name.into(),
+            limiter: Arc::new(
+                KeyedLimiter::with_clock(quota, clock).with_max_keys(DEFAULT_MAX_KEYS),
+            ),
+            source,
+        })
+    }
+
+    /// Bounds the keys this limit stores (default 1 000 000): at the bound, a new client
+    /// is refused (with the time until a slot frees) rather than evicting a limited one;
+    /// keys that refilled are forgotten first. A stored key costs at most about 100 bytes
+    /// (long text keys are stored as a digest), so this bounds the limit's memory. Call it
+    /// on a clone too: clones share the limiter, and its bound.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{KeySource, Limit}, Quota};
+    /// let small = Limit::new("per-ip", Quota::per_second(1), KeySource::peer_ip()).with_max_keys(10_000);
+    /// # let _ = small;
+    /// ```
+    pub fn with_max_keys(self, max: usize) -> Limit<C> {
+        self.limiter.set_max_keys(max);
+        self
+    }
+
+    /// The keyed limiter behind this limit: to check, retune (`set_quota`) or inspect it
+    /// outside the middleware.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{ClientKey, KeySource, Limit}, Quota};
+    /// let limit = Limit::new("api", Quota::per_second(5), KeySource::global());
+    /// assert_eq!(limit.limiter().remaining_key(&ClientKey::Global), 5);
+    /// ```
+    pub fn limiter(&self) -> &KeyedLimiter<ClientKey, C> {
+        &self.limiter
+    }
+}
+
+/// What to do with a request that has no key for a limit (no such header, a forwarding
+/// chain that cannot be read, no peer address).
+///
+/// Unless you choose, a request the *client* left keyless is [`MissingKey::Shared`], and
+/// a limit keyed by the peer address on a server that passes none (axum served without
+/// `into_make_service_with_connect_info`, say) answers `500 Internal Server Error` with a
+/// body that names the fix, and logs one line to standard error: otherwise every client
+/// would silently share one bucket.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::http::{MissingKey, RateLimitLayer};
+/// let strict = RateLimitLayer::new().on_missing_key(MissingKey::Refuse(http::StatusCode::BAD_REQUEST));
+/// let shared = RateLimitLayer::new().on_missing_key(MissingKey::Shared);
+/// # let _ = (strict, shared);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Count it under one key shared by every keyless request (the default for requests
+    /// the client left keyless; choosing it also covers a server that passes no peer
+    /// address): it is limited, and it cannot exhaust anyone else's budget.
+    #[default]
+    Shared,
+    /// Do not apply this limit to it.
+    Skip,
+    /// Refuse it with this status (for example `400 Bad Request`).
+    Refuse(StatusCode),
+}

@@ -1,0 +1,121 @@
+//! Refusals: `429` (or gRPC `RESOURCE_EXHAUSTED`) with `Retry-After` from the longest
+//! wait, and the `500` of a server that passes no peer address.
+
+use super::*;
+
+/// The limit that will admit the request last, and when: a request needs every limit,
+/// so a client told less than the longest wait among them would be refused again. Reads
+/// each limit's state after the request's own cells were given back.
+pub(super) fn longest_wait<C: Clock>(
+    config: &Config<C>,
+    keys: &[Option<ClientKey>],
+    refused: Refused,
+) -> Refused {
+    config
+        .limits
+        .iter()
+        .zip(keys)
+        .enumerate()
+        .filter_map(|(i, (limit, key))| {
+            let wait = limit.limiter.snapshot_key(key.as_ref()?).until_next();
+            Some(Refused { limit: i, wait })
+        })
+        .fold(refused, |longest, other| {
+            if other.wait > longest.wait {
+                other
+            } else {
+                longest
+            }
+        })
+}
+
+/// Whole seconds, rounded up: a client told this never retries before its turn.
+pub(super) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+pub(super) fn plain_refusal<R: RefusalBody>(why: NoKey) -> Response<R> {
+    let (status, text) = match why {
+        NoKey::Refuse(status) => (status, format!("{status}\n")),
+        NoKey::NoPeerAddress(limit) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            no_peer_address_message(&limit),
+        ),
+    };
+    let mut response = Response::new(R::from_text(text));
+    *response.status_mut() = status;
+    response
+}
+
+/// The 429 (or gRPC `RESOURCE_EXHAUSTED`) for a refused request.
+pub(super) fn refusal<C: Clock, R: RefusalBody>(
+    config: &Config<C>,
+    keys: &[Option<ClientKey>],
+    head: &Head<'_>,
+    refused: Refused,
+) -> Response<R> {
+    let refused = longest_wait(config, keys, refused);
+    let retry_after = ceil_secs(refused.wait).max(1);
+    let name = &config.limits[refused.limit].name;
+    let grpc = head
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    let mut response = if grpc {
+        let mut response = Response::new(R::from_text(String::new()));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            HeaderName::from_static("grpc-status"),
+            HeaderValue::from_static("8"),
+        );
+        if let Ok(message) =
+            HeaderValue::from_str(&format!("rate limited by {name}: retry in {retry_after} s"))
+        {
+            headers.insert(HeaderName::from_static("grpc-message"), message);
+        }
+        response
+    } else {
+        let (content_type, text) = match &config.body {
+            Some((content_type, body)) => {
+                let info = RefusalInfo {
+                    limit: name,
+                    wait: refused.wait,
+                };
+                (content_type.clone(), body(&info))
+            }
+            None => (
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+                format!("Too Many Requests: limit \"{name}\", retry in {retry_after} s\n"),
+            ),
+        };
+        let mut response = Response::new(R::from_text(text));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        response.headers_mut().insert(CONTENT_TYPE, content_type);
+        response
+    };
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    put_fields(
+        config,
+        config.limits.iter().zip(keys),
+        response.headers_mut(),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ceil_secs;
+    use core::time::Duration;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(ceil_secs(Duration::from_millis(900)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_nanos(2_000_000_001)), 3);
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+    }
+}

@@ -1,0 +1,262 @@
+//! The service the layer wraps around yours, and its response future.
+
+use super::*;
+
+/// The service [`RateLimitLayer`] wraps around yours (made by the layer; with tower's
+/// `ServiceBuilder` or axum's `Router::layer`).
+///
+/// # Examples
+///
+/// ```
+/// use paceline::http::{KeySource, Limit, RateLimitLayer};
+/// use tower_layer::Layer;
+///
+/// let layer = RateLimitLayer::new()
+///     .limit(Limit::new("global", paceline::Quota::per_second(100), KeySource::global()));
+/// let routes = axum::Router::<()>::new().route("/", axum::routing::get(|| async { "ok" }));
+/// let service = layer.layer(routes); // a `tower_service::Service` of axum requests
+/// # let _ = service;
+/// ```
+#[derive(Clone)]
+pub struct RateLimit<S, C: Clock = DefaultClock> {
+    pub(super) inner: S,
+    pub(super) config: Arc<Config<C>>,
+}
+
+impl<S, C: Clock> RateLimit<S, C> {
+    /// The wrapped service.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::http::RateLimitLayer;
+    /// use tower_layer::Layer;
+    /// let limited = RateLimitLayer::new().layer(7u8);
+    /// assert_eq!(*limited.get_ref(), 7);
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::http::RateLimitLayer;
+    /// use tower_layer::Layer;
+    /// let mut limited = RateLimitLayer::new().layer(7u8);
+    /// *limited.get_mut() += 1;
+    /// assert_eq!(limited.into_inner(), 8);
+    /// ```
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The wrapped service, unwrapped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::http::RateLimitLayer;
+    /// use tower_layer::Layer;
+    /// assert_eq!(RateLimitLayer::new().layer("svc").into_inner(), "svc");
+    /// ```
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, C: Clock> fmt::Debug for RateLimit<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit").finish_non_exhaustive()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`RateLimit`]'s `call`: the inner service's own future when the
+    /// decision was made at once (no allocation), a ready refusal, or (wait mode) a boxed
+    /// wait followed by the call.
+    pub struct ResponseFuture<F, R, E> {
+        #[pin]
+        state: State<F, R, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = Projected]
+    enum State<F, R, E> {
+        // Admitted: the inner call, and the fields to add to its response.
+        Admitted {
+            #[pin]
+            inner: F,
+            // Boxed: a `HeaderMap` inline would make every admitted request's future
+            // ~100 bytes larger, moved with it, to carry `None` in the usual case.
+            fields: Option<Box<http::HeaderMap>>,
+        },
+        // Refused (or refused for a missing key): the response until it is returned.
+        Refused { response: Option<Response<R>> },
+        // Waiting its booked turn, then the inner call.
+        Waiting {
+            future: Pin<Box<dyn Future<Output = Result<Response<R>, E>> + Send>>,
+        },
+    }
+}
+
+impl<F, R, E> ResponseFuture<F, R, E> {
+    fn admitted(inner: F, fields: Option<Box<http::HeaderMap>>) -> Self {
+        ResponseFuture {
+            state: State::Admitted { inner, fields },
+        }
+    }
+
+    fn refused(response: Response<R>) -> Self {
+        ResponseFuture {
+            state: State::Refused {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<F, R, E> fmt::Debug for ResponseFuture<F, R, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.state {
+            State::Admitted { .. } => "ResponseFuture::Admitted",
+            State::Refused { .. } => "ResponseFuture::Refused",
+            State::Waiting { .. } => "ResponseFuture::Waiting",
+        })
+    }
+}
+
+impl<F, R, E> Future for ResponseFuture<F, R, E>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+{
+    type Output = Result<Response<R>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            Projected::Admitted { inner, fields } => {
+                if fields.is_none() {
+                    // The usual case: the inner response as it is, not moved through here.
+                    return inner.poll(cx);
+                }
+                let mut response = match inner.poll(cx) {
+                    Poll::Ready(Ok(response)) => response,
+                    other => return other,
+                };
+                if let Some(fields) = fields.take() {
+                    response.headers_mut().extend(*fields);
+                }
+                Poll::Ready(Ok(response))
+            }
+            Projected::Refused { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending, // polled after completion
+            },
+            Projected::Waiting { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<S, B, R, C> tower_service::Service<Request<B>> for RateLimit<S, C>
+where
+    S: tower_service::Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+    R: RefusalBody + Send + 'static,
+    C: Clock,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, R, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let config = &*self.config;
+        let exempt = match &config.exempt {
+            None => request.method() == http::Method::OPTIONS,
+            Some(exempt) => exempt(&Head::of(&request)),
+        };
+        if exempt {
+            return ResponseFuture::admitted(self.inner.call(request), None);
+        }
+        if config.wait_up_to.is_some() {
+            return self.call_waiting(request);
+        }
+        let head = Head::of(&request);
+        match admit_now(config, &head) {
+            Ok(()) => {
+                let fields = config.headers_on_success.then(|| {
+                    let mut fields = Box::new(http::HeaderMap::new());
+                    if let Ok(keys) = keys(config, &head) {
+                        put_fields(config, config.limits.iter().zip(&keys), &mut fields);
+                    }
+                    fields
+                });
+                ResponseFuture::admitted(self.inner.call(request), fields)
+            }
+            Err(why) => refuse(config, &head, why),
+        }
+    }
+}
+
+impl<S, C: Clock> RateLimit<S, C> {
+    /// Wait mode's `call` (kept out of line: the usual path's frame stays small).
+    #[inline(never)]
+    fn call_waiting<B, R>(&mut self, request: Request<B>) -> ResponseFuture<S::Future, R, S::Error>
+    where
+        S: tower_service::Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+        S::Future: Send,
+        B: Send + 'static,
+        R: RefusalBody + Send + 'static,
+    {
+        // The ready service goes into the wait; a clone takes its place (tower's swap).
+        let clone = self.inner.clone();
+        let mut inner = core::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        ResponseFuture {
+            state: State::Waiting {
+                future: Box::pin(async move {
+                    let keys = match keys(&config, &Head::of(&request)) {
+                        Ok(keys) => keys,
+                        Err(why) => return Ok(plain_refusal(why)),
+                    };
+                    if let Err(refused) = admit_waiting(&config, &keys).await {
+                        return Ok(refusal(&config, &keys, &Head::of(&request), refused));
+                    }
+                    let mut response = inner.call(request).await?;
+                    if config.headers_on_success {
+                        put_fields(
+                            &config,
+                            config.limits.iter().zip(&keys),
+                            response.headers_mut(),
+                        );
+                    }
+                    Ok(response)
+                }),
+            },
+        }
+    }
+}
+
+/// The response future of a refused request (out of line: refusals are the rare path).
+#[cold]
+#[inline(never)]
+pub(super) fn refuse<C: Clock, F, R: RefusalBody, E>(
+    config: &Config<C>,
+    head: &Head<'_>,
+    why: Refusal,
+) -> ResponseFuture<F, R, E> {
+    match why {
+        Refusal::MissingKey(why) => ResponseFuture::refused(plain_refusal(why)),
+        Refusal::Limited(refused) => {
+            let keys = keys(config, head).unwrap_or_default();
+            ResponseFuture::refused(refusal(config, &keys, head, refused))
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! An admission that can be given back: what taking one cell from several limits at
+//! once, or none, needs (the HTTP layer's several limits; any caller's too).
+
+use core::hash::Hash;
+
+use super::KeyedLimiter;
+use crate::clock::Clock;
+use crate::error::NotUntil;
+
+/// A cell [`KeyedLimiter::check_key_refundable`] admitted, which
+/// [`KeyedLimiter::refund_key`] can give back: the state the admission left and its cost.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::{KeyedLimiter, Quota};
+/// let per_user = KeyedLimiter::new(Quota::per_minute(10));
+/// let global = KeyedLimiter::new(Quota::per_minute(1));
+/// let first = per_user.check_key_refundable(&"ann").unwrap();
+/// global.check_key(&()).unwrap();
+/// // The second request passes its own limit, then the global one refuses it:
+/// let second = per_user.check_key_refundable(&"ann").unwrap();
+/// if global.check_key(&()).is_err() {
+///     per_user.refund_key(&"ann", second); // a refused request spends nothing
+/// }
+/// assert_eq!(per_user.remaining_key(&"ann"), 9);
+/// # let _ = first;
+/// ```
+#[derive(Clone, Copy, Debug)]
+#[must_use = "an admission is kept unless it is refunded"]
+pub struct KeyAdmission {
+    tat: u64,
+    cost: u64,
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
+    /// [`KeyedLimiter::check_key`], returning what [`KeyedLimiter::refund_key`] needs to
+    /// give the cell back: for taking a cell from several limits at once or none.
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyedLimiter::check_key`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = paceline::KeyedLimiter::new(paceline::Quota::per_hour(1));
+    /// let admitted = limiter.check_key_refundable(&7).unwrap();
+    /// limiter.refund_key(&7, admitted);
+    /// assert!(limiter.check_key(&7).is_ok());
+    /// ```
+    pub fn check_key_refundable(&self, key: &K) -> Result<KeyAdmission, NotUntil> {
+        self.acquire_one(key)
+            .map(|(tat, cost)| KeyAdmission { tat, cost })
+            .map_err(NotUntil::from_nanos)
+    }
+
+    /// Gives back the cell `admission` took, if nothing was admitted or booked on `key`
+    /// since (otherwise it stays spent: the limit only ever errs on the strict side). Call
+    /// it only for a cell that was not used: an explicit refund is the caller's word that
+    /// nothing was done with it, whatever the time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = paceline::KeyedLimiter::new(paceline::Quota::per_hour(2));
+    /// let a = limiter.check_key_refundable(&"k").unwrap();
+    /// let b = limiter.check_key_refundable(&"k").unwrap();
+    /// limiter.refund_key(&"k", a); // not the last admission: stays spent
+    /// limiter.refund_key(&"k", b); // the last one: given back
+    /// assert_eq!(limiter.remaining_key(&"k"), 1);
+    /// ```
+    pub fn refund_key(&self, key: &K, admission: KeyAdmission) {
+        let _ = self.with_stored_word(key, |cell, _| cell.refund(admission.tat, admission.cost));
+    }
+}
