@@ -9,6 +9,7 @@
 //! (an event loop that stalled) books there and waits again, so the work never runs
 //! faster than the quota however late the loop was.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -130,97 +131,152 @@ fn block(py: Python<'_>, held: Held) {
     py.detach(move || held.wait());
 }
 
-/// A limiter shared by threads and event loops (see the module docs).
-#[pyclass(frozen, module = "paceline._paceline")]
-struct Core {
-    booked: Arc<Limiter>,
-    exec: Option<Arc<Limiter>>,
+/// What a Python limiter needs of a paceline limiter, direct (key `()`) or keyed.
+trait Cell: Send + Sync + 'static {
+    type Key;
+    /// Books `n` cells within `max` (owning the limiter and key).
+    fn reserve(self: &Arc<Self>, key: &Self::Key, n: u32, max: Duration) -> Result<Held, Denied>;
+    /// Whether `n` cells would be admitted now; spends nothing.
+    fn fits(&self, key: &Self::Key, n: u32) -> bool;
+    /// Takes `n` cells now, or nothing.
+    fn take(&self, key: &Self::Key, n: u32) -> bool;
+    fn remaining(&self, key: &Self::Key) -> u32;
+    fn set_quota(&self, quota: Quota);
 }
 
-#[pymethods]
-impl Core {
-    #[new]
-    fn new(count: u32, per: f64, burst: u32, execution_bound: bool) -> PyResult<Core> {
-        let quota = quota(count, per, burst)?;
-        Ok(Core {
-            booked: Arc::new(Limiter::new(quota)),
-            exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
-        })
+impl Cell for Limiter {
+    type Key = ();
+
+    fn reserve(self: &Arc<Self>, (): &(), n: u32, max: Duration) -> Result<Held, Denied> {
+        Arc::clone(self)
+            .reserve_within_owned(n, max)
+            .map(Held::Direct)
     }
 
-    /// The burst.
+    fn fits(&self, (): &(), n: u32) -> bool {
+        self.peek_n(n).is_ok_and(|wait| wait.is_zero())
+    }
+
+    fn take(&self, (): &(), n: u32) -> bool {
+        self.check_n(n).is_ok()
+    }
+
+    fn remaining(&self, (): &()) -> u32 {
+        Limiter::remaining(self)
+    }
+
+    fn set_quota(&self, quota: Quota) {
+        Limiter::set_quota(self, quota);
+    }
+}
+
+impl Cell for KeyedLimiter<String> {
+    type Key = String;
+
+    fn reserve(self: &Arc<Self>, key: &String, n: u32, max: Duration) -> Result<Held, Denied> {
+        Arc::clone(self)
+            .reserve_key_within_owned(key.clone(), n, max)
+            .map(Held::Keyed)
+    }
+
+    fn fits(&self, key: &String, n: u32) -> bool {
+        self.peek_key_n(key, n).is_ok_and(|wait| wait.is_zero())
+    }
+
+    fn take(&self, key: &String, n: u32) -> bool {
+        self.check_key_n(key, n).is_ok()
+    }
+
+    fn remaining(&self, key: &String) -> u32 {
+        self.remaining_key(key)
+    }
+
+    fn set_quota(&self, quota: Quota) {
+        KeyedLimiter::set_quota(self, quota);
+    }
+}
+
+/// A booking cell and, unless turned off, an execution cell of the same quota (module
+/// docs), with the burst they share.
+struct Pair<L: Cell> {
+    booked: Arc<L>,
+    exec: Option<Arc<L>>,
+    burst: AtomicU32,
+}
+
+impl<L: Cell> Pair<L> {
+    fn new(make: impl Fn() -> L, burst: u32, execution_bound: bool) -> Pair<L> {
+        Pair {
+            booked: Arc::new(make()),
+            exec: execution_bound.then(|| Arc::new(make())),
+            burst: AtomicU32::new(burst),
+        }
+    }
+
     fn burst(&self) -> u32 {
-        self.booked.quota().burst()
-    }
-
-    /// Seconds between cells.
-    fn interval(&self) -> f64 {
-        self.booked.quota().emission_interval().as_secs_f64()
+        // Relaxed: a setting read alone; the limiters hold the quota that decides.
+        self.burst.load(Ordering::Relaxed)
     }
 
     /// Takes `n` cells now if nobody waits ahead and they fit; never waits.
-    fn try_acquire(&self, n: u32) -> PyResult<bool> {
+    fn try_acquire(&self, key: &L::Key, n: u32) -> PyResult<bool> {
         check_n(n, self.burst())?;
-        if let Some(exec) = &self.exec {
-            if !exec.peek_n(n).unwrap_or(Duration::MAX).is_zero() {
-                return Ok(false);
-            }
+        if self.exec.as_ref().is_some_and(|exec| !exec.fits(key, n)) {
+            return Ok(false);
         }
-        if self.booked.check_n(n).is_err() {
+        if !self.booked.take(key, n) {
             return Ok(false);
         }
         // The execution cell had room a moment ago; a racing caller may have taken it,
         // and then these cells stay spent (the strict side).
-        Ok(self
-            .exec
-            .as_ref()
-            .is_none_or(|exec| exec.check_n(n).is_ok()))
+        Ok(self.exec.as_ref().is_none_or(|exec| exec.take(key, n)))
     }
 
-    /// Cells admissible right now.
-    fn remaining(&self) -> u32 {
-        let booked = self.booked.remaining();
+    fn remaining(&self, key: &L::Key) -> u32 {
+        let booked = self.booked.remaining(key);
         self.exec
             .as_ref()
-            .map_or(booked, |exec| booked.min(exec.remaining()))
+            .map_or(booked, |exec| booked.min(exec.remaining(key)))
     }
 
     /// Books `n` cells in the FIFO queue within `timeout` seconds (None: no maximum).
-    #[pyo3(signature = (n, timeout=None))]
-    fn book(&self, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
+    fn book(&self, key: &L::Key, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
         check_n(n, self.burst())?;
-        let held = Arc::clone(&self.booked)
-            .reserve_within_owned(n, max_wait(timeout)?)
+        let held = self
+            .booked
+            .reserve(key, n, max_wait(timeout)?)
             .map_err(too_late)?;
-        Ok(Ticket::new(Held::Direct(held)))
+        Ok(Ticket::new(held))
     }
 
     /// Takes `n` cells from the execution cell at the moment the work runs: a ticket to
     /// wait for (ready at once when the caller is on time), or None without the bound.
-    fn run(&self, n: u32) -> PyResult<Option<Ticket>> {
+    fn run(&self, key: &L::Key, n: u32) -> PyResult<Option<Ticket>> {
         let Some(exec) = &self.exec else {
             return Ok(None);
         };
-        let held = Arc::clone(exec)
-            .reserve_within_owned(n, Duration::MAX)
-            .map_err(too_late)?;
-        Ok(Some(Ticket::new(Held::Direct(held))))
+        let held = exec.reserve(key, n, Duration::MAX).map_err(too_late)?;
+        Ok(Some(Ticket::new(held)))
     }
 
     /// Blocks the calling thread (GIL released) for a booked turn, then the execution
     /// cell.
-    #[pyo3(signature = (n, timeout=None))]
-    fn acquire_blocking(&self, py: Python<'_>, n: u32, timeout: Option<f64>) -> PyResult<()> {
+    fn acquire_blocking(
+        &self,
+        py: Python<'_>,
+        key: &L::Key,
+        n: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
         check_n(n, self.burst())?;
-        let booked = Arc::clone(&self.booked)
-            .reserve_within_owned(n, max_wait(timeout)?)
+        let booked = self
+            .booked
+            .reserve(key, n, max_wait(timeout)?)
             .map_err(too_late)?;
-        block(py, Held::Direct(booked));
+        block(py, booked);
         if let Some(exec) = &self.exec {
-            let run = Arc::clone(exec)
-                .reserve_within_owned(n, Duration::MAX)
-                .map_err(too_late)?;
-            block(py, Held::Direct(run));
+            let run = exec.reserve(key, n, Duration::MAX).map_err(too_late)?;
+            block(py, run);
         }
         Ok(())
     }
@@ -232,17 +288,68 @@ impl Core {
         if let Some(exec) = &self.exec {
             exec.set_quota(quota);
         }
+        // Relaxed: as in `burst`.
+        self.burst.store(burst, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// A limiter shared by threads and event loops (see the module docs).
+#[pyclass(frozen, module = "paceline._paceline")]
+struct Core(Pair<Limiter>);
+
+#[pymethods]
+impl Core {
+    #[new]
+    fn new(count: u32, per: f64, burst: u32, execution_bound: bool) -> PyResult<Core> {
+        let quota = quota(count, per, burst)?;
+        Ok(Core(Pair::new(
+            || Limiter::new(quota),
+            burst,
+            execution_bound,
+        )))
+    }
+
+    /// The burst.
+    fn burst(&self) -> u32 {
+        self.0.burst()
+    }
+
+    /// Seconds between cells.
+    fn interval(&self) -> f64 {
+        self.0.booked.quota().emission_interval().as_secs_f64()
+    }
+
+    fn try_acquire(&self, n: u32) -> PyResult<bool> {
+        self.0.try_acquire(&(), n)
+    }
+
+    fn remaining(&self) -> u32 {
+        self.0.remaining(&())
+    }
+
+    #[pyo3(signature = (n, timeout=None))]
+    fn book(&self, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
+        self.0.book(&(), n, timeout)
+    }
+
+    fn run(&self, n: u32) -> PyResult<Option<Ticket>> {
+        self.0.run(&(), n)
+    }
+
+    #[pyo3(signature = (n, timeout=None))]
+    fn acquire_blocking(&self, py: Python<'_>, n: u32, timeout: Option<f64>) -> PyResult<()> {
+        self.0.acquire_blocking(py, &(), n, timeout)
+    }
+
+    fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
+        self.0.set_quota(count, per, burst)
     }
 }
 
 /// A limiter per key (str), shared by threads and event loops.
 #[pyclass(frozen, module = "paceline._paceline")]
-struct KeyedCore {
-    booked: Arc<KeyedLimiter<String>>,
-    exec: Option<Arc<KeyedLimiter<String>>>,
-    burst: Mutex<u32>,
-}
+struct KeyedCore(Pair<KeyedLimiter<String>>);
 
 #[pymethods]
 impl KeyedCore {
@@ -258,62 +365,33 @@ impl KeyedCore {
         let quota = quota(count, per, burst)?;
         let make = || {
             let limiter = KeyedLimiter::new(quota);
-            Arc::new(match max_keys {
-                Some(max) => limiter.with_max_keys(max),
-                None => limiter,
-            })
+            if let Some(max) = max_keys {
+                limiter.set_max_keys(max);
+            }
+            limiter
         };
-        Ok(KeyedCore {
-            booked: make(),
-            exec: execution_bound.then(make),
-            burst: Mutex::new(burst),
-        })
+        Ok(KeyedCore(Pair::new(make, burst, execution_bound)))
     }
 
     fn burst(&self) -> u32 {
-        *self.burst.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.burst()
     }
 
     fn try_acquire(&self, key: String, n: u32) -> PyResult<bool> {
-        check_n(n, self.burst())?;
-        if let Some(exec) = &self.exec {
-            if !exec.peek_key_n(&key, n).unwrap_or(Duration::MAX).is_zero() {
-                return Ok(false);
-            }
-        }
-        if self.booked.check_key_n(&key, n).is_err() {
-            return Ok(false);
-        }
-        Ok(self
-            .exec
-            .as_ref()
-            .is_none_or(|exec| exec.check_key_n(&key, n).is_ok()))
+        self.0.try_acquire(&key, n)
     }
 
     fn remaining(&self, key: String) -> u32 {
-        let booked = self.booked.remaining_key(&key);
-        self.exec
-            .as_ref()
-            .map_or(booked, |exec| booked.min(exec.remaining_key(&key)))
+        self.0.remaining(&key)
     }
 
     #[pyo3(signature = (key, n, timeout=None))]
     fn book(&self, key: String, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
-        check_n(n, self.burst())?;
-        let held = Arc::clone(&self.booked)
-            .reserve_key_within_owned(key, n, max_wait(timeout)?)
-            .map_err(too_late)?;
-        Ok(Ticket::new(Held::Keyed(held)))
+        self.0.book(&key, n, timeout)
     }
 
     fn run(&self, key: String, n: u32) -> PyResult<Option<Ticket>> {
-        let Some(exec) = &self.exec else {
-            return Ok(None);
-        };
-        let held = Arc::clone(exec)
-            .reserve_key_within_owned(key, n, Duration::MAX)
-            .map_err(too_late)?;
-        Ok(Some(Ticket::new(Held::Keyed(held))))
+        self.0.run(&key, n)
     }
 
     #[pyo3(signature = (key, n, timeout=None))]
@@ -324,32 +402,15 @@ impl KeyedCore {
         n: u32,
         timeout: Option<f64>,
     ) -> PyResult<()> {
-        check_n(n, self.burst())?;
-        let booked = Arc::clone(&self.booked)
-            .reserve_key_within_owned(key.clone(), n, max_wait(timeout)?)
-            .map_err(too_late)?;
-        block(py, Held::Keyed(booked));
-        if let Some(exec) = &self.exec {
-            let run = Arc::clone(exec)
-                .reserve_key_within_owned(key, n, Duration::MAX)
-                .map_err(too_late)?;
-            block(py, Held::Keyed(run));
-        }
-        Ok(())
+        self.0.acquire_blocking(py, &key, n, timeout)
     }
 
     fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
-        let quota = quota(count, per, burst)?;
-        self.booked.set_quota(quota);
-        if let Some(exec) = &self.exec {
-            exec.set_quota(quota);
-        }
-        *self.burst.lock().unwrap_or_else(|e| e.into_inner()) = burst;
-        Ok(())
+        self.0.set_quota(count, per, burst)
     }
 
     fn __len__(&self) -> usize {
-        self.booked.len()
+        self.0.booked.len()
     }
 }
 

@@ -160,9 +160,11 @@ def test_threads_and_coroutines_on_several_loops_never_exceed_the_bound():
     assert len(starts) >= 200, "threads and loops all made progress"
 
 
-def test_a_stalled_loop_does_not_break_the_execution_bound():
+def starts_around_a_stall(execution_bound):
+    """60 tasks through 100/s with a burst of 10, the loop stalled for 0.3 s meanwhile."""
+
     async def main():
-        limiter = paceline.Limiter(100, per=1.0, burst=10)
+        limiter = paceline.Limiter(100, per=1.0, burst=10, execution_bound=execution_bound)
         t0 = time.monotonic()
         starts = []
 
@@ -176,7 +178,11 @@ def test_a_stalled_loop_does_not_break_the_execution_bound():
         await asyncio.gather(*tasks)
         return starts
 
-    starts = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_stalled_loop_does_not_break_the_execution_bound():
+    starts = starts_around_a_stall(execution_bound=True)
     assert len(starts) == 60
     # 100/s, burst 10: at most 110 in any second and 20 in any 0.1 s, stall or not.
     # (One more for the reading each task takes a moment after its admission.)
@@ -185,23 +191,8 @@ def test_a_stalled_loop_does_not_break_the_execution_bound():
 
 
 def test_without_the_execution_bound_a_stall_releases_turns_together():
-    async def main():
-        limiter = paceline.Limiter(100, per=1.0, burst=10, execution_bound=False)
-        t0 = time.monotonic()
-        starts = []
-
-        async def call():
-            await limiter.acquire()
-            starts.append(time.monotonic() - t0)
-
-        tasks = [asyncio.ensure_future(call()) for _ in range(60)]
-        await asyncio.sleep(0.05)
-        time.sleep(0.3)
-        await asyncio.gather(*tasks)
-        return starts
-
     # The turns were booked exactly; only the moment the work ran bunched up.
-    assert starts_within(asyncio.run(main()), 0.1) > 20
+    assert starts_within(starts_around_a_stall(execution_bound=False), 0.1) > 20
 
 
 def test_set_quota_while_running_keeps_the_spent_and_the_queue():

@@ -34,57 +34,38 @@ pub(crate) trait Target {
     fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R>;
 }
 
-/// A borrowed target is the target: `Acquire<&Limiter>` waits on a borrowed limiter.
-impl<T: Target> Target for &T {
-    type Clock = T::Clock;
+/// A target behind a reference or an `Arc` is the target: `Acquire<&Limiter>` waits on a
+/// borrowed limiter, `Acquire<Arc<Limiter>>` is a wait that owns it (the owned forms, for
+/// a wait kept in a struct, a spawned task or another language's object).
+macro_rules! forward_target {
+    ($($handle:ty),*) => {$(
+        impl<T: Target> Target for $handle {
+            type Clock = T::Clock;
 
-    fn params(&self) -> Params {
-        (**self).params()
-    }
+            fn params(&self) -> Params {
+                (**self).params()
+            }
 
-    fn time(&self) -> &Timeline<Self::Clock> {
-        (**self).time()
-    }
+            fn time(&self) -> &Timeline<Self::Clock> {
+                (**self).time()
+            }
 
-    fn waiters(&self) -> Arc<Waiters<Self::Clock>> {
-        (**self).waiters()
-    }
+            fn waiters(&self) -> Arc<Waiters<Self::Clock>> {
+                (**self).waiters()
+            }
 
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        (**self).with_word(f)
-    }
+            fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
+                (**self).with_word(f)
+            }
 
-    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        (**self).with_stored_word(f)
-    }
+            fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+                (**self).with_stored_word(f)
+            }
+        }
+    )*};
 }
 
-/// A shared target is the target: `Acquire<Arc<Limiter>>` is a wait that owns its
-/// limiter (the owned forms, for a wait kept in a struct, a spawned task or another
-/// language's object).
-impl<T: Target> Target for Arc<T> {
-    type Clock = T::Clock;
-
-    fn params(&self) -> Params {
-        (**self).params()
-    }
-
-    fn time(&self) -> &Timeline<Self::Clock> {
-        (**self).time()
-    }
-
-    fn waiters(&self) -> Arc<Waiters<Self::Clock>> {
-        (**self).waiters()
-    }
-
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        (**self).with_word(f)
-    }
-
-    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        (**self).with_stored_word(f)
-    }
-}
+forward_target!(&T, Arc<T>);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
