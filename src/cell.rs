@@ -63,8 +63,37 @@ impl TatWord {
     #[inline]
     pub(crate) fn acquire(&self, now: u64, cost: u64, tolerance: u64) -> Result<u64, u64> {
         // Relaxed: see the module docs; the CAS below re-validates whatever we read.
-        let mut current = self.tat.load(Ordering::Relaxed);
+        let current = self.tat.load(Ordering::Relaxed);
+        let next = gcra::admit(current, now, cost, tolerance)?;
+        if next == current {
+            // Zero cells at a TAT already in the future: nothing to write.
+            return Ok(next);
+        }
+        // The uncontended case, inline; a collision takes the out-of-line loop (keeping
+        // its backoff and registers off the path almost every check takes).
+        // Relaxed on success and failure: as in `acquire_contended`.
+        match self
+            .tat
+            .compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => Ok(next),
+            Err(observed) => self.acquire_contended(observed, now, cost, tolerance),
+        }
+    }
+
+    /// [`TatWord::acquire`] after a failed compare-and-swap, from the value it observed.
+    #[cold]
+    #[inline(never)]
+    fn acquire_contended(
+        &self,
+        observed: u64,
+        now: u64,
+        cost: u64,
+        tolerance: u64,
+    ) -> Result<u64, u64> {
+        let mut current = observed;
         let mut backoff = Backoff::new();
+        backoff.spin();
         loop {
             let next = gcra::admit(current, now, cost, tolerance)?;
             if next == current {

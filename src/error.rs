@@ -30,14 +30,15 @@ pub(crate) fn cost(params: &Params, n: u32) -> Result<u64, Denied> {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NotUntil {
-    wait: Duration,
+    /// The wait in nanoseconds: turned into a `Duration` only when asked for, so that a
+    /// denied check (the path a flood takes) does no division.
+    wait: u64,
 }
 
 impl NotUntil {
+    #[inline]
     pub(crate) fn from_nanos(wait: u64) -> NotUntil {
-        NotUntil {
-            wait: Duration::from_nanos(wait),
-        }
+        NotUntil { wait }
     }
 
     /// How long after the check the same request would have been admitted (assuming no one
@@ -52,13 +53,13 @@ impl NotUntil {
     /// assert_eq!(limiter.check().unwrap_err().wait_time().as_secs(), 60);
     /// ```
     pub fn wait_time(&self) -> Duration {
-        self.wait
+        Duration::from_nanos(self.wait)
     }
 }
 
 impl fmt::Display for NotUntil {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rate limited: try again in {:?}", self.wait)
+        write!(f, "rate limited: try again in {:?}", self.wait_time())
     }
 }
 

@@ -52,6 +52,19 @@ impl Params {
         })
     }
 
+    /// The parts of a `Params` that `Params::new` made (stored apart and read back
+    /// together by `SharedQuota`): `interval` and `burst` at least 1, `tau` their
+    /// saturated product.
+    #[inline]
+    pub(crate) const fn from_parts(interval: u64, burst: u32, tau: u64) -> Params {
+        debug_assert!(interval > 0 && burst > 0);
+        Params {
+            interval,
+            burst,
+            tau,
+        }
+    }
+
     pub(crate) const fn interval(&self) -> u64 {
         self.interval
     }

@@ -34,6 +34,9 @@ pub(crate) struct SharedQuota {
     version: AtomicU64,
     interval: AtomicU64,
     burst: AtomicU32,
+    /// `burst * interval`, saturated: stored so that a check reads it instead of
+    /// multiplying.
+    tau: AtomicU64,
 }
 
 impl SharedQuota {
@@ -43,6 +46,7 @@ impl SharedQuota {
             version: AtomicU64::new(0),
             interval: AtomicU64::new(params.interval()),
             burst: AtomicU32::new(params.burst()),
+            tau: AtomicU64::new(params.tau()),
         }
     }
 
@@ -55,13 +59,31 @@ impl SharedQuota {
             // Relaxed: ordered by the version loads around them (module docs).
             let interval = self.interval.load(Ordering::Relaxed);
             let burst = self.burst.load(Ordering::Relaxed);
+            let tau = self.tau.load(Ordering::Relaxed);
             // Acquire fence: the field loads above stay before the version load below.
             fence(Ordering::Acquire);
             let after = self.version.load(Ordering::Relaxed);
             if before == after && before.is_multiple_of(2) {
-                if let Some(params) = Params::new(interval, burst) {
-                    return params;
-                }
+                // A stable version: the three fields `store` wrote from one `Params`.
+                return Params::from_parts(interval, burst, tau);
+            }
+            crate::sync::spin_loop();
+        }
+    }
+
+    /// The interval and the tolerance alone, read consistently: all a one-cell check
+    /// needs (one load fewer than [`SharedQuota::load`]).
+    #[inline]
+    pub(crate) fn load_interval_and_tau(&self) -> (u64, u64) {
+        loop {
+            // Orderings as in `load`.
+            let before = self.version.load(Ordering::Acquire);
+            let interval = self.interval.load(Ordering::Relaxed);
+            let tau = self.tau.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            let after = self.version.load(Ordering::Relaxed);
+            if before == after && before.is_multiple_of(2) {
+                return (interval, tau);
             }
             crate::sync::spin_loop();
         }
@@ -95,6 +117,7 @@ impl SharedQuota {
         fence(Ordering::Release);
         self.interval.store(params.interval(), Ordering::Relaxed);
         self.burst.store(params.burst(), Ordering::Relaxed);
+        self.tau.store(params.tau(), Ordering::Relaxed);
         // Release: a reader that loads this even version sees both fields.
         self.version
             .store(version.wrapping_add(2), Ordering::Release);

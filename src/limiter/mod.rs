@@ -137,9 +137,9 @@ impl<C: Clock> Limiter<C> {
     /// ```
     #[inline]
     pub fn check(&self) -> Result<(), NotUntil> {
-        let params = self.quota.load();
+        let (interval, tau) = self.quota.load_interval_and_tau();
         let now = self.now();
-        match self.cell.acquire(now, params.interval(), params.tau()) {
+        match self.cell.acquire(now, interval, tau) {
             Ok(_) => Ok(()),
             Err(wait) => Err(NotUntil::from_nanos(wait)),
         }
