@@ -11,7 +11,8 @@ baseline=benches/instructions.baseline
 
 command -v valgrind >/dev/null || { apt-get update >/dev/null && apt-get install -y valgrind >/dev/null; }
 cargo build --locked --release -p paceline-benches --example instructions 2>&1 | tail -1
-bin=target/release/examples/instructions
+bin="${CARGO_TARGET_DIR:-target}/release/examples/instructions"
+[ -x "$bin" ] || { echo "no $bin after the build"; exit 1; }
 
 declare -A count
 printf '%-34s %12s\n' "workload" "instructions"
