@@ -139,8 +139,10 @@ fn main() {
             "{connections} keep-alive connections, {CLIENTS} client addresses via X-Forwarded-For, \
              {seconds} s per variant, {rounds} interleaved rounds"
         );
-        let mut results: Vec<(&str, Vec<(f64, Duration)>)> =
-            servers.iter().map(|(name, _)| (*name, Vec::new())).collect();
+        let mut results: Vec<(&str, Vec<(f64, Duration)>)> = servers
+            .iter()
+            .map(|(name, _)| (*name, Vec::new()))
+            .collect();
         for round in 0..rounds {
             for (i, (name, addr)) in servers.iter().enumerate() {
                 let (rps, p99) = load(*addr, connections, seconds).await;

@@ -85,6 +85,7 @@ pub(crate) fn criterion() -> criterion::Criterion {
 }
 
 /// The bench's `main`: its function `bench` under criterion with `config`.
+#[allow(unused_macros)] // http_e2e has a main of its own
 macro_rules! bench_main {
     ($config:expr) => {
         criterion::criterion_group! {
@@ -95,4 +96,5 @@ macro_rules! bench_main {
         criterion::criterion_main!(benches);
     };
 }
+#[allow(unused_imports)]
 pub(crate) use bench_main;
