@@ -6,7 +6,7 @@ pub(super) type Exempt = Arc<dyn Fn(&Head<'_>) -> bool + Send + Sync>;
 
 /// A tower [`Layer`](tower_layer::Layer) that rate-limits requests: every [`Limit`] must
 /// admit a request, or it is refused with `429` and `Retry-After` (see the [module
-/// docs](self) for everything it does).
+/// docs](crate::http) for everything it does).
 ///
 /// # Examples
 ///

@@ -4,7 +4,7 @@
 use super::*;
 
 /// A limiter whose state lives in Redis, shared by every process that uses the same
-/// Redis, prefix and quota. See the [module docs](self).
+/// Redis, prefix and quota. See the [module docs](crate::redis).
 ///
 /// # Examples
 ///

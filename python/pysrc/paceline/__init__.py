@@ -132,9 +132,14 @@ class _Waiting:
 
     def sleepers(self) -> _Sleepers:
         loop = asyncio.get_running_loop()
+        # A read of one entry is safe without the lock (with or without the GIL); only
+        # adding a loop takes it.
+        sleepers = self.loops.get(loop)
+        if sleepers is not None:
+            return sleepers
         with self.lock:
             sleepers = self.loops.get(loop)
-            if sleepers is None or sleepers.loop is not loop:
+            if sleepers is None:
                 sleepers = self.loops[loop] = _Sleepers(loop)
             return sleepers
 
@@ -217,11 +222,11 @@ class Limiter:
         the turn is further away than that. Cancelled while it waits, the cells go back.
         """
         core = self._core
-        # The common case first: a plain int, no timeout, and room now.
-        if n.__class__ is int and timeout is None and 0 <= n and core.try_acquire(n):
-            return
-        n = _count("n", n, 0)
-        timeout = _seconds("timeout", timeout, allow_none=True)
+        if n.__class__ is not int or n < 0:
+            n = _count("n", n, 0)
+        if timeout is not None:
+            timeout = _seconds("timeout", timeout, allow_none=True)
+        # Room now, and nobody waiting ahead: no booking, no sleep.
         if core.try_acquire(n):
             return
         await self._waiting.wait(core.book(n, timeout))
@@ -303,12 +308,12 @@ class KeyedLimiter:
         """Waits this task's booked turn for ``n`` cells of ``key`` (see
         ``Limiter.acquire``)."""
         core = self._core
-        if key.__class__ is str and n.__class__ is int and timeout is None and 0 <= n:
-            if core.try_acquire(key, n):
-                return
-        key = self._key(key)
-        n = _count("n", n, 0)
-        timeout = _seconds("timeout", timeout, allow_none=True)
+        if key.__class__ is not str:
+            key = self._key(key)
+        if n.__class__ is not int or n < 0:
+            n = _count("n", n, 0)
+        if timeout is not None:
+            timeout = _seconds("timeout", timeout, allow_none=True)
         if core.try_acquire(key, n):
             return
         await self._waiting.wait(core.book(key, n, timeout))
