@@ -11,8 +11,8 @@ use super::{timer, Clock, DefaultClock};
 /// With the default clock, every round of wake-ups is two thread switches: the timer
 /// thread wakes, then it wakes a runtime worker. With this clock the worker that sleeps
 /// in the runtime's driver wakes itself and runs the waiters' tasks, so a busy
-/// limiter costs less CPU (20 000 waiters at 100 000/s: about a fifth less; the README's
-/// benchmarks have the numbers). The price is tokio's millisecond timer: waiters are woken
+/// limiter costs less CPU (20 000 waiters at 100 000/s: about a fifth less; BENCHMARKS.md
+/// has the numbers). The price is tokio's millisecond timer: waiters are woken
 /// later after their instant (measured: 0.66 ms on average, 2.1 ms at most, against the
 /// default clock's 0.37 ms and 0.68 ms), never before it.
 ///

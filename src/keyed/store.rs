@@ -37,26 +37,23 @@
 //! its own time), and rebuilds the table: twice as large if more than three quarters of it
 //! is left, smaller if less than an eighth is, the same size otherwise. A table that is
 //! full again less than 100 ms after its last sweep doubles without sweeping: it is too
-//! small for the clients that keep coming. (Without that rule, clients that come back in
-//! a fixed order, as pollers do, settled into a table holding a fraction of them, each
-//! forgotten just before its next visit and re-inserted on it: a paceline HTTP layer over
-//! 10 000 such clients paid 100 ns more per request than with one key.) So:
+//! small for the clients that keep coming (clients that come back in a fixed order, as
+//! pollers do, would otherwise each be forgotten just before its next visit and
+//! re-inserted on it, every visit paying the write lock). So:
 //!
 //! * a stable population of recurring clients costs only the read path: with no new key
 //!   there is no sweep at all, and while the tables grow to hold the population, a client
 //!   seen since the last sweep survives the next one, so the keys that keep coming back
-//!   count as kept and the table grows to hold them instead of forgetting them (the
-//!   earlier policy, a sweep of every replenished key whenever a shard had doubled, forgot
-//!   every client that was under its limit and re-inserted it under the write lock on its
-//!   next visit: 0.49x governor's throughput in that regime);
+//!   count as kept and the table grows to hold them instead of forgetting them (a sweep
+//!   of every replenished key would forget every client under its limit and re-insert
+//!   it under the write lock on its next visit);
 //! * keys that stopped coming are forgotten at the second sweep after their last
 //!   admission, so memory follows the active population: the table grows only when more
 //!   than three quarters of it was admitted within about one sweep interval (plus the
 //!   burst window), or when new keys fill it within 100 ms (it then holds about twice
 //!   the keys that arrive in 100 ms), and a rotating population settles at a fixed size
-//!   (measured in `tests/keyed.rs`: at most about 5x the keys live at once, 10x in one
-//!   run of 150 where a shard doubled at the edge of the 100 ms rule, where a map that
-//!   never forgets holds every key it ever saw, 70x there);
+//!   (`tests/keyed.rs` bounds it by 8x the keys admitted within a burst window plus
+//!   200 ms, where a map that never forgets holds every key it ever saw);
 //! * a sweep costs O(table) and happens only after at least a quarter of the table was
 //!   inserted since the last one (or the table doubled): amortised O(1) per new key, with
 //!   no background thread; [`KeyedLimiter::retain_recent`] forgets every replenished key
@@ -73,13 +70,11 @@
 //! A full shard also keeps a Bloom filter of its keys (`Members`: one word per lookup,
 //! 8 bits per key, about 1 byte per key of the bound, only while full), consulted before
 //! the table: a new key it rules out (about 95 % of them) is refused without probing. The
-//! probe itself was the flood's cost to everyone else: it reads the entries of stored keys
+//! probe is what a flood would cost everyone else: it reads the entries of stored keys
 //! whose 7-bit tags happen to match, about one entry line per ten new keys, and those are
 //! the lines that the stored keys' admissions write, so on another core every admission
-//! paid for a line the flood had just read. Measured with 100 000 admitted known keys on
-//! one thread and a flood on the other: known-key checks ran at 0.15–0.74x of their quiet
-//! speed without the filter and 0.91–0.95x with it (0.9–1.0x either way when the known
-//! keys are limited, so that their checks write nothing). The filter never rules out a
+//! would pay for a line the flood had just read (BENCHMARKS.md, regime 5, has the
+//! numbers). The filter never rules out a
 //! stored key: it is built from every key of the shard when the shard first refuses one,
 //! and dropped by any sweep that forgets a key (the only way room is made for an insert).
 

@@ -2,16 +2,11 @@
 //!
 //! # Implementation notes
 //!
-//! Why it exists, measured (README, "Keyed storage"): with a plain `RwLock` per keyed
-//! shard, every `check_key` wrote the shard's one reader count, that cache line moved
-//! between cores on most checks, and 2-thread runs gave 0.5–3.2x governor's throughput;
-//! with a reader slot per core, 2.09–2.17x in paired rounds.
-//!
-//! The slots were first one `RwLock<()>` each, so a read cost two read-modify-writes
-//! (taking and releasing the slot's reader count). A slot is now a word that a reader
-//! takes with one compare-and-swap and gives back with a plain release store: measured,
-//! a keyed check with no lock at all ran 1.6–2.0x governor's throughput on one thread,
-//! with the two read-modify-writes 1.1–1.4x.
+//! Why it exists: with one reader count per keyed shard, every `check_key` would write
+//! that count, and its cache line would move between cores on most checks. Here each
+//! reader takes a slot of its own (one per core): a word that a reader takes with one
+//! compare-and-swap and gives back with a plain release store, a single read-modify-write
+//! per read (a `RwLock` per slot would cost two).
 
 use crate::sync::{AtomicU32, Backoff, Mutex, Ordering};
 
@@ -63,10 +58,9 @@ std::thread_local! {
 /// [`REFRESH`] reads (threads migrate). Any value is correct; only a value shared by two
 /// threads running at once costs speed, as the second then looks for another slot.
 ///
-/// A per-thread counter (crossbeam's `ShardedLock` does that) gives two concurrently
-/// running threads the same slot whenever their indices agree modulo the slot count:
-/// measured, half the runs of two threads on two slots shared a slot, and known-key
-/// checks during a key flood ran at 0.2x instead of 0.8x of their quiet speed.
+/// A per-thread counter (crossbeam's `ShardedLock` does that) would give two concurrently
+/// running threads the same slot whenever their indices agree modulo the slot count,
+/// and they would then collide on every read.
 #[cfg(not(loom))]
 #[inline]
 fn slot_hint() -> usize {
