@@ -22,6 +22,10 @@ use hyper_util::rt::TokioExecutor;
 
 mod common;
 
+#[path = "../tests-integration/tests/support/http_server.rs"]
+mod http_server;
+use http_server::serve_router;
+
 const CLIENTS: u32 = 10_000;
 
 fn env(name: &str, default: u64) -> u64 {
@@ -57,20 +61,6 @@ fn variants() -> Vec<(&'static str, Router)> {
             router().layer(tower_governor::GovernorLayer::new(governor_config)),
         ),
     ]
-}
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
 }
 
 /// Requests per second and the 99th-percentile latency over `seconds`.
@@ -133,7 +123,7 @@ fn main() {
     runtime.block_on(async {
         let mut servers = Vec::new();
         for (name, app) in variants() {
-            servers.push((name, serve(app).await));
+            servers.push((name, serve_router(app).await));
         }
         println!(
             "{connections} keep-alive connections, {CLIENTS} client addresses via X-Forwarded-For, \

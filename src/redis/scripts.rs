@@ -47,20 +47,32 @@ pub(super) const MAX_BOOKINGS: usize = 32;
 /// Returns `{1, ahead, wait}` when admitted (`ahead`: the new TAT minus now; booked:
 /// `wait` until its instant), `{0, wait, 0}` when not (`wait` at least 1), `{2,
 /// remaining, 0}` for a read.
-pub(super) const SCRIPT: &str = r"
+/// Lua that sets `now` (µs): the fixed time in `ARGV[$arg]` when it is not empty (test
+/// mode), else the server's `TIME`.
+macro_rules! lua_now {
+    ($arg:literal) => {
+        concat!(
+            "local now\nif ARGV[",
+            $arg,
+            "] ~= '' then\n  now = tonumber(ARGV[",
+            $arg,
+            "])\n",
+            "else\n  local t = redis.call('TIME')\n",
+            "  now = tonumber(t[1]) * 1000000 + tonumber(t[2])\nend\n"
+        )
+    };
+}
+
+pub(super) const SCRIPT: &str = concat!(
+    r"
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local extra = tonumber(ARGV[5])
 local id = ARGV[6]
-local now
-if ARGV[4] ~= '' then
-  now = tonumber(ARGV[4])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local ahead, list = 0, ''
+",
+    lua_now!(4),
+    r"local ahead, list = 0, ''
 local v = redis.call('GET', KEYS[1])
 if v then
   local written, tat, rest = string.match(v, '^(%d+) (%-?%d+)(.*)$')
@@ -110,21 +122,16 @@ end
 local wait = new - tau
 if wait < 0 then wait = 0 end
 return {1, new, wait}
-";
+"
+);
 
 /// Gives a booking back by its id (module docs). `ARGV`: the id, a fixed time in µs
 /// (empty: the server's `TIME`). Returns 1 if the booking was found live and is now
 /// cancelled (its cost taken off the TAT at once or once the bookings after it are
 /// cancelled too), 0 otherwise.
-pub(super) const REFUND: &str = r"
-local now
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local v = redis.call('GET', KEYS[1])
+pub(super) const REFUND: &str = concat!(
+    lua_now!(2),
+    r"local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local written, tat, rest = string.match(v, '^(%d+) (%-?%d+)(.*)$')
 if not written then return 0 end
@@ -158,7 +165,8 @@ else
   redis.call('SET', KEYS[1], value, 'PX', math.ceil(ahead / 1000000) + 1)
 end
 return 1
-";
+"
+);
 
 #[cfg(test)]
 mod tests {
