@@ -206,8 +206,11 @@ fn realtime_wakers_that_each_take_a_little_cause_no_hand_over() {
     std::thread::sleep(Duration::from_millis(1000));
     let served_by = threads.lock().unwrap().len();
     drop(waiting);
+    // Timing the round handed over every 10 ms of it (8 threads here); timing each wake
+    // hands over only when one wake is stalled that long, which a loaded machine's
+    // scheduler may still do once or twice.
     assert!(
-        served_by <= 2,
+        served_by <= 3,
         "300 wakes of 0.2 ms were spread over {served_by} timer threads"
     );
 }

@@ -49,7 +49,7 @@ fn bookings_whose_answers_never_arrive_are_given_back() {
             .unwrap()
             .with_timeout(Duration::from_millis(100));
         limiter.check_key("k").await.unwrap();
-        // The server stalls for half a second: waiters time out (their calls give up
+        // The server stalls for 0.7 s: waiters time out (their calls give up
         // after 100 ms) or are dropped by their callers, while their bookings wait in
         // the server's queue.
         let sleeper = tokio::spawn({
@@ -58,12 +58,12 @@ fn bookings_whose_answers_never_arrive_are_given_back() {
                 // Its own answer may time out on the client side: only the stall matters.
                 let _: redis::RedisResult<()> = redis::cmd("DEBUG")
                     .arg("SLEEP")
-                    .arg("0.5")
+                    .arg("0.7")
                     .query_async(&mut admin)
                     .await;
             }
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let waits = (0..10).map(|i| {
             let limiter = &limiter;
             async move {
@@ -89,7 +89,7 @@ fn bookings_whose_answers_never_arrive_are_given_back() {
         };
         assert!(
             wait <= Duration::from_secs(10),
-            "the key is blocked for {wait:?} after a half-second stall"
+            "the key is blocked for {wait:?} after a 0.7 s stall"
         );
     });
 }
