@@ -10,8 +10,8 @@ ITERATIONS=20000
 baseline=benches/instructions.baseline
 
 command -v valgrind >/dev/null || { apt-get update >/dev/null && apt-get install -y valgrind >/dev/null; }
-cargo build --locked --release -p paceline-benches --example instructions 2>&1 | tail -1
-bin="${CARGO_TARGET_DIR:-target}/release/examples/instructions"
+cargo build --locked --profile instructions -p paceline-benches --example instructions 2>&1 | tail -1
+bin="${CARGO_TARGET_DIR:-target}/instructions/examples/instructions"
 [ -x "$bin" ] || { echo "no $bin after the build"; exit 1; }
 
 declare -A count

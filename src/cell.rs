@@ -7,7 +7,7 @@
 //! # Implementation notes
 //!
 //! A `TatWord` is one `AtomicU64` holding the theoretical arrival time (TAT) in
-//! nanoseconds since the limiter's creation. Every update is a compare-and-swap from the value this thread
+//! nanoseconds on the limiter's clock. Every update is a compare-and-swap from the value this thread
 //! last observed to the value [`gcra::admit`] computed from it, so each admission is judged
 //! against exactly the state it replaces: two threads can never both spend the same room.
 //!
@@ -31,7 +31,7 @@ use crate::sync::{AtomicU64, Backoff, Ordering};
 /// One GCRA state word: the theoretical arrival time. See the module docs.
 #[derive(Debug)]
 pub(crate) struct TatWord {
-    /// The theoretical arrival time, in nanoseconds since the limiter's creation.
+    /// The theoretical arrival time, in nanoseconds on the limiter's clock.
     tat: AtomicU64,
 }
 
@@ -62,44 +62,47 @@ impl TatWord {
     /// nanoseconds and writes nothing. Returns the TAT the admission produced.
     #[inline]
     pub(crate) fn acquire(&self, now: u64, cost: u64, tolerance: u64) -> Result<u64, u64> {
+        let Some(room) = tolerance.checked_sub(cost) else {
+            return Err(u64::MAX);
+        };
+        if cost == 0 {
+            // Nothing to spend: the verdict alone (a TAT behind `now` and one at `now` are
+            // the same state, so nothing needs writing either way).
+            return gcra::admit_in_room(self.tat(), now, 0, room);
+        }
+        self.spend(now, cost, room)
+    }
+
+    /// Spends `cost` (at least 1) at `now` if the TAT is at most `room` ahead of `now`
+    /// (`room = tolerance - cost`); otherwise returns the wait in nanoseconds and writes
+    /// nothing. Returns the TAT the admission produced. The one-cell check's path.
+    #[inline]
+    pub(crate) fn spend(&self, now: u64, cost: u64, room: u64) -> Result<u64, u64> {
+        debug_assert!(cost > 0, "a positive cost always moves the TAT");
         // Relaxed: see the module docs; the CAS below re-validates whatever we read.
         let current = self.tat.load(Ordering::Relaxed);
-        let next = gcra::admit(current, now, cost, tolerance)?;
-        if next == current {
-            // Zero cells at a TAT already in the future: nothing to write.
-            return Ok(next);
-        }
+        let next = gcra::admit_in_room(current, now, cost, room)?;
         // The uncontended case, inline; a collision takes the out-of-line loop (keeping
         // its backoff and registers off the path almost every check takes).
-        // Relaxed on success and failure: as in `acquire_contended`.
+        // Relaxed on success and failure: as in `spend_contended`.
         match self
             .tat
             .compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
         {
             Ok(_) => Ok(next),
-            Err(observed) => self.acquire_contended(observed, now, cost, tolerance),
+            Err(observed) => self.spend_contended(observed, now, cost, room),
         }
     }
 
-    /// [`TatWord::acquire`] after a failed compare-and-swap, from the value it observed.
+    /// [`TatWord::spend`] after a failed compare-and-swap, from the value it observed.
     #[cold]
     #[inline(never)]
-    fn acquire_contended(
-        &self,
-        observed: u64,
-        now: u64,
-        cost: u64,
-        tolerance: u64,
-    ) -> Result<u64, u64> {
+    fn spend_contended(&self, observed: u64, now: u64, cost: u64, room: u64) -> Result<u64, u64> {
         let mut current = observed;
         let mut backoff = Backoff::new();
         backoff.spin();
         loop {
-            let next = gcra::admit(current, now, cost, tolerance)?;
-            if next == current {
-                // Zero cells at a TAT already in the future: nothing to write.
-                return Ok(next);
-            }
+            let next = gcra::admit_in_room(current, now, cost, room)?;
             // Relaxed on success and failure: the word publishes nothing else, and the
             // failure value is only fed back into the arithmetic (module docs).
             match self.tat.compare_exchange_weak(

@@ -7,7 +7,7 @@
 //!
 //! # Implementation notes
 //!
-//! All times are `u64` nanoseconds since the limiter's creation, which covers 584 years.
+//! All times are `u64` nanoseconds on the limiter's clock, which covers 584 years.
 //! With emission interval `T` (at least 1 ns) and burst `b`, the tolerance is
 //! `tau = b * T` and a request's cost is `n * T`, both *saturating* at `u64::MAX`: a
 //! tolerance or a cost past 584 years is indistinguishable from 584 years within any
@@ -111,12 +111,18 @@ pub(crate) enum Unfit {
 /// (callers rule it out first with [`Params::cost`], which keeps `cost <= tau`).
 #[inline]
 pub(crate) const fn admit(tat: u64, now: u64, cost: u64, tolerance: u64) -> Result<u64, u64> {
+    match tolerance.checked_sub(cost) {
+        Some(room) => admit_in_room(tat, now, cost, room),
+        None => Err(u64::MAX),
+    }
+}
+
+/// [`admit`] with the room already worked out: `room = tolerance - cost`, how far the TAT
+/// may be ahead of `now` for the request to fit (a one-cell check reads it stored).
+#[inline]
+pub(crate) const fn admit_in_room(tat: u64, now: u64, cost: u64, room: u64) -> Result<u64, u64> {
     let base = if tat > now { tat } else { now };
     let backlog = base - now;
-    let room = match tolerance.checked_sub(cost) {
-        Some(room) => room,
-        None => return Err(u64::MAX),
-    };
     if backlog > room {
         return Err(backlog - room);
     }
@@ -150,7 +156,7 @@ pub(crate) const fn remaining(tat: u64, now: u64, params: &Params) -> u32 {
 }
 
 /// The instant (limiter time) at which a booking of `cost` that moved the TAT to `tat`
-/// may proceed: `tat - max(tau, cost)`, or 0 when that is before the limiter's creation.
+/// may proceed: `tat - max(tau, cost)`, or 0 when that is before the clock's origin.
 ///
 /// At booking `cost <= tau`, so this is `tat - tau`. After a quota change to a burst
 /// window smaller than the booking (`Limiter::set_quota`), it is `tat - cost`: the

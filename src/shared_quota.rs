@@ -3,15 +3,16 @@
 //!
 //! # Implementation notes
 //!
-//! A quota is two integers (interval and burst; the tolerance is derived), too wide for
-//! one atomic word, and a check must never combine the interval of one quota with the
-//! burst of another. So they sit behind a sequence lock: a writer makes the version odd,
-//! stores both, and makes it even again; a reader loads the version, both fields and the
-//! version again, and retries if the version moved or was odd. Readers write nothing, so
-//! checks on many cores share the line. A writer takes the odd version by a
-//! compare-and-swap from an even one, which also serialises writers (changes are rare;
-//! no mutex, so this works without `std`). A reader only spins while a change is
-//! half-written, a few instructions long.
+//! A quota is stored as three integers (the interval, the burst, and the room a one-cell
+//! check leaves, `tau - interval`, derived once so that checks neither multiply nor
+//! subtract), too wide for one atomic word, and a check must never combine the interval
+//! of one quota with the room of another. So they sit behind a sequence lock: a writer
+//! makes the version odd, stores the fields, and makes it even again; a reader loads the
+//! version, the fields it needs and the version again, and retries if the version moved
+//! or was odd. Readers write nothing, so checks on many cores share the line. A writer
+//! takes the odd version by a compare-and-swap from an even one, which also serialises
+//! writers (changes are rare; no mutex, so this works without `std`). A reader only spins
+//! while a change is half-written, a few instructions long.
 //!
 //! Orderings: the fields are atomics (a racing read is never undefined behaviour), read
 //! `Relaxed`; the first version load is `Acquire`, pairing with the writer's `Release`
@@ -34,9 +35,10 @@ pub(crate) struct SharedQuota {
     version: AtomicU64,
     interval: AtomicU64,
     burst: AtomicU32,
-    /// `burst * interval`, saturated: stored so that a check reads it instead of
-    /// multiplying.
-    tau: AtomicU64,
+    /// `tau - interval` (with `tau = burst * interval`, saturated): how far the TAT may be
+    /// ahead of now for one more cell to fit. Stored so that a check reads it instead of
+    /// multiplying and subtracting; `tau` is `room + interval` exactly.
+    room: AtomicU64,
 }
 
 impl SharedQuota {
@@ -46,7 +48,7 @@ impl SharedQuota {
             version: AtomicU64::new(0),
             interval: AtomicU64::new(params.interval()),
             burst: AtomicU32::new(params.burst()),
-            tau: AtomicU64::new(params.tau()),
+            room: AtomicU64::new(room_for_one(params)),
         }
     }
 
@@ -59,31 +61,32 @@ impl SharedQuota {
             // Relaxed: ordered by the version loads around them (module docs).
             let interval = self.interval.load(Ordering::Relaxed);
             let burst = self.burst.load(Ordering::Relaxed);
-            let tau = self.tau.load(Ordering::Relaxed);
+            let room = self.room.load(Ordering::Relaxed);
             // Acquire fence: the field loads above stay before the version load below.
             fence(Ordering::Acquire);
             let after = self.version.load(Ordering::Relaxed);
-            if before == after && before.is_multiple_of(2) {
-                // A stable version: the three fields `store` wrote from one `Params`.
-                return Params::from_parts(interval, burst, tau);
+            if stable(before, after) {
+                // The three fields `store` wrote from one `Params`; `room + interval` is
+                // its `tau`, which `room` was computed from, so the sum cannot overflow.
+                return Params::from_parts(interval, burst, room + interval);
             }
             crate::sync::spin_loop();
         }
     }
 
-    /// The interval and the tolerance alone, read consistently: all a one-cell check
-    /// needs (one load fewer than [`SharedQuota::load`]).
+    /// The interval (a cell's cost, at least 1) and the room a one-cell check may find the
+    /// TAT ahead of now, read consistently: all a one-cell check needs.
     #[inline]
-    pub(crate) fn load_interval_and_tau(&self) -> (u64, u64) {
+    pub(crate) fn load_one_cell(&self) -> (u64, u64) {
         loop {
             // Orderings as in `load`.
             let before = self.version.load(Ordering::Acquire);
             let interval = self.interval.load(Ordering::Relaxed);
-            let tau = self.tau.load(Ordering::Relaxed);
+            let room = self.room.load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             let after = self.version.load(Ordering::Relaxed);
-            if before == after && before.is_multiple_of(2) {
-                return (interval, tau);
+            if stable(before, after) {
+                return (interval, room);
             }
             crate::sync::spin_loop();
         }
@@ -117,9 +120,23 @@ impl SharedQuota {
         fence(Ordering::Release);
         self.interval.store(params.interval(), Ordering::Relaxed);
         self.burst.store(params.burst(), Ordering::Relaxed);
-        self.tau.store(params.tau(), Ordering::Relaxed);
+        self.room.store(room_for_one(params), Ordering::Relaxed);
         // Release: a reader that loads this even version sees both fields.
         self.version
             .store(version.wrapping_add(2), Ordering::Release);
     }
+}
+
+/// `tau - interval`: never negative, as the burst is at least 1.
+fn room_for_one(params: &Params) -> u64 {
+    params.tau() - params.interval()
+}
+
+/// Whether a reader's two version loads bracket no write: equal and even. Written as one
+/// comparison: the second load is never older than the first (the loads of one location
+/// are ordered), so an odd first reading, with its low bit cleared, is below the second
+/// and never equal to it. (The version would wrap only after 2^63 quota changes.)
+#[inline]
+fn stable(before: u64, after: u64) -> bool {
+    before & !1 == after
 }

@@ -9,7 +9,7 @@ use futures_core::Stream;
 use pin_project_lite::pin_project;
 
 use crate::cell::TatWord;
-use crate::clock::{Clock, Timeline};
+use crate::clock::Clock;
 use crate::gcra::Params;
 use crate::limiter::Limiter;
 use crate::wait::future::{Acquire, Target};
@@ -83,8 +83,8 @@ impl<C: Clock> Target for Handle<'_, C> {
         Target::params(&self.get())
     }
 
-    fn time(&self) -> &Timeline<C> {
-        Target::time(self.get())
+    fn clock(&self) -> &C {
+        Target::clock(self.get())
     }
 
     fn waiters(&self) -> Arc<Waiters<C>> {
@@ -141,7 +141,7 @@ pin_project! {
 /// (to spawn it, say).
 ///
 /// The stream ends early only if an item's booking is refused, which happens only at the
-/// end of representable time (584 years after the limiter's creation, or a clock that
+/// end of representable time (584 years after the clock's origin, or a clock that
 /// jumps there): no item is ever yielded without its cell.
 ///
 /// # Examples

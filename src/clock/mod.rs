@@ -57,6 +57,11 @@ use core::task::Waker;
 pub trait Clock: Clone + Send + Sync + 'static {
     /// Nanoseconds since an origin of the clock's choosing.
     ///
+    /// Limiters work in these nanoseconds directly: a fresh limiter's state is time 0, so
+    /// any reading lets its whole burst through, and the arithmetic covers 584 years from
+    /// the origin (an origin such as the machine's boot or the Unix epoch leaves
+    /// centuries).
+    ///
     /// Should not go backwards; if it does (TSCs of different cores can disagree by a
     /// little), limiters only delay cells, never admit more than the quota.
     fn now(&self) -> u64;
@@ -99,49 +104,14 @@ pub trait Clock: Clone + Send + Sync + 'static {
     }
 }
 
-/// A limiter's view of its clock: the clock, and the reading that is the limiter's time 0.
-///
-/// Limiter time is what the GCRA arithmetic works in (nanoseconds since the limiter's
-/// creation); clock time is what [`Clock::now`] and [`Clock::wake_at`] speak. This is the
-/// one place that converts between them.
-#[derive(Clone, Debug)]
-pub(crate) struct Timeline<C> {
-    clock: C,
-    /// The clock reading that is limiter time 0.
-    origin: u64,
-}
-
-impl<C: Clock> Timeline<C> {
-    /// A timeline starting now.
-    pub(crate) fn starting_now(clock: C) -> Timeline<C> {
-        let origin = clock.now();
-        Timeline { clock, origin }
-    }
-
-    #[cfg_attr(not(feature = "std"), allow(dead_code))] // waiting's
-    pub(crate) fn clock(&self) -> &C {
-        &self.clock
-    }
-
-    /// Limiter time now; 0 if the clock reads before the origin (it stepped back).
-    #[inline]
-    pub(crate) fn now(&self) -> u64 {
-        self.clock.now().saturating_sub(self.origin)
-    }
-
-    /// The clock reading at limiter time `t`, saturating at `u64::MAX`.
-    #[cfg_attr(not(feature = "std"), allow(dead_code))] // waiting's
-    #[inline]
-    pub(crate) fn to_clock(&self, t: u64) -> u64 {
-        self.origin.saturating_add(t)
-    }
-}
-
 /// The default clock: quanta's TSC-based monotonic time, and one process-wide timer thread
 /// that wakes waiters when they are due.
 ///
-/// Reading it costs a few nanoseconds (one `rdtsc` and a scale). All `DefaultClock`s share
-/// one origin, fixed the first time any of them is read. The timer thread, named
+/// Reading it costs a few nanoseconds (one `rdtsc` and a scale, both read from the value
+/// itself, so a limiter's check looks nothing up elsewhere). Readings count from the
+/// machine's time-stamp counter's zero (about its boot), so all `DefaultClock`s agree. The
+/// first `DefaultClock` in a process calibrates the counter (a few milliseconds); later
+/// ones copy that calibration. The timer thread, named
 /// `paceline-timer`, starts the first time a waiter must sleep; it keeps one entry per limiter
 /// with waiters (not one per waiter) and sleeps with the OS's precise timeout, so a waiter
 /// is woken within tens of microseconds of its instant on an idle machine.
@@ -155,32 +125,27 @@ impl<C: Clock> Timeline<C> {
 /// assert!(clock.now() >= a);
 /// ```
 #[cfg(feature = "std")]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct DefaultClock {
-    _private: (),
-}
-
-#[cfg(all(feature = "std", not(loom)))]
-struct Origin {
+    #[cfg(not(loom))]
     clock: quanta::Clock,
-    raw: u64,
 }
 
-#[cfg(all(feature = "std", not(loom)))]
-static ORIGIN: std::sync::OnceLock<Origin> = std::sync::OnceLock::new();
+#[cfg(feature = "std")]
+impl Default for DefaultClock {
+    fn default() -> DefaultClock {
+        DefaultClock {
+            #[cfg(not(loom))]
+            clock: quanta::Clock::new(),
+        }
+    }
+}
 
 #[cfg(all(feature = "std", not(loom)))]
 impl Clock for DefaultClock {
     #[inline]
     fn now(&self) -> u64 {
-        let origin = ORIGIN.get_or_init(|| {
-            let clock = quanta::Clock::new();
-            let raw = clock.raw();
-            Origin { clock, raw }
-        });
-        // `delta_as_nanos` returns 0 for a reading before the origin (a TSC that stepped
-        // back across cores) rather than wrapping.
-        origin.clock.delta_as_nanos(origin.raw, origin.clock.raw())
+        self.clock.delta_as_nanos(0, self.clock.raw())
     }
 
     fn wake_at(&self, at: u64, waker: Waker) {

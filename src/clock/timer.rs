@@ -161,7 +161,8 @@ fn lock() -> MutexGuard<'static, State> {
 }
 
 fn now() -> u64 {
-    DefaultClock::default().now()
+    static CLOCK: OnceLock<DefaultClock> = OnceLock::new();
+    CLOCK.get_or_init(DefaultClock::default).now()
 }
 
 /// Wakes `waker` once the default clock reads at least `at`: at once if it already does.

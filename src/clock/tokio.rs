@@ -53,6 +53,8 @@ pub struct TokioClock {
     /// The runtime whose timer serves wake-ups; `None` when it cannot be relied on (see
     /// the type's docs), and paceline's timer thread serves them.
     handle: Option<tokio::runtime::Handle>,
+    /// Where the time comes from.
+    time: DefaultClock,
 }
 
 impl TokioClock {
@@ -81,6 +83,7 @@ impl TokioClock {
             && has_time_driver(&handle);
         TokioClock {
             handle: served.then_some(handle),
+            time: DefaultClock::default(),
         }
     }
 
@@ -104,6 +107,7 @@ impl TokioClock {
         let served = handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
         TokioClock {
             handle: served.then_some(handle),
+            time: DefaultClock::default(),
         }
     }
 
@@ -167,7 +171,7 @@ impl Drop for Pending {
 impl Clock for TokioClock {
     #[inline]
     fn now(&self) -> u64 {
-        DefaultClock::default().now()
+        self.time.now()
     }
 
     fn wake_at(&self, at: u64, waker: Waker) {

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::cell::TatWord;
-use crate::clock::{Clock, DefaultClock, Timeline};
+use crate::clock::{Clock, DefaultClock};
 use core::time::Duration;
 
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
@@ -63,7 +63,7 @@ pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
     /// The default quota (keys without one of their own), changeable by `set_quota`.
     quota: SharedQuota,
     quota_for: Option<QuotaFor<K>>,
-    time: Timeline<C>,
+    clock: C,
     /// Queues of the keys that have waiters. Locked only on the waiting path.
     waiters: Mutex<Queues<K, C>>,
 }
@@ -123,7 +123,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             store: Store::new(),
             quota: SharedQuota::new(quota),
             quota_for: None,
-            time: Timeline::starting_now(clock),
+            clock,
             waiters: Mutex::new(Queues {
                 map: HashMap::new(),
                 cleaned_len: 0,
@@ -189,7 +189,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
 
     #[inline]
     fn now(&self) -> u64 {
-        self.time.now()
+        self.clock.now()
     }
 
     #[inline]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::store::MIN_SWEEP_LEN;
 use super::KeyedLimiter;
 use crate::cell::TatWord;
-use crate::clock::{Clock, Timeline};
+use crate::clock::Clock;
 use crate::error::{Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::Params;
 use crate::wait::future::{Acquire, Target};
@@ -436,8 +436,8 @@ where
         self.limiter.params_for(&self.key)
     }
 
-    fn time(&self) -> &Timeline<C> {
-        &self.limiter.time
+    fn clock(&self) -> &C {
+        &self.limiter.clock
     }
 
     fn waiters(&self) -> Arc<Waiters<C>> {
@@ -450,7 +450,7 @@ where
             queues
                 .map
                 .entry(self.key.clone())
-                .or_insert_with(|| Waiters::new(limiter.time.clone())),
+                .or_insert_with(|| Waiters::new(limiter.clock.clone())),
         )
     }
 

@@ -5,7 +5,7 @@ use core::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::cell::TatWord;
-use crate::clock::{Clock, Timeline};
+use crate::clock::Clock;
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra;
 use crate::quota::Quota;
@@ -49,7 +49,7 @@ pub struct Limiter<
     quota: SharedQuota,
     /// The same timeline as `waiters` holds: kept here too so that `check()` reads it
     /// without following the `Arc`.
-    time: Timeline<C>,
+    clock: C,
     #[cfg(feature = "std")]
     waiters: Arc<Waiters<C>>,
 }
@@ -91,13 +91,12 @@ impl<C: Clock> Limiter<C> {
     /// assert_eq!(limiter.remaining(), 1);
     /// ```
     pub fn with_clock(quota: Quota, clock: C) -> Limiter<C> {
-        let time = Timeline::starting_now(clock);
         Limiter {
             cell: CachePadded::new(TatWord::new()),
             quota: SharedQuota::new(quota),
             #[cfg(feature = "std")]
-            waiters: Waiters::new(time.clone()),
-            time,
+            waiters: Waiters::new(clock.clone()),
+            clock,
         }
     }
 
@@ -115,7 +114,7 @@ impl<C: Clock> Limiter<C> {
 
     #[inline]
     fn now(&self) -> u64 {
-        self.time.now()
+        self.clock.now()
     }
 
     /// Admits one cell now, or says how long until one would be admitted.
@@ -137,9 +136,10 @@ impl<C: Clock> Limiter<C> {
     /// ```
     #[inline]
     pub fn check(&self) -> Result<(), NotUntil> {
-        let (interval, tau) = self.quota.load_interval_and_tau();
+        // The clock first: then only `self` lives across its call.
         let now = self.now();
-        match self.cell.acquire(now, interval, tau) {
+        let (interval, room) = self.quota.load_one_cell();
+        match self.cell.spend(now, interval, room) {
             Ok(_) => Ok(()),
             Err(wait) => Err(NotUntil::from_nanos(wait)),
         }
@@ -165,13 +165,15 @@ impl<C: Clock> Limiter<C> {
     /// ```
     #[inline]
     pub fn check_n(&self, n: u32) -> Result<(), Denied> {
-        let params = self.quota.load();
-        let cost = error::cost(&params, n)?;
-        if cost == 0 {
+        if n == 0 {
             return Ok(());
         }
+        // The clock first: then only `self` lives across its call.
         let now = self.now();
-        match self.cell.acquire(now, cost, params.tau()) {
+        let params = self.quota.load();
+        let cost = error::cost(&params, n)?;
+        // 1 <= n <= burst, so 0 < cost <= tau: the room does not underflow.
+        match self.cell.spend(now, cost, params.tau() - cost) {
             Ok(_) => Ok(()),
             Err(wait) => Err(NotUntil::from_nanos(wait).into()),
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::Limiter;
 use crate::cell::TatWord;
-use crate::clock::{Clock, Timeline};
+use crate::clock::Clock;
 use crate::error::{Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::Params;
 use crate::reservation::{OwnedReservation, Reservation};
@@ -388,8 +388,8 @@ impl<C: Clock> Target for Limiter<C> {
         self.quota.load()
     }
 
-    fn time(&self) -> &Timeline<C> {
-        &self.time
+    fn clock(&self) -> &C {
+        &self.clock
     }
 
     fn waiters(&self) -> Arc<Waiters<C>> {

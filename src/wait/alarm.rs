@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::task::Wake;
 
 use crate::clock::Clock;
-use crate::clock::Timeline;
 use crate::sync::Mutex;
 
 /// The alarm's state.
@@ -71,8 +70,8 @@ impl Alarm {
 
     /// Wakes `task` once `time` reads `until` (limiter time): asks the clock only if it
     /// is not already set for that instant; otherwise only the task waker is replaced.
-    pub(crate) fn set<C: Clock>(&self, time: &Timeline<C>, until: u64, task: &Waker) {
-        let at = time.to_clock(until);
+    pub(crate) fn set<C: Clock>(&self, clock: &C, until: u64, task: &Waker) {
+        let at = until;
         let (ask, forget, _old) = {
             let mut ring = self.inner.0.lock();
             let old = match &ring.task {
@@ -86,21 +85,21 @@ impl Alarm {
         if ask {
             if forget {
                 // Set for another instant: that entry is no longer needed.
-                time.clock().forget_waker(&self.ring);
+                clock.forget_waker(&self.ring);
             }
-            time.clock().wake_at(at, self.ring.clone());
+            clock.wake_at(at, self.ring.clone());
         }
     }
 
     /// Lets go of the task and of the clock's entry, if any.
-    pub(crate) fn cancel<C: Clock>(&self, time: &Timeline<C>) {
+    pub(crate) fn cancel<C: Clock>(&self, clock: &C) {
         let (task, set) = {
             let mut ring = self.inner.0.lock();
             (ring.task.take(), ring.set_for.take().is_some())
         };
         drop(task);
         if set {
-            time.clock().forget_waker(&self.ring);
+            clock.forget_waker(&self.ring);
         }
     }
 }

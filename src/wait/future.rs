@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::alarm::Alarm;
 use super::queue::{Booking, Waiter, Waiters};
 use crate::cell::TatWord;
-use crate::clock::{Clock, Timeline};
+use crate::clock::Clock;
 use crate::error::{self, Denied, NotUntil};
 use crate::gcra::Params;
 
@@ -19,7 +19,7 @@ pub(crate) trait Target {
 
     fn params(&self) -> Params;
 
-    fn time(&self) -> &Timeline<Self::Clock>;
+    fn clock(&self) -> &Self::Clock;
 
     /// The queue for this cell (made on demand by a keyed limiter).
     fn waiters(&self) -> Arc<Waiters<Self::Clock>>;
@@ -46,8 +46,8 @@ macro_rules! forward_target {
                 (**self).params()
             }
 
-            fn time(&self) -> &Timeline<Self::Clock> {
-                (**self).time()
+            fn clock(&self) -> &Self::Clock {
+                (**self).clock()
             }
 
             fn waiters(&self) -> Arc<Waiters<Self::Clock>> {
@@ -132,7 +132,7 @@ impl<T: Target> Acquire<T> {
                 // SAFETY: the node was linked by `book` on `waiters` and lives in this
                 // pinned future.
                 let instant = unsafe { waiters.instant_of(NonNull::from(&this.node)) };
-                instant.saturating_sub(this.target.time().now())
+                instant.saturating_sub(this.target.clock().now())
             }
             _ => 0,
         }
@@ -143,7 +143,7 @@ impl<T: Target> Acquire<T> {
     pub(crate) fn room_wait(self: Pin<&Self>) -> Option<u64> {
         let this = self.get_ref();
         match this.phase {
-            Phase::NoRoom { until } => Some(until.saturating_sub(this.target.time().now()).max(1)),
+            Phase::NoRoom { until } => Some(until.saturating_sub(this.target.clock().now()).max(1)),
             _ => None,
         }
     }
@@ -213,14 +213,14 @@ impl<T: Target> Acquire<T> {
         self.phase = Phase::NoRoom { until };
         self.alarm
             .get_or_insert_with(Alarm::new)
-            .set(self.target.time(), until, cx.waker());
+            .set(self.target.clock(), until, cx.waker());
         Poll::Pending
     }
 
     /// Takes back the clock registration of a wait for room, if there is one.
     fn disarm(&mut self) {
         if let Some(alarm) = self.alarm.take() {
-            alarm.cancel(self.target.time());
+            alarm.cancel(self.target.clock());
         }
     }
 }
@@ -236,7 +236,7 @@ impl<T: Target> Future for Acquire<T> {
         match this.phase {
             Phase::Done(outcome) => Poll::Ready(outcome),
             Phase::Unpolled | Phase::NoRoom { .. } => {
-                let now = this.target.time().now();
+                let now = this.target.clock().now();
                 if let Phase::NoRoom { until } = this.phase {
                     if now < until {
                         // Woken early: ask again for the same instant.

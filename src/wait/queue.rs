@@ -66,7 +66,7 @@ use super::list::{self, LinkedList};
 pub(crate) use super::node::Waiter;
 use super::node::{fired, slot, Slot};
 use crate::cell::TatWord;
-use crate::clock::{Clock, Timeline};
+use crate::clock::Clock;
 use crate::gcra::{self, Params};
 use crate::sync::{thread_local, Mutex, Ordering, Panic, WakeList};
 
@@ -119,7 +119,7 @@ pub(crate) struct Arm(Option<u64>);
 
 /// A queue of waiters beside one cell, with its clock.
 pub(crate) struct Waiters<C: Clock> {
-    time: Timeline<C>,
+    clock: C,
     state: Mutex<State>,
     /// The waker handed to the clock: fires this queue. It holds a `Weak`, so a clock that
     /// keeps it (a `ManualClock` never advanced again) forms no reference cycle.
@@ -174,9 +174,9 @@ impl<C: Clock> core::fmt::Debug for Waiters<C> {
 const MAX_EARLY_WAKES: u32 = 16;
 
 impl<C: Clock> Waiters<C> {
-    pub(crate) fn new(time: Timeline<C>) -> Arc<Waiters<C>> {
+    pub(crate) fn new(clock: C) -> Arc<Waiters<C>> {
         Arc::new_cyclic(|weak| Waiters {
-            time,
+            clock,
             state: Mutex::new(State {
                 list: LinkedList::new(),
                 armed: None,
@@ -192,7 +192,7 @@ impl<C: Clock> Waiters<C> {
         if let Some(instant) = arm.0 {
             if self.ask_once(instant) {
                 // The clock woke us on this thread: fire what is due, and arm the next.
-                let early = u32::from(self.time.now() < instant);
+                let early = u32::from(self.clock.now() < instant);
                 self.fire_round(true, early);
             }
         }
@@ -204,9 +204,7 @@ impl<C: Clock> Waiters<C> {
     fn ask_once(&self, instant: u64) -> bool {
         let me = core::ptr::from_ref(self).addr();
         let outer = ASKING.with(|asking| asking.replace((me, false)));
-        self.time
-            .clock()
-            .wake_at(self.time.to_clock(instant), self.fire.clone());
+        self.clock.wake_at(instant, self.fire.clone());
         let (_, woken) = ASKING.with(|asking| asking.replace(outer));
         woken
     }
@@ -272,7 +270,7 @@ impl<C: Clock> Waiters<C> {
         if unsafe { fired(node, Ordering::Acquire) } {
             return true;
         }
-        let now = self.time.now();
+        let now = self.clock.now();
         let (fired_now, due, _old) = {
             let _state = self.state.lock();
             // Relaxed: `fire` stores under this lock, which orders it before us.
@@ -397,7 +395,7 @@ impl<C: Clock> Waiters<C> {
         let mut from_clock = from_clock;
         let mut panicked: Result<(), Panic> = Ok(());
         loop {
-            let now = self.time.now();
+            let now = self.clock.now();
             let (arm, mut more) = {
                 let mut state = self.state.lock();
                 if from_clock || state.armed.is_some_and(|armed| armed <= now) {
@@ -432,7 +430,7 @@ impl<C: Clock> Waiters<C> {
             if let Some(instant) = arm {
                 if self.ask_once(instant) {
                     // Woken on this thread from inside `wake_at`: another pass fires it.
-                    if self.time.now() < instant {
+                    if self.clock.now() < instant {
                         early += 1;
                     }
                     if early > MAX_EARLY_WAKES {
@@ -510,7 +508,7 @@ impl<C: Clock> Drop for Waiters<C> {
     /// would otherwise keep them, and this allocation, until their instants).
     fn drop(&mut self) {
         if self.state.lock().asked_clock {
-            self.time.clock().forget_waker(&self.fire);
+            self.clock.forget_waker(&self.fire);
         }
     }
 }
