@@ -60,6 +60,7 @@ impl TatWord {
 
     /// Spends `cost` at `now` if it fits within `tolerance`; otherwise returns the wait in
     /// nanoseconds and writes nothing. Returns the TAT the admission produced.
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // keyed's and waiting's
     #[inline]
     pub(crate) fn acquire(&self, now: u64, cost: u64, tolerance: u64) -> Result<u64, u64> {
         let Some(room) = tolerance.checked_sub(cost) else {
