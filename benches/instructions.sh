@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The hot paths' instruction counts under callgrind, paceline beside governor, checked
+# The hot paths' instruction counts under callgrind, paceline beside governor (and
+# tower-governor for the HTTP layer, whose own cost is reported as `http_layer`), checked
 # against benches/instructions.baseline: a paceline count more than TOLERANCE percent
 # above its baseline fails (instruction counts do not drift with machine load the way
 # times do). `bash benches/instructions.sh --update` writes the baseline anew.
@@ -27,6 +28,15 @@ for workload in $("$bin" list); do
   count[$workload]=$per
   printf '%-34s %12s\n' "$workload" "$per"
 done
+
+# The HTTP layers' own cost: each layered call minus the same call without a layer.
+if [ -n "${count[http_call/bare]:-}" ]; then
+  for who in paceline governor; do
+    count[http_layer/$who]=$(awk -v a="${count[http_call/$who]}" -v b="${count[http_call/bare]}" \
+      'BEGIN { printf "%.1f", a - b }')
+    printf '%-34s %12s\n' "http_layer/$who" "${count[http_layer/$who]}"
+  done
+fi
 
 echo
 echo "paceline over governor, same workload:"

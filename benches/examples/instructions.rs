@@ -6,8 +6,17 @@
 //! is the instructions one operation costs, the same on every run of the same build.
 //! `instructions list` prints the workloads.
 
+use std::cell::RefCell;
+use std::future::Future;
 use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use axum::body::Body;
+use http::{Request, Response};
+use tower::{Layer, Service};
 
 /// Runs `op` `iterations` times: the only code callgrind counts.
 #[inline(never)]
@@ -120,10 +129,61 @@ fn workload(name: &str) -> Option<Op> {
             }
             Box::new(move || l.check_key(&key()).is_ok())
         }
+        // The HTTP layer's per-request path: a request from one of 10 000 client
+        // addresses (axum's `ConnectInfo`, which both layers read) through the layer to a
+        // service that answers at once. `http_call/bare`
+        // is the same service without a layer; each layer's cost is its count minus that.
+        "http_call/bare" => http_call(tower::layer::util::Identity::new()),
+        "http_call/paceline" => http_call(paceline::http::RateLimitLayer::new().limit(
+            paceline::http::Limit::new(
+                "per-ip",
+                paceline::Quota::per_second(1_000_000).with_burst(1_000_000),
+                paceline::http::KeySource::peer_ip(),
+            ),
+        )),
+        "http_call/governor" => http_call(tower_governor::GovernorLayer::new(
+            tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1_000)
+                .burst_size(1_000_000)
+                .finish()
+                .expect("a valid tower-governor config"),
+        )),
         _ => return None,
     };
     Some(op)
 }
+
+/// One request through `layer` around a service that answers at once.
+fn http_call<L>(layer: L) -> Op
+where
+    L: Layer<tower::util::ServiceFn<fn(Request<Body>) -> Answer>> + 'static,
+    L::Service: Service<Request<Body>, Response = Response<Body>> + 'static,
+{
+    fn answer(_: Request<Body>) -> Answer {
+        std::future::ready(Ok(Response::new(Body::empty())))
+    }
+    let service = RefCell::new(layer.layer(tower::service_fn(answer as fn(_) -> _)));
+    let key = next_key();
+    Box::new(move || {
+        let client = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + key() as u32));
+        let mut request = Request::new(Body::empty());
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::new(client, 40_000)));
+        let mut service = service.borrow_mut();
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(Ok(())) = service.poll_ready(&mut cx) else {
+            return false;
+        };
+        let mut call = pin!(service.call(request));
+        match call.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(response)) => response.status().is_success(),
+            _ => false,
+        }
+    })
+}
+
+type Answer = std::future::Ready<Result<Response<Body>, std::convert::Infallible>>;
 
 const WORKLOADS: &[&str] = &[
     "check_allowed/paceline",
@@ -139,6 +199,9 @@ const WORKLOADS: &[&str] = &[
     "check_key_under_limit/governor",
     "check_key_limited/paceline",
     "check_key_limited/governor",
+    "http_call/bare",
+    "http_call/paceline",
+    "http_call/governor",
 ];
 
 fn main() {

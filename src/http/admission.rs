@@ -20,15 +20,27 @@ pub(super) fn key<C: Clock>(
 ) -> Result<Option<ClientKey>, NoKey> {
     match limit.source.key(head) {
         Ok(key) => Ok(Some(key)),
-        Err(why) => match (config.missing, why) {
-            (None, Missing::PeerAddress) => {
-                warn_once_no_peer_address(&limit.name);
-                Err(NoKey::NoPeerAddress(Arc::clone(&limit.name)))
-            }
-            (None | Some(MissingKey::Shared), _) => Ok(Some(ClientKey::keyless())),
-            (Some(MissingKey::Skip), _) => Ok(None),
-            (Some(MissingKey::Refuse(status)), _) => Err(NoKey::Refuse(status)),
-        },
+        Err(missing) => no_key(config, limit, missing),
+    }
+}
+
+/// What a request without a key for `limit` gets, as configured (out of line: the rare
+/// path).
+#[cold]
+#[inline(never)]
+fn no_key<C: Clock>(
+    config: &Config<C>,
+    limit: &Limit<C>,
+    missing: Missing,
+) -> Result<Option<ClientKey>, NoKey> {
+    match (config.missing, missing) {
+        (None, Missing::PeerAddress) => {
+            warn_once_no_peer_address(&limit.name);
+            Err(NoKey::NoPeerAddress(Arc::clone(&limit.name)))
+        }
+        (None | Some(MissingKey::Shared), _) => Ok(Some(ClientKey::keyless())),
+        (Some(MissingKey::Skip), _) => Ok(None),
+        (Some(MissingKey::Refuse(status)), _) => Err(NoKey::Refuse(status)),
     }
 }
 
@@ -76,13 +88,19 @@ pub(super) enum Refusal {
 pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<(), Refusal> {
     if let [limit] = config.limits.as_slice() {
         // One limit: nothing to undo, whatever happens.
-        return match key(config, limit, head) {
-            Ok(Some(key)) => limit
+        return match limit.source.key(head) {
+            Ok(key) => limit
                 .limiter
                 .check_key(&key)
                 .map_err(|e| Refusal::Limited(refused(0, e))),
-            Ok(None) => Ok(()),
-            Err(why) => Err(Refusal::MissingKey(why)),
+            Err(missing) => match no_key(config, limit, missing) {
+                Ok(Some(key)) => limit
+                    .limiter
+                    .check_key(&key)
+                    .map_err(|e| Refusal::Limited(refused(0, e))),
+                Ok(None) => Ok(()),
+                Err(why) => Err(Refusal::MissingKey(why)),
+            },
         };
     }
     let mut taken: Vec<(usize, ClientKey, KeyAdmission)> = Vec::new();

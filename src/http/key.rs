@@ -217,6 +217,7 @@ fn mask(addr: u128, bits: u32, prefix: u8) -> u128 {
 }
 
 /// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) as the IPv4 address it is.
+#[inline]
 pub(super) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -401,6 +402,7 @@ impl KeySource {
     }
 
     /// The key of a request, or why it has none.
+    #[inline]
     pub(crate) fn key(&self, head: &Head<'_>) -> Result<ClientKey, Missing> {
         match &self.kind {
             Kind::Global => Ok(ClientKey::Global),
@@ -416,8 +418,13 @@ impl KeySource {
                 forwarded,
             } => {
                 let peer = peer_addr(head).ok_or(Missing::PeerAddress)?;
-                let client = client_behind(peer, head.headers(), trusted, *forwarded)
-                    .ok_or(Missing::FromClient)?;
+                let client = if trusted.is_empty() {
+                    // No proxy to look behind (the usual direct server): no headers read.
+                    canonical(peer)
+                } else {
+                    client_behind(peer, head.headers(), trusted, *forwarded)
+                        .ok_or(Missing::FromClient)?
+                };
                 Ok(ClientKey::Ip(group(client, *ipv6_prefix)))
             }
         }
@@ -435,6 +442,7 @@ pub(crate) enum Missing {
 }
 
 /// The connection's peer address from the request's extensions.
+#[inline]
 fn peer_addr(head: &Head<'_>) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     if let Some(info) = head
@@ -456,6 +464,7 @@ fn peer_addr(head: &Head<'_>) -> Option<IpAddr> {
 }
 
 /// An IPv6 client cut to its prefix (IPv4 as is).
+#[inline]
 fn group(ip: IpAddr, ipv6_prefix: u8) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(mask(u128::from(v6), 128, ipv6_prefix))),

@@ -238,9 +238,16 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// nanoseconds (also for a new key refused by the key bound).
     #[inline]
     fn acquire_one(&self, key: &K) -> Result<(u64, u64), u64> {
-        let params = self.params_for(key);
-        let cost = params.interval();
-        self.with_word(key, |word, now| word.acquire(now, cost, params.tau()))
+        // One cell costs the interval and fits while the TAT is at most `tau - interval`
+        // ahead of now (the room the shared quota stores).
+        let (cost, room) = match &self.quota_for {
+            None => self.quota.load_one_cell(),
+            Some(_) => {
+                let params = self.params_for(key);
+                (params.interval(), params.tau() - params.interval())
+            }
+        };
+        self.with_word(key, |word, now| word.spend(now, cost, room))
             .and_then(|admitted| admitted.map(|tat| (tat, cost)))
     }
 
