@@ -11,32 +11,38 @@ ITERATIONS=20000
 baseline=benches/instructions.baseline
 
 command -v valgrind >/dev/null || { apt-get update >/dev/null && apt-get install -y valgrind >/dev/null; }
-cargo build --locked --profile instructions -p paceline-benches --example instructions 2>&1 | tail -1
-bin="${CARGO_TARGET_DIR:-target}/instructions/examples/instructions"
-[ -x "$bin" ] || { echo "no $bin after the build"; exit 1; }
+# One binary per family of workloads (benches/instructions/harness.rs says why).
+families="direct keyed http proxied"
+for family in $families; do examples+=(--example "instructions_$family"); done
+cargo build --locked --profile instructions -p paceline-benches "${examples[@]}" 2>&1 | tail -1
 
 declare -A count
 printf '%-34s %12s\n' "workload" "instructions"
-for workload in $("$bin" list); do
-  out="$(mktemp)"
-  valgrind --tool=callgrind --callgrind-out-file=/dev/null --collect-atstart=no \
-    --toggle-collect='instructions::measured' "$bin" "$workload" "$ITERATIONS" \
-    >/dev/null 2>"$out"
-  collected=$(grep -oE 'Collected : [0-9]+' "$out" | grep -oE '[0-9]+$')
-  rm -f "$out"
-  per=$(awk -v c="$collected" -v n="$ITERATIONS" 'BEGIN { printf "%.1f", c / n }')
-  count[$workload]=$per
-  printf '%-34s %12s\n' "$workload" "$per"
+for family in $families; do
+  bin="${CARGO_TARGET_DIR:-target}/instructions/examples/instructions_$family"
+  [ -x "$bin" ] || { echo "no $bin after the build"; exit 1; }
+  for workload in $("$bin" list); do
+    out="$(mktemp)"
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null --collect-atstart=no \
+      --toggle-collect="instructions_$family::harness::measured" "$bin" "$workload" "$ITERATIONS" \
+      >/dev/null 2>"$out"
+    collected=$(grep -oE 'Collected : [0-9]+' "$out" | grep -oE '[0-9]+$')
+    rm -f "$out"
+    [ "${collected:-0}" -gt 0 ] || { echo "callgrind counted nothing for $workload"; exit 1; }
+    per=$(awk -v c="$collected" -v n="$ITERATIONS" 'BEGIN { printf "%.1f", c / n }')
+    count[$workload]=$per
+    printf '%-34s %12s\n' "$workload" "$per"
+  done
 done
 
 # The HTTP layers' own cost: each layered call minus the same call without a layer.
-if [ -n "${count[http_call/bare]:-}" ]; then
+for path in call proxied; do
   for who in paceline governor; do
-    count[http_layer/$who]=$(awk -v a="${count[http_call/$who]}" -v b="${count[http_call/bare]}" \
-      'BEGIN { printf "%.1f", a - b }')
-    printf '%-34s %12s\n' "http_layer/$who" "${count[http_layer/$who]}"
+    count[http_${path}_layer/$who]=$(awk -v a="${count[http_$path/$who]}" \
+      -v b="${count[http_$path/bare]}" 'BEGIN { printf "%.1f", a - b }')
+    printf '%-34s %12s\n' "http_${path}_layer/$who" "${count[http_${path}_layer/$who]}"
   done
-fi
+done
 
 echo
 echo "paceline over governor, same workload:"

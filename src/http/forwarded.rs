@@ -2,11 +2,15 @@
 //! from the right of `X-Forwarded-For` (or RFC 7239 `Forwarded`), stopping at the first
 //! hop that is not one of them.
 
-use core::net::{IpAddr, Ipv6Addr, SocketAddr};
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::HeaderMap;
 
 use super::key::{canonical, Network};
+
+/// Built once at compile time: `HeaderName::from_static` at run time validates the name
+/// on every call.
+static X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
 
 /// The right-most untrusted hop: `peer` itself unless it is a trusted proxy; else the
 /// right-most hop of the one header the proxies write that is not a trusted proxy.
@@ -26,12 +30,23 @@ pub(crate) fn client_behind(
     }
     let mut leftmost = None;
     let name = if forwarded {
-        http::header::FORWARDED
+        &http::header::FORWARDED
     } else {
-        http::HeaderName::from_static("x-forwarded-for")
+        &X_FORWARDED_FOR
     };
     // The last header line holds the right-most hops.
-    for value in headers.get_all(&name).iter().rev() {
+    for value in headers.get_all(name).iter().rev() {
+        if !forwarded {
+            // The usual line, one IPv4 address, read in one pass; anything else below.
+            if let Some(ip) = lone_ipv4(value.as_bytes()) {
+                let ip = IpAddr::V4(ip);
+                if !is_trusted(ip) {
+                    return Some(ip);
+                }
+                leftmost = Some(ip);
+                continue;
+            }
+        }
         for element in value.as_bytes().rsplit(|&b| b == b',') {
             let hop = if forwarded {
                 match forwarded_for(element) {
@@ -75,6 +90,45 @@ fn x_forwarded_for(element: &[u8]) -> Option<IpAddr> {
     core::str::from_utf8(element)
         .ok()
         .and_then(|hop| parse_node(hop.trim()))
+}
+
+/// The IPv4 address a header line holds alone (`1.2.3.4`, with ASCII whitespace around
+/// it), read in one pass over the bytes; `None` for anything else (several hops, a port,
+/// IPv6, text that is not an address), which [`x_forwarded_for`] then reads. Accepts
+/// exactly what `Ipv4Addr`'s parser does: four decimal octets of at most 255, without
+/// leading zeros, so the two paths never disagree (a unit test checks it).
+fn lone_ipv4(line: &[u8]) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut filled = 0;
+    let mut value: u32 = 0;
+    let mut digits = 0;
+    for &b in line.trim_ascii() {
+        match b {
+            b'0'..=b'9' => {
+                if digits == 1 && value == 0 {
+                    return None; // a leading zero
+                }
+                value = value * 10 + u32::from(b - b'0');
+                digits += 1;
+                if value > 255 {
+                    return None;
+                }
+            }
+            b'.' if digits > 0 && filled < 3 => {
+                // value <= 255 (checked as each digit came).
+                octets[filled] = value as u8;
+                filled += 1;
+                value = 0;
+                digits = 0;
+            }
+            _ => return None,
+        }
+    }
+    if filled != 3 || digits == 0 {
+        return None;
+    }
+    octets[3] = value as u8;
+    Some(Ipv4Addr::from(octets))
 }
 
 /// An address as forwarding headers write it: `1.2.3.4`, `1.2.3.4:80`, `[::1]`,
@@ -200,6 +254,75 @@ mod tests {
                 each < std::time::Duration::from_millis(1),
                 "{name}: {each:?} per request"
             );
+        }
+    }
+
+    /// The one-pass reading of a lone IPv4 line agrees with the general path wherever it
+    /// answers, and answers for every address as a proxy writes it.
+    #[test]
+    fn a_lone_ipv4_line_reads_as_the_general_path_reads_it() {
+        for line in [
+            "1.2.3.4",
+            " 1.2.3.4\t",
+            "0.0.0.0",
+            "255.255.255.255",
+            "256.1.1.1",
+            "01.2.3.4",
+            "1.2.3.04",
+            "1.2.3",
+            "1.2.3.4.5",
+            "1..2.3",
+            ".1.2.3",
+            "1.2.3.",
+            "1.2.3.4:80",
+            "1.2.3.4,5.6.7.8",
+            "::1",
+            "",
+            " ",
+            "1.2.3.4 x",
+            "00.1.2.3",
+            "1.2.3.0",
+            "1.2.3.1000",
+            "\u{b}1.2.3.4",
+        ] {
+            if let Some(v4) = lone_ipv4(line.as_bytes()) {
+                assert_eq!(
+                    Some(IpAddr::V4(v4)),
+                    x_forwarded_for(line.as_bytes()),
+                    "{line:?}"
+                );
+            }
+        }
+        assert_eq!(lone_ipv4(b" 10.0.1.2 "), Some(Ipv4Addr::new(10, 0, 1, 2)));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn lone_ipv4_never_disagrees_with_the_general_path(line in "[ \t]{0,2}[0-9.]{0,18}[ \t,:]{0,2}") {
+            let fast = lone_ipv4(line.as_bytes()).map(IpAddr::V4);
+            if fast.is_some() {
+                proptest::prop_assert_eq!(fast, x_forwarded_for(line.as_bytes()));
+            } else if let Some(IpAddr::V4(_)) = x_forwarded_for(line.as_bytes()) {
+                // Only what the fast path leaves on purpose: nothing on this alphabet but
+                // a trailing comma or colon, which the general path never reads as one hop.
+                proptest::prop_assert!(line.contains(',') || line.contains(':'), "{:?}", line);
+            }
+        }
+
+        #[test]
+        fn dotted_quads_read_as_the_general_path_reads_them(
+            line in "[ \t]{0,1}[0-9]{1,4}\\.[0-9]{1,4}\\.[0-9]{1,4}\\.[0-9]{1,4}[ \t]{0,1}",
+        ) {
+            proptest::prop_assert_eq!(
+                lone_ipv4(line.as_bytes()).map(IpAddr::V4),
+                x_forwarded_for(line.as_bytes())
+            );
+        }
+
+        #[test]
+        fn every_ipv4_address_reads_in_one_pass(bits: u32) {
+            let addr = Ipv4Addr::from(bits);
+            proptest::prop_assert_eq!(lone_ipv4(addr.to_string().as_bytes()), Some(addr));
         }
     }
 }

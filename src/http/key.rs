@@ -187,15 +187,18 @@ impl Network {
     /// let net: paceline::http::Network = "2001:db8::/32".parse().unwrap();
     /// assert!(net.contains("2001:db8::1".parse().unwrap()));
     /// ```
+    #[inline]
     pub fn contains(&self, ip: IpAddr) -> bool {
+        // The addresses agree in their top `prefix` bits: the bits that differ, shifted
+        // past the host part, are none (`checked_shr` is `None` for a /0, which holds all).
+        let prefix = u32::from(self.prefix);
         match (self.addr, canonical(ip)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                mask(u128::from(u32::from(net)), 32, self.prefix)
-                    == mask(u128::from(u32::from(ip)), 32, self.prefix)
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                mask(u128::from(net), 128, self.prefix) == mask(u128::from(ip), 128, self.prefix)
-            }
+            (IpAddr::V4(net), IpAddr::V4(ip)) => (u32::from(net) ^ u32::from(ip))
+                .checked_shr(32 - prefix.min(32))
+                .is_none_or(|differ| differ == 0),
+            (IpAddr::V6(net), IpAddr::V6(ip)) => (u128::from(net) ^ u128::from(ip))
+                .checked_shr(128 - prefix.min(128))
+                .is_none_or(|differ| differ == 0),
             _ => false,
         }
     }
@@ -493,5 +496,29 @@ mod tests {
         assert!(net.contains(ip("::ffff:1.2.3.9")));
         assert!("300.1.1.1/8".parse::<Network>().is_err());
         assert!("::/129".parse::<Network>().is_err());
+    }
+
+    proptest::proptest! {
+        /// A network holds exactly the addresses whose top `prefix` bits are its own.
+        #[test]
+        fn a_network_holds_the_addresses_that_share_its_prefix(
+            net: u32, addr: u32, prefix in 0u8..=32, net6: u128, addr6: u128, prefix6 in 0u8..=128,
+        ) {
+            let holds = |a: u128, b: u128, bits: u32, p: u8| {
+                let p = u32::from(p);
+                p == 0 || (a >> (bits - p)) == (b >> (bits - p))
+            };
+            let v4 = Network { addr: IpAddr::V4(net.into()), prefix };
+            proptest::prop_assert_eq!(
+                v4.contains(IpAddr::V4(addr.into())),
+                holds(net.into(), addr.into(), 32, prefix)
+            );
+            proptest::prop_assert!(v4.contains(IpAddr::V4(net.into())));
+            let v6 = Network { addr: IpAddr::V6(net6.into()), prefix: prefix6 };
+            proptest::prop_assert_eq!(
+                v6.contains(IpAddr::V6(addr6.into())),
+                holds(net6, addr6, 128, prefix6) && Ipv6Addr::from(addr6).to_ipv4_mapped().is_none()
+            );
+        }
     }
 }
