@@ -12,7 +12,7 @@ baseline=benches/instructions.baseline
 
 command -v valgrind >/dev/null || { apt-get update >/dev/null && apt-get install -y valgrind >/dev/null; }
 # One binary per family of workloads (benches/instructions/harness.rs says why).
-families="direct keyed http proxied"
+families="direct keyed http proxied tonic"
 for family in $families; do examples+=(--example "instructions_$family"); done
 cargo build --locked --profile instructions -p paceline-benches "${examples[@]}" 2>&1 | tail -1
 
@@ -36,11 +36,13 @@ for family in $families; do
 done
 
 # The HTTP layers' own cost: each layered call minus the same call without a layer.
-for path in call proxied; do
+for path in call proxied tonic; do
   for who in paceline governor; do
-    count[http_${path}_layer/$who]=$(awk -v a="${count[http_$path/$who]}" \
-      -v b="${count[http_$path/bare]}" 'BEGIN { printf "%.1f", a - b }')
-    printf '%-34s %12s\n' "http_${path}_layer/$who" "${count[http_${path}_layer/$who]}"
+    call="http_$path"
+    [ "$path" = tonic ] && call=tonic_call
+    count[${call}_layer/$who]=$(awk -v a="${count[$call/$who]}" \
+      -v b="${count[$call/bare]}" 'BEGIN { printf "%.1f", a - b }')
+    printf '%-34s %12s\n' "${call}_layer/$who" "${count[${call}_layer/$who]}"
   done
 done
 

@@ -5,7 +5,8 @@
 //! costs, the same on every run of the same build.
 //!
 //! Each family of workloads is a binary of its own (`instructions_direct`,
-//! `instructions_keyed`, `instructions_http`, `instructions_proxied`): how much of a
+//! `instructions_keyed`, `instructions_http`, `instructions_proxied`,
+//! `instructions_tonic`): how much of a
 //! library the compiler inlines into a call site depends on how many other call sites the
 //! binary gives the same functions, so a binary holding every workload would price a
 //! peer's check by the company it keeps there, not by what it costs in a program that

@@ -1,0 +1,86 @@
+//! The HTTP families' request: one from one of 10 000 client addresses through a layer to
+//! a service that answers at once (see `harness.rs`).
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use http::{Request, Response};
+use tower::{Layer, Service};
+
+use super::harness::{next_key, Op};
+
+/// paceline's layer with one generous limit (every request admitted), keyed by `source`.
+pub fn paceline_layer(source: paceline::http::KeySource) -> paceline::http::RateLimitLayer {
+    paceline::http::RateLimitLayer::new().limit(paceline::http::Limit::new(
+        "per-ip",
+        paceline::Quota::per_second(1_000_000).with_burst(1_000_000),
+        source,
+    ))
+}
+
+/// tower-governor's layer, as generous, with the key extractor `K`.
+pub fn governor_layer<K, B>(
+    extractor: K,
+) -> tower_governor::GovernorLayer<K, governor::middleware::NoOpMiddleware, B>
+where
+    K: tower_governor::key_extractor::KeyExtractor,
+{
+    tower_governor::GovernorLayer::new(
+        tower_governor::governor::GovernorConfigBuilder::default()
+            .per_nanosecond(1_000)
+            .burst_size(1_000_000)
+            .key_extractor(extractor)
+            .finish()
+            .expect("a valid tower-governor config"),
+    )
+}
+
+/// The service's answer: an empty 200 at once.
+pub type Answer<B> = std::future::Ready<Result<Response<B>, std::convert::Infallible>>;
+
+/// The service behind the layer.
+pub type Inner<B> = tower::util::ServiceFn<fn(Request<B>) -> Answer<B>>;
+
+fn answer<B: Default>(_: Request<B>) -> Answer<B> {
+    std::future::ready(Ok(Response::new(B::default())))
+}
+
+/// One request through `layer` around a service that answers at once: from one of 10 000
+/// client addresses (axum's `ConnectInfo`, which both layers read), directly or
+/// (`proxied`) named by a proxy's `X-Forwarded-For`, with bodies of type `B`.
+pub fn call<L, B>(layer: L, proxied: bool) -> Op
+where
+    B: Default + 'static,
+    L: Layer<Inner<B>> + 'static,
+    L::Service: Service<Request<B>, Response = Response<B>> + 'static,
+{
+    let service = RefCell::new(layer.layer(tower::service_fn(answer::<B> as fn(_) -> _)));
+    let key = next_key();
+    Box::new(move || {
+        let client = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + key() as u32));
+        let mut request = Request::new(B::default());
+        let peer = if proxied {
+            let named = http::HeaderValue::try_from(client.to_string()).expect("an address");
+            request.headers_mut().insert("x-forwarded-for", named);
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            client
+        };
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::new(peer, 40_000)));
+        let mut service = service.borrow_mut();
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(Ok(())) = service.poll_ready(&mut cx) else {
+            return false;
+        };
+        let mut call = pin!(service.call(request));
+        match call.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(response)) => response.status().is_success(),
+            _ => false,
+        }
+    })
+}
