@@ -68,10 +68,9 @@ impl Alarm {
         }
     }
 
-    /// Wakes `task` once `time` reads `until` (limiter time): asks the clock only if it
-    /// is not already set for that instant; otherwise only the task waker is replaced.
-    pub(crate) fn set<C: Clock>(&self, clock: &C, until: u64, task: &Waker) {
-        let at = until;
+    /// Wakes `task` once `clock` reads `at`: asks the clock only if it is not already set
+    /// for that instant; otherwise only the task waker is replaced.
+    pub(crate) fn set<C: Clock>(&self, clock: &C, at: u64, task: &Waker) {
         let (ask, forget, _old) = {
             let mut ring = self.inner.0.lock();
             let old = match &ring.task {
