@@ -47,7 +47,7 @@ pub struct Limiter<
     cell: CachePadded<TatWord>,
     /// The quota, changeable by `set_quota`; read once per decision.
     quota: SharedQuota,
-    /// The same timeline as `waiters` holds: kept here too so that `check()` reads it
+    /// The same clock as `waiters` holds: kept here too so that `check()` reads it
     /// without following the `Arc`.
     clock: C,
     #[cfg(feature = "std")]
