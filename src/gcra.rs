@@ -77,6 +77,12 @@ impl Params {
         self.tau
     }
 
+    /// How far the TAT may be ahead of now for one more cell to fit: `tau - interval`,
+    /// never negative, as the burst is at least 1.
+    pub(crate) const fn room_for_one(&self) -> u64 {
+        self.tau - self.interval
+    }
+
     /// The cost `n * T` of `n` cells in nanoseconds, or why they can never be admitted.
     #[inline]
     pub(crate) const fn cost(&self, n: u32) -> Result<u64, Unfit> {

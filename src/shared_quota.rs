@@ -48,7 +48,7 @@ impl SharedQuota {
             version: AtomicU64::new(0),
             interval: AtomicU64::new(params.interval()),
             burst: AtomicU32::new(params.burst()),
-            room: AtomicU64::new(room_for_one(params)),
+            room: AtomicU64::new(params.room_for_one()),
         }
     }
 
@@ -120,16 +120,11 @@ impl SharedQuota {
         fence(Ordering::Release);
         self.interval.store(params.interval(), Ordering::Relaxed);
         self.burst.store(params.burst(), Ordering::Relaxed);
-        self.room.store(room_for_one(params), Ordering::Relaxed);
+        self.room.store(params.room_for_one(), Ordering::Relaxed);
         // Release: a reader that loads this even version sees both fields.
         self.version
             .store(version.wrapping_add(2), Ordering::Release);
     }
-}
-
-/// `tau - interval`: never negative, as the burst is at least 1.
-fn room_for_one(params: &Params) -> u64 {
-    params.tau() - params.interval()
 }
 
 /// Whether a reader's two version loads bracket no write: equal and even. Written as one

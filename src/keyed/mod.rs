@@ -244,7 +244,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             None => self.quota.load_one_cell(),
             Some(_) => {
                 let params = self.params_for(key);
-                (params.interval(), params.tau() - params.interval())
+                (params.interval(), params.room_for_one())
             }
         };
         self.with_word(key, |word, now| word.spend(now, cost, room))
