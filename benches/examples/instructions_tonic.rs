@@ -7,23 +7,6 @@ mod harness;
 #[path = "../instructions/http.rs"]
 mod http_request;
 
-use harness::Op;
-use http_request::{call, governor_layer, paceline_layer};
-use tonic::body::Body;
-use tower_governor::key_extractor::PeerIpKeyExtractor;
-
-fn workload(name: &str) -> Option<Op> {
-    let op: Op = match name {
-        "tonic_call/bare" => call::<_, Body>(tower::layer::util::Identity::new(), false),
-        "tonic_call/paceline" => {
-            call::<_, Body>(paceline_layer(paceline::http::KeySource::peer_ip()), false)
-        }
-        "tonic_call/governor" => call::<_, Body>(governor_layer(PeerIpKeyExtractor), false),
-        _ => return None,
-    };
-    Some(op)
-}
-
 fn main() {
     harness::main(
         &[
@@ -31,6 +14,9 @@ fn main() {
             "tonic_call/paceline",
             "tonic_call/governor",
         ],
-        workload,
+        |name| {
+            let who = name.strip_prefix("tonic_call/")?;
+            http_request::direct::<tonic::body::Body>(who)
+        },
     );
 }

@@ -38,6 +38,26 @@ where
     )
 }
 
+/// The direct-client workloads with bodies of type `B`: `bare` (no layer), `paceline`
+/// and `governor`, each keyed by the peer address. A layer's cost is its count minus
+/// `bare`'s.
+#[allow(dead_code)] // the proxied family has no direct clients
+pub fn direct<B>(who: &str) -> Option<Op>
+where
+    B: Default + paceline::http::RefusalBody + Send + 'static,
+    Response<B>: From<tower_governor::GovernorError>,
+{
+    Some(match who {
+        "bare" => call::<_, B>(tower::layer::util::Identity::new(), false),
+        "paceline" => call::<_, B>(paceline_layer(paceline::http::KeySource::peer_ip()), false),
+        "governor" => call::<_, B>(
+            governor_layer(tower_governor::key_extractor::PeerIpKeyExtractor),
+            false,
+        ),
+        _ => return None,
+    })
+}
+
 /// The service's answer: an empty 200 at once.
 pub type Answer<B> = std::future::Ready<Result<Response<B>, std::convert::Infallible>>;
 
