@@ -55,38 +55,44 @@ impl SharedQuota {
     /// The current quota's integers, read consistently.
     #[inline]
     pub(crate) fn load(&self) -> Params {
-        loop {
-            // Acquire: pairs with the writer's Release store of this (even) version.
-            let before = self.version.load(Ordering::Acquire);
-            // Relaxed: ordered by the version loads around them (module docs).
-            let interval = self.interval.load(Ordering::Relaxed);
-            let burst = self.burst.load(Ordering::Relaxed);
-            let room = self.room.load(Ordering::Relaxed);
-            // Acquire fence: the field loads above stay before the version load below.
-            fence(Ordering::Acquire);
-            let after = self.version.load(Ordering::Relaxed);
-            if stable(before, after) {
-                // The three fields `store` wrote from one `Params`; `room + interval` is
-                // its `tau`, which `room` was computed from, so the sum cannot overflow.
-                return Params::from_parts(interval, burst, room + interval);
-            }
-            crate::sync::spin_loop();
-        }
+        let (interval, burst, room) = self.read(|| {
+            (
+                self.interval.load(Ordering::Relaxed),
+                self.burst.load(Ordering::Relaxed),
+                self.room.load(Ordering::Relaxed),
+            )
+        });
+        // The three fields `store` wrote from one `Params`; `room + interval` is its `tau`,
+        // which `room` was computed from, so the sum cannot overflow.
+        Params::from_parts(interval, burst, room + interval)
     }
 
     /// The interval (a cell's cost, at least 1) and the room a one-cell check may find the
     /// TAT ahead of now, read consistently: all a one-cell check needs.
     #[inline]
     pub(crate) fn load_one_cell(&self) -> (u64, u64) {
+        self.read(|| {
+            (
+                self.interval.load(Ordering::Relaxed),
+                self.room.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// The reader's side of the seqlock: `fields` (`Relaxed` loads of the fields) between
+    /// two loads of the version, again until no write came between them.
+    #[inline(always)]
+    fn read<T>(&self, fields: impl Fn() -> T) -> T {
         loop {
-            // Orderings as in `load`.
+            // Acquire: pairs with the writer's Release store of this (even) version.
             let before = self.version.load(Ordering::Acquire);
-            let interval = self.interval.load(Ordering::Relaxed);
-            let room = self.room.load(Ordering::Relaxed);
+            // Relaxed loads, ordered by the version loads around them (module docs).
+            let read = fields();
+            // Acquire fence: the field loads above stay before the version load below.
             fence(Ordering::Acquire);
             let after = self.version.load(Ordering::Relaxed);
             if stable(before, after) {
-                return (interval, room);
+                return read;
             }
             crate::sync::spin_loop();
         }
