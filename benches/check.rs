@@ -4,8 +4,8 @@
 //!   on a private cache line: what any exact, clock-driven limiter must pay at least;
 //! * allowed: a quota so generous every check is admitted (each one writes the word);
 //! * denied: a spent quota (a limiter whose deny path writes would show it here);
-//! * on 1 thread and on 2 threads sharing one limiter (`PACELINE_BENCH_THREADS` adds more,
-//!   e.g. "4,8,16" on a bigger machine).
+//! * on 1 thread and on 2 threads sharing one limiter (`PACELINE_BENCH_THREADS` sets the
+//!   counts, e.g. "1,2,4,8,16" on a bigger machine).
 //!
 //! `cargo bench --bench check`
 
@@ -117,21 +117,9 @@ fn contenders(allowed: bool) -> Vec<(&'static str, Check)> {
     v
 }
 
-fn thread_counts() -> Vec<usize> {
-    let mut counts = vec![1, 2];
-    if let Ok(extra) = std::env::var("PACELINE_BENCH_THREADS") {
-        counts.extend(
-            extra
-                .split(',')
-                .filter_map(|s| s.trim().parse::<usize>().ok()),
-        );
-    }
-    counts
-}
-
 fn bench(c: &mut Criterion) {
     for (name, allowed) in [("allowed", true), ("denied", false)] {
-        for threads in thread_counts() {
+        for threads in common::thread_counts() {
             let mut group = c.benchmark_group(format!("check/{name}/{threads}-thread"));
             for (who, check) in contenders(allowed) {
                 group.bench_function(BenchmarkId::from_parameter(who), |b| {

@@ -18,7 +18,8 @@
 //!
 //! Regimes 1–4 alternate the two limiters round by round (`PACELINE_BENCH_ROUNDS`, 2 M
 //! checks per round) and print the per-round throughput ratio's median and spread, on 1
-//! and 2 threads; criterion then measures them once more. `cargo bench --bench keyed`.
+//! and 2 threads (`PACELINE_BENCH_THREADS` sets the counts); criterion then measures them
+//! once more. `cargo bench --bench keyed`.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -243,7 +244,7 @@ fn bench(c: &mut Criterion) {
             regime.name,
             (p_mem * p_len as f64) / (g_mem * g_len as f64)
         );
-        for threads in [1, 2] {
+        for threads in common::thread_counts() {
             let mut ratios: Vec<f64> = (0..rounds)
                 .map(|_| {
                     let per_thread = checks / threads as u64;
@@ -270,7 +271,7 @@ fn bench(c: &mut Criterion) {
     }
     flood();
     for (name, keys, p, g) in &built {
-        for threads in [1, 2] {
+        for threads in common::thread_counts() {
             let mut group = c.benchmark_group(format!("check_key/{name}/{threads}-thread"));
             for (who, contender) in [("paceline", p), ("governor", g)] {
                 group.bench_function(BenchmarkId::from_parameter(who), |b| {

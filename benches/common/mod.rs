@@ -65,6 +65,16 @@ pub(crate) fn rounds() -> usize {
         .unwrap_or(15)
 }
 
+/// The thread counts to run: `PACELINE_BENCH_THREADS` ("1,2,4,8,16" on a many-core
+/// machine), 1 and 2 by default.
+pub(crate) fn thread_counts() -> Vec<usize> {
+    std::env::var("PACELINE_BENCH_THREADS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![1, 2])
+}
+
 /// Sorts `values` and returns their median, minimum and maximum.
 pub(crate) fn spread(values: &mut [f64]) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
