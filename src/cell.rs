@@ -15,8 +15,9 @@
 //!   after the failed CAS that showed it a newer value); it never writes, so a flood of
 //!   denials leaves the cache line shared in every core's cache.
 //! * **A failed CAS reuses the value it observed** and the caller's `now`: no second load,
-//!   no second clock read. A short exponential backoff (`crate::sync::Backoff`) spreads out
-//!   threads that keep colliding.
+//!   no second clock read. An exponential backoff timed on the time-stamp counter
+//!   (`crate::sync::CasBackoff`) keeps a losing thread away while the winner completes
+//!   several checks on the line it holds, up to a patience after which it retries at once.
 //! * **Memory ordering is `Relaxed` everywhere.** The TAT is a single word that publishes
 //!   no other data: a decision depends only on the word's own modification order, which
 //!   is total for any ordering. The waiter list that sits beside a cell is guarded by its
@@ -26,7 +27,7 @@
 //! keyed limiter stores bare cells in its map, one word per key, and runs the same code.
 
 use crate::gcra;
-use crate::sync::{AtomicU64, Backoff, Ordering};
+use crate::sync::{AtomicU64, CasBackoff, Ordering};
 
 /// One GCRA state word: the theoretical arrival time. See the module docs.
 #[derive(Debug)]
@@ -100,7 +101,7 @@ impl TatWord {
     #[inline(never)]
     fn spend_contended(&self, observed: u64, now: u64, cost: u64, room: u64) -> Result<u64, u64> {
         let mut current = observed;
-        let mut backoff = Backoff::new();
+        let mut backoff = CasBackoff::new();
         backoff.spin();
         loop {
             let next = gcra::admit_in_room(current, now, cost, room)?;

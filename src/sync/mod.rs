@@ -9,7 +9,8 @@
 //!   `thread_local!`;
 //! * `read_mostly` — the keyed shards' reader-writer lock: reader slots taken with one
 //!   compare-and-swap (built on this file's atomics, so loom checks it too);
-//! * `backoff` — spinning after a failed compare-and-swap, visible to loom;
+//! * `backoff` — spinning after a failed compare-and-swap (counted in hints for the
+//!   locks, timed for a limiter's word), visible to loom;
 //! * `wake_list` — a batch of wakers collected under a lock and woken after it.
 //!
 //! The lock wrappers ignore poisoning: every critical section in paceline leaves its data
@@ -52,7 +53,7 @@ mod read_mostly;
 #[cfg(feature = "std")]
 mod wake_list;
 
-pub(crate) use backoff::Backoff;
+pub(crate) use backoff::{Backoff, CasBackoff};
 #[cfg(feature = "std")]
 pub(crate) use read_mostly::ReadMostly;
 #[cfg(feature = "std")]
