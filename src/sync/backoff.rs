@@ -1,16 +1,18 @@
 //! Spinning after a failed compare-and-swap, in a form loom can schedule around.
 
-/// Exponential backoff for a failed compare-and-swap.
+/// Exponential backoff for a failed compare-and-swap (the read-mostly lock's).
 ///
 /// crossbeam's `Backoff` spins with `core::hint::spin_loop`, which loom cannot see, so a
 /// model with it would never yield to the other threads. This one goes through the shim:
 /// under loom every step is a `loom::hint::spin_loop`, which lets loom schedule another
 /// thread.
+#[cfg(feature = "std")]
 #[derive(Debug)]
 pub(crate) struct Backoff {
     step: u32,
 }
 
+#[cfg(feature = "std")]
 impl Backoff {
     /// The largest step: at most `2^MAX_STEP` spin hints per failed attempt, so a thread
     /// never sits out for more than a few hundred nanoseconds.

@@ -53,7 +53,9 @@ mod read_mostly;
 #[cfg(feature = "std")]
 mod wake_list;
 
-pub(crate) use backoff::{Backoff, CasBackoff};
+#[cfg(feature = "std")]
+pub(crate) use backoff::Backoff;
+pub(crate) use backoff::CasBackoff;
 #[cfg(feature = "std")]
 pub(crate) use read_mostly::ReadMostly;
 #[cfg(feature = "std")]
