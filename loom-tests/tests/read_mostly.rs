@@ -70,3 +70,30 @@ fn readers_moving_to_a_second_slot_and_two_writers() {
         assert_eq!(read_pair(&lock), (2, 2));
     });
 }
+
+#[test]
+fn a_reader_in_the_shared_count_and_a_writer() {
+    // The main thread holds the only slot while a reader and a writer start: the reader
+    // then counts itself in the shared word (or, later, takes the slot), and the writer
+    // must wait for it either way.
+    loom::model(|| {
+        let lock = Arc::new(ReadMostly::new((AtomicU64::new(0), AtomicU64::new(0)), 1));
+        let (reader, writer) = lock.read(|_| {
+            let reader = {
+                let lock = lock.clone();
+                thread::spawn(move || {
+                    let (a, b) = read_pair(&lock);
+                    assert_eq!(a, b, "a read saw half a write");
+                })
+            };
+            let writer = {
+                let lock = lock.clone();
+                thread::spawn(move || write_once(&lock))
+            };
+            (reader, writer)
+        });
+        reader.join().unwrap();
+        writer.join().unwrap();
+        assert_eq!(read_pair(&lock), (1, 1));
+    });
+}

@@ -8,15 +8,21 @@
 //! bits pick the shard and the whole hash probes the table. A key already present is
 //! checked under the shard's *read* lock; only a new key takes the write lock.
 //!
-//! The lock is a read-mostly lock (`crate::sync::ReadMostly`) with a reader slot per core
-//! (up to 32): each thread takes a slot of its own, so checks on different threads write
-//! no common cache line (with one reader count per shard, that line moved between cores on
-//! most checks and a second thread added little). A slot holds one reader at a time, so
-//! there are as many as cores: with fewer, threads checking keys of one shard at once
-//! (a global key) would wait for one another's slots. Writers take every slot, which only
-//! inserting a new key needs. Shards therefore exist only to spread the writers: one per
-//! two cores. The slots cost 64 bytes each, `cores² / 2 × 64` bytes per limiter (8 KB on
-//! 16 cores, 64 KB on 64), a fixed cost next to the keys.
+//! The lock is a read-mostly lock (`crate::sync::ReadMostly`) with reader slots: each
+//! thread takes a slot of its own, so checks on different threads write no common cache
+//! line (with one reader count per shard, that line moved between cores on most checks and
+//! a second thread added little). A slot holds one reader at a time; a reader that finds
+//! every slot taken counts itself in a shared word instead of waiting. There are four
+//! slots per core up to 16, and at least one per core up to 32: with more threads than
+//! cores (a container's CPU quota under a large thread pool), threads are descheduled
+//! holding slots, and with one slot per core the running ones then met taken slots on
+//! most checks (16 threads on 2 cores checked keys at a third to half of governor's speed
+//! with one slot per core and no shared word, at about its speed with the shared word, at
+//! twice its speed with 8 slots as well; BENCHMARKS.md). Writers take
+//! every slot, which only inserting a new key needs. Shards therefore exist only to
+//! spread the writers: one per two cores. A slot takes a cache line pair (128 bytes), so
+//! the slots cost `slots × shards × 128` bytes per limiter (2 KB on 2 cores, 16 KB on 16),
+//! a fixed cost next to the keys.
 //!
 //! **Lossless forgetting.** A key whose TAT is at or before now is indistinguishable from
 //! a new key (TAT 0): both admit a full burst and nothing else. Forgetting it therefore
@@ -106,7 +112,10 @@ impl<K: Hash + Eq + Clone> Store<K> {
             .next_power_of_two();
         // Readers do not contend on a shard (its lock has a reader slot per core), so
         // shards only spread the writers of new keys (module docs).
-        let slots = cores.min(32);
+        // Four reader slots per core, up to 16, and never fewer than one per core (up to
+        // 32): with more threads than cores, some are descheduled holding a slot, and the
+        // spare slots keep the running readers off the shared count (module docs).
+        let slots = (cores * 4).min(16).max(cores).min(32);
         let shards = (cores / 2).clamp(2, 64);
         Store {
             shards: (0..shards)
