@@ -234,7 +234,13 @@ fn bench(c: &mut Criterion) {
     let checks: u64 = common::size(2_000_000, 20_000);
     let rounds = common::rounds();
     let mut built = Vec::new();
+    // `PACELINE_BENCH_REGIMES` picks some, e.g. "rotating,flood".
+    let picked = std::env::var("PACELINE_BENCH_REGIMES").unwrap_or_default();
+    let picked = |name: &str| picked.is_empty() || picked.split(',').any(|p| p.trim() == name);
     for regime in regimes() {
+        if !picked(regime.name) {
+            continue;
+        }
         let warm = checks * 2;
         let (p, p_mem, p_len) = warmed(regime.paceline, regime.keys, warm);
         let (g, g_mem, g_len) = warmed(regime.governor, regime.keys, warm);
@@ -269,7 +275,9 @@ fn bench(c: &mut Criterion) {
         );
         built.push((regime.name, regime.keys, p, g));
     }
-    flood();
+    if picked("flood") {
+        flood();
+    }
     for (name, keys, p, g) in &built {
         for threads in common::thread_counts() {
             let mut group = c.benchmark_group(format!("check_key/{name}/{threads}-thread"));
