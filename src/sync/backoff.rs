@@ -35,6 +35,18 @@ impl Backoff {
             self.step += 1;
         }
     }
+
+    /// As [`Backoff::spin`] until the spins reach their longest, then gives the rest of
+    /// this thread's time slice away: for waiting on another thread that may not be
+    /// running (a reader descheduled holding a slot, with more threads than cores).
+    pub(crate) fn snooze(&mut self) {
+        #[cfg(not(loom))]
+        if self.step >= Self::MAX_STEP {
+            std::thread::yield_now();
+            return;
+        }
+        self.spin();
+    }
 }
 
 /// Backoff for threads racing on one limiter's word: sits out a span of time that doubles

@@ -257,7 +257,7 @@ impl<T> ReadMostly<T> {
                 .compare_exchange_weak(FREE, WRITE, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
-                backoff.spin();
+                backoff.snooze();
             }
         }
         // Acquire (the fetch_or and each load): every reader counted in the shared word
@@ -266,7 +266,7 @@ impl<T> ReadMostly<T> {
         self.shared.fetch_or(WRITER, Ordering::Acquire);
         let mut backoff = Backoff::new();
         while self.shared.load(Ordering::Acquire) != WRITER {
-            backoff.spin();
+            backoff.snooze();
         }
         /// Gives the slots back even if `f` panics, so the lock stays usable.
         struct Release<'a, T>(&'a ReadMostly<T>);
