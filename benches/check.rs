@@ -11,14 +11,12 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 
 mod common;
-use crossbeam_utils::CachePadded;
 
 type Check = Arc<dyn Fn() -> bool + Send + Sync>;
 
@@ -30,15 +28,9 @@ fn contenders(allowed: bool) -> Vec<(&'static str, Check)> {
         "floor",
         Arc::new(|| {
             thread_local! {
-                static CELL: CachePadded<AtomicU64> = const { CachePadded::new(AtomicU64::new(0)) };
                 static CLOCK: quanta::Clock = quanta::Clock::new();
             }
-            let now = CLOCK.with(|c| c.raw());
-            CELL.with(|cell| {
-                let cur = cell.load(Ordering::Relaxed);
-                cell.compare_exchange(cur, cur.max(now) + 1, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-            })
+            common::cas_on_private_line(CLOCK.with(|c| c.raw()))
         }),
     ));
 

@@ -245,15 +245,9 @@ fn contenders(regime: Regime) -> Vec<(&'static str, Check)> {
         "floor",
         Arc::new(|| {
             thread_local! {
-                static CELL: CachePadded<AtomicU64> = const { CachePadded::new(AtomicU64::new(0)) };
                 static CLOCK: DefaultClock = DefaultClock::default();
             }
-            let now = CLOCK.with(|c| c.now());
-            CELL.with(|cell| {
-                let cur = cell.load(Ordering::Relaxed);
-                cell.compare_exchange(cur, cur.max(now) + 1, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-            })
+            common::cas_on_private_line(CLOCK.with(|c| c.now()))
         }),
     ));
     let shared = Arc::new((CachePadded::new(AtomicU64::new(0)), DefaultClock::default()));

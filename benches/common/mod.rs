@@ -38,6 +38,21 @@ where
     start.elapsed() / threads as u32
 }
 
+/// The floor's compare-and-swap: moves this thread's own word (on a line no other thread
+/// touches) to `now + 1`, as an admission would, from the value it loads.
+pub(crate) fn cas_on_private_line(now: u64) -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    thread_local! {
+        static CELL: crossbeam_utils::CachePadded<AtomicU64> =
+            const { crossbeam_utils::CachePadded::new(AtomicU64::new(0)) };
+    }
+    CELL.with(|cell| {
+        let cur = cell.load(Ordering::Relaxed);
+        cell.compare_exchange(cur, cur.max(now) + 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    })
+}
+
 /// Whether this is a test run (`cargo test --all-targets`), not `cargo bench` (which
 /// passes `--bench`): then a bench only proves it runs, with one tiny round, and leaves
 /// the time to the checks.
