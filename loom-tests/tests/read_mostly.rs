@@ -23,20 +23,27 @@ fn read_pair(lock: &ReadMostly<Pair>) -> (u64, u64) {
     lock.read(|(a, b)| (a.load(Relaxed), b.load(Relaxed)))
 }
 
+/// A thread that reads the pair once and checks it is whole.
+fn spawn_reader(lock: &Arc<ReadMostly<Pair>>) -> thread::JoinHandle<()> {
+    let lock = lock.clone();
+    thread::spawn(move || {
+        let (a, b) = read_pair(&lock);
+        assert_eq!(a, b, "a read saw half a write");
+    })
+}
+
+/// A thread that writes the pair once.
+fn spawn_writer(lock: &Arc<ReadMostly<Pair>>) -> thread::JoinHandle<()> {
+    let lock = lock.clone();
+    thread::spawn(move || write_once(&lock))
+}
+
 #[test]
 fn two_readers_and_a_writer_on_one_slot() {
     // One slot: the readers contend for it with each other and with the writer.
     loom::model(|| {
         let lock = Arc::new(ReadMostly::new((AtomicU64::new(0), AtomicU64::new(0)), 1));
-        let readers: Vec<_> = (0..2)
-            .map(|_| {
-                let lock = lock.clone();
-                thread::spawn(move || {
-                    let (a, b) = read_pair(&lock);
-                    assert_eq!(a, b, "a read saw half a write");
-                })
-            })
-            .collect();
+        let readers: Vec<_> = (0..2).map(|_| spawn_reader(&lock)).collect();
         write_once(&lock);
         for r in readers {
             r.join().unwrap();
@@ -51,17 +58,8 @@ fn readers_moving_to_a_second_slot_and_two_writers() {
     // two writers serialize and both writes land.
     loom::model(|| {
         let lock = Arc::new(ReadMostly::new((AtomicU64::new(0), AtomicU64::new(0)), 2));
-        let reader = {
-            let lock = lock.clone();
-            thread::spawn(move || {
-                let (a, b) = read_pair(&lock);
-                assert_eq!(a, b, "a read saw half a write");
-            })
-        };
-        let writer = {
-            let lock = lock.clone();
-            thread::spawn(move || write_once(&lock))
-        };
+        let reader = spawn_reader(&lock);
+        let writer = spawn_writer(&lock);
         let (a, b) = read_pair(&lock);
         assert_eq!(a, b, "a read saw half a write");
         write_once(&lock);
@@ -79,17 +77,8 @@ fn a_reader_in_the_shared_count_and_a_writer() {
     loom::model(|| {
         let lock = Arc::new(ReadMostly::new((AtomicU64::new(0), AtomicU64::new(0)), 1));
         let (reader, writer) = lock.read(|_| {
-            let reader = {
-                let lock = lock.clone();
-                thread::spawn(move || {
-                    let (a, b) = read_pair(&lock);
-                    assert_eq!(a, b, "a read saw half a write");
-                })
-            };
-            let writer = {
-                let lock = lock.clone();
-                thread::spawn(move || write_once(&lock))
-            };
+            let reader = spawn_reader(&lock);
+            let writer = spawn_writer(&lock);
             (reader, writer)
         });
         reader.join().unwrap();
