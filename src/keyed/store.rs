@@ -110,8 +110,8 @@ impl<K: Hash + Eq + Clone> Store<K> {
         let cores = std::thread::available_parallelism()
             .map_or(4, usize::from)
             .next_power_of_two();
-        // Readers do not contend on a shard (its lock has a reader slot per core), so
-        // shards only spread the writers of new keys (module docs).
+        // Readers do not contend on a shard (its lock has a reader slot per core or
+        // more), so shards only spread the writers of new keys (module docs).
         // Four reader slots per core, up to 16, and never fewer than one per core (up to
         // 32): with more threads than cores, some are descheduled holding a slot, and the
         // spare slots keep the running readers off the shared count (module docs).

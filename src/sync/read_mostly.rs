@@ -4,7 +4,7 @@
 //!
 //! Why it exists: with one reader count per keyed shard, every `check_key` would write
 //! that count, and its cache line would move between cores on most checks. Here each
-//! reader takes a slot of its own (one per core): a word that a reader takes with one
+//! reader takes a slot of its own (one per core or more): a word that a reader takes with one
 //! compare-and-swap and gives back with a plain release store, a single read-modify-write
 //! per read (a `RwLock` per slot would cost two).
 //!
