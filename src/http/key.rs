@@ -408,6 +408,25 @@ impl KeySource {
     #[inline]
     pub(crate) fn key(&self, head: &Head<'_>) -> Result<ClientKey, Missing> {
         match &self.kind {
+            // A server's usual source, the peer with no proxy to look behind (no headers
+            // read), inline; the others out of line, so that this path's frame stays
+            // small.
+            Kind::Peer {
+                trusted,
+                ipv6_prefix,
+                ..
+            } if trusted.is_empty() => {
+                let peer = peer_addr(head).ok_or(Missing::PeerAddress)?;
+                Ok(ClientKey::Ip(group(canonical(peer), *ipv6_prefix)))
+            }
+            _ => self.key_from_others(head),
+        }
+    }
+
+    /// [`KeySource::key`] for every source but a peer with no trusted proxy.
+    #[inline(never)]
+    fn key_from_others(&self, head: &Head<'_>) -> Result<ClientKey, Missing> {
+        match &self.kind {
             Kind::Global => Ok(ClientKey::Global),
             Kind::Header(name) => {
                 let value = head.headers().get(name).and_then(|v| v.to_str().ok());
@@ -422,7 +441,7 @@ impl KeySource {
             } => {
                 let peer = peer_addr(head).ok_or(Missing::PeerAddress)?;
                 let client = if trusted.is_empty() {
-                    // No proxy to look behind (the usual direct server): no headers read.
+                    // No proxy to look behind (not taken: `key` reads this source inline).
                     canonical(peer)
                 } else {
                     client_behind(peer, head.headers(), trusted, *forwarded)
