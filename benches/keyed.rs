@@ -17,8 +17,9 @@
 //!    has no bound.
 //!
 //! Regimes 1–4 alternate the two limiters round by round (`PACELINE_BENCH_ROUNDS`, 2 M
-//! checks per round) and print the per-round throughput ratio's median and spread, on 1
-//! and 2 threads (`PACELINE_BENCH_THREADS` sets the counts); criterion then measures them
+//! checks per round) and print the per-round throughput ratio's median and spread, and
+//! each limiter's median time per check (of the whole group of threads), on 1 and 2
+//! threads (`PACELINE_BENCH_THREADS` sets the counts); criterion then measures them
 //! once more. `cargo bench --bench keyed`.
 
 use std::hint::black_box;
@@ -251,19 +252,22 @@ fn bench(c: &mut Criterion) {
             (p_mem * p_len as f64) / (g_mem * g_len as f64)
         );
         for threads in common::thread_counts() {
-            let mut ratios: Vec<f64> = (0..rounds)
-                .map(|_| {
-                    let per_thread = checks / threads as u64;
-                    let tp = run(&p, regime.keys, threads, per_thread);
-                    let tg = run(&g, regime.keys, threads, per_thread);
-                    tg.as_secs_f64() / tp.as_secs_f64()
-                })
-                .collect();
+            let (mut ratios, mut p_ns, mut g_ns) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let per_thread = checks / threads as u64;
+                let tp = run(&p, regime.keys, threads, per_thread);
+                let tg = run(&g, regime.keys, threads, per_thread);
+                ratios.push(tg.as_secs_f64() / tp.as_secs_f64());
+                // Per check of the group (`run` returns the wall time over `threads`).
+                p_ns.push(tp.as_secs_f64() * 1e9 / per_thread as f64);
+                g_ns.push(tg.as_secs_f64() * 1e9 / per_thread as f64);
+            }
             let (median, min, max) = common::spread(&mut ratios);
+            let (p_ns, g_ns) = (common::spread(&mut p_ns).0, common::spread(&mut g_ns).0);
             eprintln!(
                 "{}: paired rounds, {threads} thread(s): paceline/governor throughput median \
                  {median:.2}x (min {min:.2}x, max {max:.2}x) over {rounds} rounds of \
-                 {checks} checks",
+                 {checks} checks; median ns per check paceline {p_ns:.1}, governor {g_ns:.1}",
                 regime.name
             );
         }
