@@ -423,7 +423,8 @@ impl KeySource {
         }
     }
 
-    /// [`KeySource::key`] for every source but a peer with no trusted proxy.
+    /// [`KeySource::key`] for every source but a peer with no trusted proxy (given one,
+    /// it answers the same: an untrusted peer is the client).
     #[inline(never)]
     fn key_from_others(&self, head: &Head<'_>) -> Result<ClientKey, Missing> {
         match &self.kind {
@@ -439,14 +440,10 @@ impl KeySource {
                 ipv6_prefix,
                 forwarded,
             } => {
+                // Behind trusted proxies (with none, `key` reads the peer itself).
                 let peer = peer_addr(head).ok_or(Missing::PeerAddress)?;
-                let client = if trusted.is_empty() {
-                    // No proxy to look behind (not taken: `key` reads this source inline).
-                    canonical(peer)
-                } else {
-                    client_behind(peer, head.headers(), trusted, *forwarded)
-                        .ok_or(Missing::FromClient)?
-                };
+                let client = client_behind(peer, head.headers(), trusted, *forwarded)
+                    .ok_or(Missing::FromClient)?;
                 Ok(ClientKey::Ip(group(client, *ipv6_prefix)))
             }
         }
