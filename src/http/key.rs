@@ -494,6 +494,7 @@ fn group(ip: IpAddr, ipv6_prefix: u8) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::net::Ipv4Addr;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -515,6 +516,36 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The peer's key is the same whether `key` reads it inline (no trusted proxy) or
+        /// out of line behind proxies that do not include the peer: the canonical
+        /// address, IPv6 cut to its prefix.
+        #[test]
+        fn a_peer_is_keyed_alike_on_both_paths(
+            v4: u32, v6: u128, is_v4: bool, mapped: bool, prefix in 0u8..=128,
+        ) {
+            let peer = match (is_v4, mapped) {
+                (true, false) => IpAddr::V4(v4.into()),
+                (true, true) => IpAddr::V6(Ipv4Addr::from(v4).to_ipv6_mapped()),
+                (false, _) => IpAddr::V6(v6.into()),
+            };
+            let mut request = Request::new(());
+            request.extensions_mut().insert(SocketAddr::new(peer, 40_000));
+            let head = Head::of(&request);
+            // A trusted network that never holds the peer: the other address family's
+            // unspecified address alone.
+            let elsewhere: Network = match canonical(peer) {
+                IpAddr::V4(_) => "::/128",
+                IpAddr::V6(_) => "0.0.0.0/32",
+            }
+            .parse()
+            .unwrap();
+            let direct = KeySource::peer_ip().ipv6_prefix(prefix).key(&head);
+            let proxied = KeySource::behind_proxies([elsewhere]).ipv6_prefix(prefix).key(&head);
+            let expected = Ok(ClientKey::Ip(group(canonical(peer), prefix)));
+            proptest::prop_assert_eq!(&direct, &expected);
+            proptest::prop_assert_eq!(&proxied, &expected);
+        }
+
         /// A network holds exactly the addresses whose top `prefix` bits are its own.
         #[test]
         fn a_network_holds_the_addresses_that_share_its_prefix(
