@@ -6,7 +6,7 @@ use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::HeaderMap;
 
-use super::key::{canonical, Network};
+use super::network::{canonical, Network};
 
 /// Built once at compile time: `HeaderName::from_static` at run time validates the name
 /// on every call.

@@ -58,14 +58,16 @@ mod forwarded;
 mod key;
 mod layer;
 mod limit;
+mod network;
 mod response;
 mod service;
 
 pub use body::RefusalBody;
 use key::Missing;
-pub use key::{ClientKey, Head, KeySource, Network, NetworkError};
+pub use key::{ClientKey, Head, KeySource};
 pub use layer::{RateLimitLayer, RefusalInfo};
 pub use limit::{InvalidLimitName, Limit, MissingKey};
+pub use network::{Network, NetworkError};
 pub use service::{RateLimit, ResponseFuture};
 
 use admission::*;
