@@ -81,7 +81,7 @@ fn governor_with(quota: governor::Quota) -> Contender {
 /// admitted, one compare-and-swap on the key's word. It takes no lock and never stores
 /// a key, so it exists only where every key is known before the run (not for a rotating
 /// population); no limiter that stores keys as they come can be this cheap.
-fn floor(keys: Keys, (per_second, burst): (u64, u64)) -> Option<Contender> {
+fn floor(keys: Keys, (per_second, burst): (u32, u32)) -> Option<Contender> {
     let mut known: Vec<u64> = match keys {
         Keys::Uniform(n) | Keys::InOrder(n) => (0..n).collect(),
         Keys::Zipf => zipf_sample().to_vec(),
@@ -94,8 +94,8 @@ fn floor(keys: Keys, (per_second, burst): (u64, u64)) -> Option<Contender> {
     let map: hashbrown::HashMap<u64, AtomicU64> =
         known.into_iter().map(|k| (k, AtomicU64::new(0))).collect();
     let len = map.len();
-    let interval = 1_000_000_000 / per_second;
-    let room = (burst - 1) * interval;
+    let interval = 1_000_000_000 / u64::from(per_second);
+    let room = u64::from(burst - 1) * interval;
     let clock = quanta::Clock::new();
     Some(Contender {
         check: Arc::new(move |k| {
@@ -203,14 +203,12 @@ fn run(who: &Contender, keys: Keys, threads: usize, iters: u64) -> Duration {
     })
 }
 
-/// One regime: its name, key pattern, and how to build each contender; its quota
-/// (per second, burst) again for the floor.
+/// One regime: its name, key pattern, and the quota (per second, burst) every contender
+/// gets.
 struct Regime {
     name: &'static str,
     keys: Keys,
-    paceline: fn() -> Contender,
-    governor: fn() -> Contender,
-    quota: (u64, u64),
+    quota: (u32, u32),
 }
 
 fn new_keys_per_sec() -> u64 {
@@ -226,8 +224,6 @@ fn regimes() -> Vec<Regime> {
         Regime {
             name: "under-limit",
             keys: Keys::Uniform(keys),
-            paceline: || paceline(paceline::Quota::per_second(1_000).with_burst(1), None),
-            governor: || governor(1_000, 1),
             quota: (1_000, 1),
         },
         Regime {
@@ -235,22 +231,16 @@ fn regimes() -> Vec<Regime> {
             keys: Keys::InOrder(keys),
             // Refilled a thousand times faster than a round of visits comes back, as a
             // client polling every few seconds under a per-second quota is.
-            paceline: || paceline(paceline::Quota::per_second(1_000_000).with_burst(1), None),
-            governor: || governor(1_000_000, 1),
             quota: (1_000_000, 1),
         },
         Regime {
             name: "limited",
             keys: Keys::Uniform(keys),
-            paceline: || paceline(paceline::Quota::per_second(1).with_burst(1_000), None),
-            governor: || governor(1, 1_000),
             quota: (1, 1_000),
         },
         Regime {
             name: "zipf",
             keys: Keys::Zipf,
-            paceline: || paceline(paceline::Quota::per_second(100).with_burst(10), None),
-            governor: || governor(100, 10),
             quota: (100, 10),
         },
         Regime {
@@ -259,8 +249,6 @@ fn regimes() -> Vec<Regime> {
                 active: keys / 2,
                 per_sec: new_keys_per_sec(),
             },
-            paceline: || paceline(paceline::Quota::per_second(1_000).with_burst(1), None),
-            governor: || governor(1_000, 1),
             quota: (1_000, 1),
         },
     ]
@@ -268,7 +256,7 @@ fn regimes() -> Vec<Regime> {
 
 /// Builds a contender, warms it with `warm` checks, and returns it with its memory per
 /// stored key and its stored keys.
-fn warmed(build: fn() -> Contender, keys: Keys, warm: u64) -> (Contender, f64, usize) {
+fn warmed(build: impl FnOnce() -> Contender, keys: Keys, warm: u64) -> (Contender, f64, usize) {
     let before = live();
     let who = build();
     run(&who, keys, 1, warm);
@@ -292,9 +280,11 @@ fn bench(c: &mut Criterion) {
             continue;
         }
         let warm = checks * 2;
-        let (p, p_mem, p_len) = warmed(regime.paceline, regime.keys, warm);
-        let (g, g_mem, g_len) = warmed(regime.governor, regime.keys, warm);
-        let floor = floor(regime.keys, regime.quota);
+        let (per_second, burst) = regime.quota;
+        let quota = paceline::Quota::per_second(per_second).with_burst(burst);
+        let (p, p_mem, p_len) = warmed(|| paceline(quota, None), regime.keys, warm);
+        let (g, g_mem, g_len) = warmed(|| governor(per_second, burst), regime.keys, warm);
+        let lower = floor(regime.keys, regime.quota);
         eprintln!(
             "\n{}: memory per stored key paceline {p_mem:.1} B ({p_len} keys), governor \
              {g_mem:.1} B ({g_len} keys); total paceline/governor {:.2}",
@@ -313,13 +303,13 @@ fn bench(c: &mut Criterion) {
                 ratios.push(tg.as_secs_f64() / tp.as_secs_f64());
                 p_ns.push(ns(tp));
                 g_ns.push(ns(tg));
-                if let Some(f) = &floor {
+                if let Some(f) = &lower {
                     f_ns.push(ns(run(f, regime.keys, threads, per_thread)));
                 }
             }
             let (median, min, max) = common::spread(&mut ratios);
             let (p_ns, g_ns) = (common::spread(&mut p_ns).0, common::spread(&mut g_ns).0);
-            let floor = match f_ns.is_empty() {
+            let beside_floor = match f_ns.is_empty() {
                 true => String::new(),
                 false => {
                     let f_ns = common::spread(&mut f_ns).0;
@@ -333,7 +323,7 @@ fn bench(c: &mut Criterion) {
                 "{}: paired rounds, {threads} thread(s): paceline/governor throughput median \
                  {median:.2}x (min {min:.2}x, max {max:.2}x) over {rounds} rounds of \
                  {checks} checks; median ns per check paceline {p_ns:.1}, governor \
-                 {g_ns:.1}{floor}",
+                 {g_ns:.1}{beside_floor}",
                 regime.name
             );
         }
