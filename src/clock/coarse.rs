@@ -3,11 +3,11 @@
 use core::task::Waker;
 use core::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError, Weak};
 
 use crossbeam_utils::CachePadded;
 
-use super::{timer, Clock, DefaultClock};
+use super::{fork, timer, Clock, DefaultClock};
 
 /// A clock read from a shared word that an upkeep thread refreshes from [`DefaultClock`]
 /// every `resolution`.
@@ -21,7 +21,9 @@ use super::{timer, Clock, DefaultClock};
 /// resolution after their instant.
 ///
 /// Each `CoarseClock::with_resolution` starts one thread (`paceline-coarse-clock`); clones
-/// share it, and it exits once every clone is dropped. This module uses `std` atomics
+/// share it, and it exits once every clone is dropped. A process that forks gets a new
+/// upkeep thread in the child for every coarse clock alive at the fork (threads do not
+/// survive `fork`; see `fork.rs`). This module uses `std` atomics
 /// directly: it is a real OS thread that loom cannot model, and loom builds leave it out.
 ///
 /// # Examples
@@ -74,11 +76,18 @@ impl CoarseClock {
             now: CachePadded::new(AtomicU64::new(DefaultClock::default().now())),
             resolution: resolution.as_nanos() as u64,
         });
-        let weak = Arc::downgrade(&shared);
-        std::thread::Builder::new()
-            .name("paceline-coarse-clock".into())
-            .spawn(move || upkeep(weak, resolution))
-            .expect("paceline: cannot spawn the coarse clock's upkeep thread");
+        static REGISTER: Once = Once::new();
+        REGISTER.call_once(|| {
+            fork::at_fork(
+                Some(hold_for_fork),
+                Some(release_after_fork),
+                Some(restart_after_fork),
+            );
+        });
+        let mut live = live();
+        live.retain(|clock| clock.strong_count() > 0);
+        live.push(Arc::downgrade(&shared));
+        start_upkeep(&shared).expect("paceline: cannot spawn the coarse clock's upkeep thread");
         CoarseClock { shared }
     }
 
@@ -94,6 +103,56 @@ impl CoarseClock {
     pub fn resolution(&self) -> Duration {
         Duration::from_nanos(self.shared.resolution)
     }
+}
+
+/// Every coarse clock alive (and some dropped ones, pruned by the next constructor), so
+/// that a forked child can start their upkeep threads again.
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+fn live() -> MutexGuard<'static, Vec<Weak<Shared>>> {
+    // Nothing under this lock panics half-way, so poisoning carries no broken invariant.
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+std::thread_local! {
+    /// `LIVE`'s lock, held by the forking thread across the fork.
+    static HELD: core::cell::Cell<Option<MutexGuard<'static, Vec<Weak<Shared>>>>> =
+        const { core::cell::Cell::new(None) };
+}
+
+/// Fork's prepare handler: no constructor is half-way through the list at the fork.
+extern "C" fn hold_for_fork() {
+    HELD.with(|held| held.set(Some(live())));
+}
+
+/// Fork's parent handler.
+extern "C" fn release_after_fork() {
+    drop(HELD.with(core::cell::Cell::take));
+}
+
+/// Fork's child handler: each clock alive gets a fresh reading and a new upkeep thread.
+extern "C" fn restart_after_fork() {
+    let Some(live) = HELD.with(core::cell::Cell::take) else {
+        return;
+    };
+    let now = DefaultClock::default().now();
+    for shared in live.iter().filter_map(Weak::upgrade) {
+        // Relaxed: see `upkeep`.
+        shared.now.store(now, Ordering::Relaxed);
+        // A thread that cannot be spawned here leaves that clock stopped in the child, as
+        // it was before the handlers existed; nothing else to do inside `fork`.
+        let _ = start_upkeep(&shared);
+    }
+}
+
+/// Starts the thread that refreshes `shared`; it exits once every clone is dropped.
+fn start_upkeep(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let weak = Arc::downgrade(shared);
+    let resolution = Duration::from_nanos(shared.resolution);
+    std::thread::Builder::new()
+        .name("paceline-coarse-clock".into())
+        .spawn(move || upkeep(weak, resolution))
+        .map(drop)
 }
 
 fn upkeep(shared: Weak<Shared>, resolution: Duration) {

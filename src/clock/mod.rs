@@ -9,6 +9,8 @@
 
 #[cfg(all(feature = "std", not(loom)))]
 mod coarse;
+#[cfg(all(feature = "std", not(loom)))]
+mod fork;
 #[cfg(feature = "std")]
 mod manual;
 #[cfg(all(feature = "std", not(loom)))]
@@ -21,6 +23,14 @@ mod tokio;
 pub use self::tokio::TokioClock;
 #[cfg(all(feature = "std", not(loom)))]
 pub use coarse::CoarseClock;
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use fork::generation as forks;
+
+/// Loom models run in one process that never forks.
+#[cfg(loom)]
+pub(crate) fn forks() -> u64 {
+    0
+}
 #[cfg(feature = "std")]
 pub use manual::ManualClock;
 

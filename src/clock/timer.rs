@@ -32,18 +32,25 @@
 //!   for good can, `MAX_THREADS` of them at once, stop the default clock's wake-ups for
 //!   the whole process. (Wakers must not block; this only bounds the damage when they do.)
 //!
+//! **Fork.** A child process gets the map but none of the threads: the fork handlers (see
+//! `fork.rs`) hold the lock across the fork, after waiting up to [`STALL`] for the server
+//! to finish the wake it is in, and in the child forget the parent's threads and start a
+//! server for the entries the child inherited (the limiters' queues in the child count on
+//! the wake-ups they already asked for).
+//!
 //! This module uses `std::sync` directly rather than the `crate::sync` shim: it is a real
 //! OS thread parked with `park_timeout`, which loom cannot model, and loom builds leave it
 //! out (the default clock's timer is stubbed there; models use `ManualClock`).
 
 use core::task::Waker;
 use core::time::Duration;
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, Thread};
 
-use super::{Clock, DefaultClock};
+use super::{fork, Clock, DefaultClock};
 
 /// The shortest time between two rounds of wake-ups (see the module docs).
 pub(super) const MIN_GAP: u64 = 500_000;
@@ -152,12 +159,67 @@ impl State {
 static STATE: OnceLock<Mutex<State>> = OnceLock::new();
 
 fn lock() -> MutexGuard<'static, State> {
-    STATE
-        .get_or_init(Mutex::default)
+    lock_state(STATE.get_or_init(|| {
+        fork::at_fork(
+            Some(hold_for_fork),
+            Some(release_after_fork),
+            Some(restart_after_fork),
+        );
+        Mutex::default()
+    }))
+}
+
+fn lock_state(state: &'static Mutex<State>) -> MutexGuard<'static, State> {
+    state
         .lock()
         // No critical section here runs foreign code, so a poisoned lock (impossible in
         // practice) carries no broken invariant.
         .unwrap_or_else(PoisonError::into_inner)
+}
+
+thread_local! {
+    /// The lock, held by the forking thread from the fork's prepare handler to its
+    /// parent or child handler.
+    static HELD: Cell<Option<MutexGuard<'static, State>>> = const { Cell::new(None) };
+}
+
+/// Fork's prepare handler: takes the lock once the server is between wakes (or after
+/// [`STALL`], if a waker keeps it), and holds it across the fork (module docs).
+extern "C" fn hold_for_fork() {
+    let Some(state) = STATE.get() else {
+        return;
+    };
+    let give_up = now().saturating_add(STALL);
+    let guard = loop {
+        let guard = lock_state(state);
+        if guard.busy_since == 0 || now() >= give_up {
+            break guard;
+        }
+        drop(guard);
+        thread::sleep(Duration::from_micros(50));
+    };
+    HELD.with(|held| held.set(Some(guard)));
+}
+
+/// Fork's parent handler: lets the lock go.
+extern "C" fn release_after_fork() {
+    drop(HELD.with(Cell::take));
+}
+
+/// Fork's child handler: the parent's threads did not come along; serve what the child
+/// inherited with new ones (module docs).
+extern "C" fn restart_after_fork() {
+    let Some(mut state) = HELD.with(Cell::take) else {
+        return;
+    };
+    state.server = None;
+    state.watchdog = None;
+    state.watchdog_parked = false;
+    state.alive = 0;
+    state.busy_since = 0;
+    if !state.entries.is_empty() {
+        start_threads(&mut state);
+    }
 }
 
 fn now() -> u64 {
@@ -179,16 +241,7 @@ pub(super) fn wake_at(at: u64, waker: Waker) {
 pub(super) fn schedule(at: u64, waker: Waker) {
     let mut state = lock();
     let earliest = state.insert(at, waker);
-    if state.server.is_none() {
-        spawn_server(&mut state);
-    }
-    if state.watchdog.is_none() {
-        state.watchdog = thread::Builder::new()
-            .name("paceline-timer-watchdog".into())
-            .spawn(watchdog)
-            .ok()
-            .map(|h| h.thread().clone());
-    }
+    start_threads(&mut state);
     let server = earliest.then(|| state.server.clone()).flatten();
     let watchdog = core::mem::take(&mut state.watchdog_parked)
         .then(|| state.watchdog.clone())
@@ -221,6 +274,20 @@ pub(crate) fn pending_for(waker: &Waker) -> usize {
         .values()
         .filter(|w| w.will_wake(waker))
         .count()
+}
+
+/// Starts the server and the watchdog, whichever is not running.
+fn start_threads(state: &mut State) {
+    if state.server.is_none() {
+        spawn_server(state);
+    }
+    if state.watchdog.is_none() {
+        state.watchdog = thread::Builder::new()
+            .name("paceline-timer-watchdog".into())
+            .spawn(watchdog)
+            .ok()
+            .map(|h| h.thread().clone());
+    }
 }
 
 /// Starts a server thread of a new generation; an old one exits after its current wake.

@@ -7,7 +7,7 @@ use core::task::{Context, Poll};
 use std::sync::Arc;
 
 use super::alarm::Alarm;
-use super::queue::{Booking, Waiter, Waiters};
+use super::queue::{Booking, Progress, Waiter, Waiters};
 use crate::cell::TatWord;
 use crate::clock::Clock;
 use crate::error::{self, Denied, NotUntil};
@@ -76,6 +76,9 @@ enum Phase {
     NoRoom { until: u64 },
     /// Booked and linked in `waiters`.
     Linked,
+    /// Booked, but orphaned by a fork (see `queue`, "Fork"): in no list; `alarm` wakes the
+    /// task at limiter time `until`, when the turn has come.
+    Orphaned { until: u64 },
     /// Finished, with this outcome (admitted, refused, or too large); a poll after that
     /// answers the same again.
     Done(Result<(), Denied>),
@@ -134,6 +137,7 @@ impl<T: Target> Acquire<T> {
                 let instant = unsafe { waiters.instant_of(NonNull::from(&this.node)) };
                 instant.saturating_sub(this.target.clock().now())
             }
+            (Phase::Orphaned { until }, _) => until.saturating_sub(this.target.clock().now()),
             _ => 0,
         }
     }
@@ -217,7 +221,22 @@ impl<T: Target> Acquire<T> {
         Poll::Pending
     }
 
-    /// Takes back the clock registration of a wait for room, if there is one.
+    /// An orphaned booking (see `Phase::Orphaned`): ready at its instant, until then
+    /// woken by the alarm.
+    fn poll_orphaned(&mut self, until: u64, cx: &mut Context<'_>) -> Poll<Result<(), Denied>> {
+        if self.target.clock().now() >= until {
+            self.disarm();
+            self.phase = Phase::Done(Ok(()));
+            return Poll::Ready(Ok(()));
+        }
+        self.alarm
+            .get_or_insert_with(Alarm::new)
+            .set(self.target.clock(), until, cx.waker());
+        Poll::Pending
+    }
+
+    /// Takes back the clock registration of a wait for room or an orphaned turn, if there
+    /// is one.
     fn disarm(&mut self) {
         if let Some(alarm) = self.alarm.take() {
             alarm.cancel(self.target.clock());
@@ -260,14 +279,21 @@ impl<T: Target> Future for Acquire<T> {
                 };
                 // SAFETY: the node was linked by `book` on `waiters` and lives in this
                 // pinned future.
-                if unsafe { waiters.poll_linked(node, cx.waker()) } {
-                    this.phase = Phase::Done(Ok(()));
-                    this.waiters = None;
-                    Poll::Ready(Ok(()))
-                } else {
-                    Poll::Pending
+                match unsafe { waiters.poll_linked(node, cx.waker()) } {
+                    Progress::Fired => {
+                        this.phase = Phase::Done(Ok(()));
+                        this.waiters = None;
+                        Poll::Ready(Ok(()))
+                    }
+                    Progress::Linked => Poll::Pending,
+                    Progress::Orphaned(until) => {
+                        this.waiters = None;
+                        this.phase = Phase::Orphaned { until };
+                        this.poll_orphaned(until, cx)
+                    }
                 }
             }
+            Phase::Orphaned { until } => this.poll_orphaned(until, cx),
         }
     }
 }

@@ -31,6 +31,8 @@ pub(super) struct Slot {
     pub(super) cost: u64,
     /// The task to wake when fired.
     pub(super) waker: Option<Waker>,
+    /// The queue's list epoch when this node was linked (see `queue`, "Fork").
+    pub(super) epoch: u64,
 }
 
 impl Waiter {

@@ -53,6 +53,15 @@
 //! and the queue's next wake-up must not wait for it (it is with the clock already, which
 //! hands a stuck timer's work to another thread).
 //!
+//! **Fork.** A forked child inherits the list but not the threads whose futures own its
+//! nodes, and the C library reuses those threads' stacks for the child's new threads: a
+//! node that lived on one is gone. So the first lock taken in a new fork generation
+//! (`clock/fork.rs`) forgets the whole list without touching a node, and starts a new
+//! list epoch. Their bookings stay in the word (spent, as by a waiter that never comes
+//! back). A future of the forking thread itself, the one thread that came along, finds
+//! its node of an old epoch: it is *orphaned*, out of every list, and finishes at its own
+//! instant through its clock ([`Progress::Orphaned`]); dropped, it gives nothing back.
+//!
 //! **One timer per queue.** The queue asks its clock to wake it at the front's instant,
 //! and re-arms only when the front's instant is earlier than the wake-up already asked
 //! for. 100 000 waiters cost one timer entry.
@@ -68,7 +77,7 @@ use super::node::{fired, slot, Slot};
 use crate::cell::TatWord;
 use crate::clock::Clock;
 use crate::gcra::{self, Params};
-use crate::sync::{thread_local, Mutex, Ordering, Panic, WakeList};
+use crate::sync::{thread_local, Mutex, MutexGuard, Ordering, Panic, WakeList};
 
 /// The state under the queue lock.
 #[derive(Debug)]
@@ -76,18 +85,28 @@ struct State {
     list: LinkedList<Waiter>,
     /// The earliest instant for which a wake-up is outstanding with the clock.
     armed: Option<u64>,
+    /// The process's fork generation when `armed` was recorded: a record made before a
+    /// fork may never have reached the clock (`clock/fork.rs`), so it counts as none.
+    armed_in: u64,
     /// Whether the clock was ever asked to wake this queue: only then is there anything for
     /// it to forget when the queue is dropped.
     asked_clock: bool,
+    /// The process's fork generation the list belongs to (module docs, "Fork").
+    generation: u64,
+    /// Bumped each time a fork makes the queue forget its list; every node records the
+    /// epoch it was linked in.
+    epoch: u64,
 }
 
 impl State {
     /// Whether the clock must be asked to wake the queue at `instant`; records it if so.
     fn arm(&mut self, instant: u64) -> bool {
-        if self.armed.is_some_and(|armed| armed <= instant) {
+        let generation = crate::clock::forks();
+        if self.armed.is_some_and(|armed| armed <= instant) && self.armed_in == generation {
             return false;
         }
         self.armed = Some(instant);
+        self.armed_in = generation;
         self.asked_clock = true;
         true
     }
@@ -98,6 +117,18 @@ impl State {
         let instant = unsafe { slot(front, |s| s.instant) };
         self.arm(instant).then_some(instant)
     }
+}
+
+/// What a later poll of a linked node finds.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// Fired: the turn has come, and the node is out of the list.
+    Fired,
+    /// Still linked; its waker is the latest task's.
+    Linked,
+    /// A fork made the queue forget the node (module docs, "Fork"): it is in no list and
+    /// its turn comes at this limiter time.
+    Orphaned(u64),
 }
 
 /// The outcome of a first poll.
@@ -180,10 +211,28 @@ impl<C: Clock> Waiters<C> {
             state: Mutex::new(State {
                 list: LinkedList::new(),
                 armed: None,
+                armed_in: 0,
                 asked_clock: false,
+                generation: crate::clock::forks(),
+                epoch: 0,
             }),
             fire: Waker::from(Arc::new(Fire(weak.clone()))),
         })
+    }
+
+    /// The queue lock; in a process forked since the list was last touched, the list is
+    /// forgotten first (module docs, "Fork").
+    fn lock(&self) -> MutexGuard<'_, State> {
+        let mut state = self.state.lock();
+        let generation = crate::clock::forks();
+        if state.generation != generation {
+            state.generation = generation;
+            // Forgotten without reading a node: some are on stacks the child reused.
+            state.list = LinkedList::new();
+            state.epoch = state.epoch.wrapping_add(1);
+            state.armed = None;
+        }
+        state
     }
 
     /// Asks the clock for the wake-up `book` or `cancel` left to arm. Call it holding no
@@ -229,7 +278,7 @@ impl<C: Clock> Waiters<C> {
         waker: &Waker,
     ) -> Booking {
         let arm = {
-            let mut state = self.state.lock();
+            let mut state = self.lock();
             let tolerance = params.tau().saturating_add(max_wait);
             let tat = match cell.acquire(now, cost, tolerance) {
                 Ok(tat) => tat,
@@ -247,6 +296,7 @@ impl<C: Clock> Waiters<C> {
                         tat,
                         cost,
                         waker: Some(waker.clone()),
+                        epoch: state.epoch,
                     }
                 });
                 state.list.push_back(node);
@@ -256,54 +306,58 @@ impl<C: Clock> Waiters<C> {
         Booking::Linked(Arm(arm))
     }
 
-    /// A later poll of a linked node: `true` once it has been fired; otherwise refreshes
-    /// its waker.
+    /// A later poll of a linked node: whether it has been fired (or orphaned by a fork);
+    /// while it is linked, refreshes its waker.
     ///
     /// # Safety
     ///
     /// `node` was linked by [`Waiters::book`] on this queue and is live.
-    pub(crate) unsafe fn poll_linked(&self, node: NonNull<Waiter>, waker: &Waker) -> bool {
+    pub(crate) unsafe fn poll_linked(&self, node: NonNull<Waiter>, waker: &Waker) -> Progress {
         // The common case, a poll after the fire's wake-up, takes no lock. Acquire pairs
         // with the fire's Release store, its last access to the node: after this load
         // nobody else touches the node, so the caller may complete and free it.
         // SAFETY: `node` is live (caller's contract).
         if unsafe { fired(node, Ordering::Acquire) } {
-            return true;
+            return Progress::Fired;
         }
         let now = self.clock.now();
-        let (fired_now, due, _old) = {
-            let _state = self.state.lock();
+        let (progress, due, _old) = {
+            let state = self.lock();
             // Relaxed: `fire` stores under this lock, which orders it before us.
             // SAFETY: `node` is live (caller's contract) and we hold the lock.
             if unsafe { fired(node, Ordering::Relaxed) } {
-                (true, false, None)
+                (Progress::Fired, false, None)
             } else {
                 // SAFETY: as above.
                 unsafe {
                     slot(node, |s| {
+                        if s.epoch != state.epoch {
+                            return (Progress::Orphaned(s.instant), false, None);
+                        }
                         let old = match &s.waker {
                             Some(w) if w.will_wake(waker) => None,
                             _ => s.waker.replace(waker.clone()),
                         };
-                        (false, s.instant <= now, old)
+                        (Progress::Linked, s.instant <= now, old)
                     })
                 }
             }
             // `_old`, a replaced waker, is dropped after the lock is released.
         };
-        if fired_now {
-            return true;
+        if !due {
+            return progress;
         }
-        if due {
-            // The timer is late (or there is none): fire the due prefix ourselves.
-            self.fire_due();
-            let _state = self.state.lock();
-            // Relaxed under the lock, as above. `fire_due` popped every node due at `now`,
-            // this one included.
-            // SAFETY: `node` is live (caller's contract).
-            return unsafe { fired(node, Ordering::Relaxed) };
+        // The timer is late (or there is none): fire the due prefix ourselves.
+        self.fire_due();
+        let _state = self.lock();
+        // Relaxed under the lock, as above. `fire_due` popped every node due at `now`,
+        // this one included.
+        // SAFETY: `node` is live (caller's contract).
+        if unsafe { fired(node, Ordering::Relaxed) } {
+            Progress::Fired
+        } else {
+            Progress::Linked
         }
-        false
     }
 
     /// Drops a linked node: unlinks it and, if its instant has not come and no plain
@@ -324,7 +378,7 @@ impl<C: Clock> Waiters<C> {
         node: NonNull<Waiter>,
     ) -> Arm {
         let (arm, _waker) = {
-            let mut state = self.state.lock();
+            let mut state = self.lock();
             // Relaxed: `fire` stores under this lock, which orders it before us.
             // SAFETY: `node` is live (caller's contract).
             if unsafe { fired(node, Ordering::Relaxed) } {
@@ -332,6 +386,12 @@ impl<C: Clock> Waiters<C> {
                 return Arm(None);
             }
             // SAFETY: `node` is live and we hold the lock.
+            if unsafe { slot(node, |s| s.epoch) } != state.epoch {
+                // Orphaned by a fork: in no list, and nothing to refund (module docs). Its
+                // waker goes with the node, after the lock.
+                return Arm(None);
+            }
+            // SAFETY: as above.
             let (cost, instant, waker) =
                 unsafe { slot(node, |s| (s.cost, s.instant, s.waker.take())) };
             // Spent is spent: a booking whose instant has come keeps its cells, fired or
@@ -397,7 +457,7 @@ impl<C: Clock> Waiters<C> {
         loop {
             let now = self.clock.now();
             let (arm, mut more) = {
-                let mut state = self.state.lock();
+                let mut state = self.lock();
                 if from_clock || state.armed.is_some_and(|armed| armed <= now) {
                     // The wake-up we asked for has come, or is due and will find nothing.
                     // A clock may deliver it early by its own reading (a coarse clock lags
@@ -435,7 +495,7 @@ impl<C: Clock> Waiters<C> {
                     }
                     if early > MAX_EARLY_WAKES {
                         // It keeps waking early: stop asking. The next booking asks again.
-                        self.state.lock().armed = None;
+                        self.lock().armed = None;
                     } else {
                         from_clock = true;
                         more = true;
@@ -455,7 +515,7 @@ impl<C: Clock> Waiters<C> {
 
     /// The limiter time at which the front waiter is due, if any.
     pub(crate) fn next_deadline(&self) -> Option<u64> {
-        let state = self.state.lock();
+        let state = self.lock();
         let front = state.list.front()?;
         // SAFETY: a linked node is live (list rule 3) and we hold the lock.
         Some(unsafe { slot(front, |s| s.instant) })
@@ -466,7 +526,7 @@ impl<C: Clock> Waiters<C> {
     /// `Limiter::set_quota`. An instant that has come stays where it is: its cells are
     /// spent, and it is due. Returns the wake-up to ask for.
     pub(crate) fn requote(&self, params: &Params, now: u64) -> Arm {
-        let mut state = self.state.lock();
+        let mut state = self.lock();
         let mut node = state.list.front();
         while let Some(n) = node {
             // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
@@ -491,7 +551,7 @@ impl<C: Clock> Waiters<C> {
     ///
     /// `node` was linked by [`Waiters::book`] on this queue and is live.
     pub(crate) unsafe fn instant_of(&self, node: NonNull<Waiter>) -> u64 {
-        let _state = self.state.lock();
+        let _state = self.lock();
         // SAFETY: live (caller's contract); we hold the lock. A fired node's slot keeps
         // its instant.
         unsafe { slot(node, |s| s.instant) }
@@ -499,7 +559,7 @@ impl<C: Clock> Waiters<C> {
 
     /// Whether no waiter is linked.
     pub(crate) fn is_empty(&self) -> bool {
-        self.state.lock().list.is_empty()
+        self.lock().list.is_empty()
     }
 }
 
@@ -507,7 +567,7 @@ impl<C: Clock> Drop for Waiters<C> {
     /// A dropped queue takes its pending wake-ups out of the clock (a process-wide timer
     /// would otherwise keep them, and this allocation, until their instants).
     fn drop(&mut self) {
-        if self.state.lock().asked_clock {
+        if self.lock().asked_clock {
             self.clock.forget_waker(&self.fire);
         }
     }

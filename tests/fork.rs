@@ -1,0 +1,211 @@
+//! A process that forks keeps working limiters in the child: the one it inherited (its word
+//! is copied with the process) and new ones. The default clock's timer thread and a coarse
+//! clock's upkeep thread do not survive `fork`; paceline starts them again in the child.
+//!
+//! Each case forks a real child, which exits 0 when every wait returned in time and 1
+//! otherwise; the parent kills a child that has not exited after `LIMIT` and fails.
+//! The children print nothing and allocate little: another thread of the test harness may
+//! hold a lock at the moment of the fork.
+
+#![cfg(unix)]
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use paceline::clock::CoarseClock;
+use paceline::{Limiter, Quota};
+
+/// How long a child may take before it counts as hung (its waits add up to well under a
+/// second; the rest is room for a loaded machine).
+const LIMIT: Duration = Duration::from_secs(8);
+
+/// Runs `child` in a forked child process and returns whether it exited 0 within `LIMIT`.
+fn in_child(child: impl FnOnce() -> bool) -> Result<(), String> {
+    // SAFETY: the child runs only `child` and then `_exit`s: it never returns into the
+    // test harness, and `_exit` runs no destructors or atexit handlers of the parent.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
+        // SAFETY: `_exit` is async-signal-safe and ends the child here.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let started = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            return if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                Ok(())
+            } else {
+                Err(format!("the child failed (wait status {status:#x})"))
+            };
+        }
+        if started.elapsed() > LIMIT {
+            // SAFETY: `pid` is our child, still running.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(format!("the child hung: killed after {LIMIT:?}"));
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `waits` turns of 10 ms on `limiter` from this thread finish within `within`.
+fn paced(limiter: &Limiter, waits: u32, within: Duration) -> bool {
+    let started = Instant::now();
+    for _ in 0..waits {
+        limiter.wait();
+    }
+    started.elapsed() < within
+}
+
+fn hundred_per_second() -> Limiter {
+    Limiter::new(Quota::per_second(100).with_burst(1))
+}
+
+#[test]
+fn a_child_forked_after_async_waits_is_served_by_inherited_and_new_limiters() {
+    let limiter = hundred_per_second();
+    // The second wait sleeps: the default clock's timer thread starts in the parent.
+    futures::executor::block_on(async {
+        limiter.until_ready().await;
+        limiter.until_ready().await;
+    });
+    let result = in_child(|| {
+        let inherited = paced(&limiter, 5, Duration::from_secs(4));
+        let fresh = paced(&hundred_per_second(), 5, Duration::from_secs(4));
+        let asynchronous = futures::executor::block_on(async {
+            let fresh = hundred_per_second();
+            for _ in 0..3 {
+                limiter.until_ready().await;
+                fresh.until_ready().await;
+            }
+            true
+        });
+        inherited && fresh && asynchronous
+    });
+    result.unwrap();
+    // The parent is still served too.
+    assert!(paced(&limiter, 3, LIMIT));
+}
+
+#[test]
+fn a_wake_up_pending_at_the_fork_is_served_in_the_child() {
+    let limiter = Arc::new(Limiter::new(Quota::per_second(5).with_burst(1)));
+    limiter.check().unwrap();
+    // Another thread books the next turn (200 ms away) and sleeps on it: the limiter's
+    // queue has asked the timer for that instant when we fork.
+    let sleeper = {
+        let limiter = Arc::clone(&limiter);
+        thread::spawn(move || limiter.wait())
+    };
+    while limiter.next_waiter_due_in().is_none() {
+        thread::yield_now();
+    }
+    // In the child the sleeper's thread is gone but its booking is not: the child's turn
+    // comes after it (400 ms), and the queue relies on the wake-up it already asked for.
+    let result = in_child(|| {
+        let started = Instant::now();
+        limiter.wait();
+        started.elapsed() < Duration::from_secs(4)
+    });
+    sleeper.join().unwrap();
+    result.unwrap();
+}
+
+#[test]
+fn a_coarse_clock_keeps_time_in_a_forked_child() {
+    let clock = CoarseClock::with_resolution(Duration::from_millis(1));
+    let limiter = Limiter::with_clock(Quota::per_second(100).with_burst(1), clock);
+    limiter.check().unwrap();
+    let result = in_child(|| {
+        // The clock's reading must move in the child, or checks are refused for ever.
+        thread::sleep(Duration::from_millis(50));
+        let checked = limiter.check().is_ok();
+        let started = Instant::now();
+        for _ in 0..5 {
+            limiter.wait();
+        }
+        checked && started.elapsed() < Duration::from_secs(4)
+    });
+    result.unwrap();
+}
+
+#[test]
+fn children_forked_at_random_moments_of_a_busy_timer_are_served() {
+    // Four threads keep the timer thread busy with wake-ups on one limiter while the main
+    // thread forks; each child waits on another limiter the parent used, and a new one.
+    let busy = Arc::new(Limiter::new(Quota::per_second(2_000).with_burst(1)));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (busy, stop) = (Arc::clone(&busy), Arc::clone(&stop));
+            thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    busy.wait();
+                }
+            })
+        })
+        .collect();
+    let used = hundred_per_second();
+    futures::executor::block_on(async {
+        used.until_ready().await;
+        used.until_ready().await;
+    });
+    let mut failures = Vec::new();
+    for round in 0..12u64 {
+        // Pseudo-random gaps of 0-19 ms between forks.
+        thread::sleep(Duration::from_millis(round * 7919 % 20));
+        if let Err(e) = in_child(|| {
+            paced(&used, 3, Duration::from_secs(4))
+                && paced(&hundred_per_second(), 3, Duration::from_secs(4))
+        }) {
+            failures.push(format!("round {round}: {e}"));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn a_turn_the_forking_thread_holds_across_the_fork_comes_at_its_instant_in_the_child() {
+    let limiter = Arc::new(Limiter::new(Quota::per_second(5).with_burst(1)));
+    limiter.check().unwrap();
+    // Ours (200 ms away), and another thread's behind it (400 ms), both linked at the fork.
+    let ours = Arc::clone(&limiter).reserve_owned(1).unwrap();
+    let theirs = {
+        let limiter = Arc::clone(&limiter);
+        thread::spawn(move || limiter.wait())
+    };
+    while limiter.next_waiter_due_in() >= Some(Duration::from_millis(250))
+        || limiter.next_waiter_due_in().is_none()
+    {
+        thread::yield_now();
+    }
+    thread::sleep(Duration::from_millis(20));
+    let result = in_child(|| {
+        // The child's first touch of the queue forgets the parent's list; our turn keeps
+        // its instant, outside it.
+        let ready_in = ours.ready_in();
+        let mine = Arc::clone(&limiter).reserve_owned(1).unwrap();
+        let started = Instant::now();
+        let before = ready_in <= Duration::from_millis(200) && ready_in > Duration::ZERO;
+        // Nobody is linked in the child but `mine`; `ours` and the other thread's
+        // booking stay spent, so `mine` comes after both.
+        let behind = mine.ready_in() > ready_in;
+        futures::executor::block_on(ours);
+        let on_time = started.elapsed() + Duration::from_millis(1) >= ready_in;
+        mine.wait();
+        before && behind && on_time && started.elapsed() < Duration::from_secs(4)
+    });
+    theirs.join().unwrap();
+    result.unwrap();
+}
