@@ -161,11 +161,12 @@ pub(crate) const fn remaining(tat: u64, now: u64, params: &Params) -> u32 {
     cells as u32
 }
 
-/// The instant (limiter time) at which a booking of `cost` that moved the TAT to `tat`
-/// may proceed: `tat - max(tau, cost)`, or 0 when that is before the clock's origin.
+/// How far before the TAT it left a booking of `cost` may proceed: `max(tau, cost)`. The
+/// booking's instant (limiter time) is its TAT minus this, or 0 when that is before the
+/// clock's origin.
 ///
-/// At booking `cost <= tau`, so this is `tat - tau`. After a quota change to a burst
-/// window smaller than the booking (`Limiter::set_quota`), it is `tat - cost`: the
+/// At booking `cost <= tau`, so the instant is `tat - tau`. After a quota change to a
+/// burst window smaller than the booking (`Limiter::set_quota`), it is `tat - cost`: the
 /// booking's cells are then accounted as admitted at that instant, when they fill the TAT
 /// from the instant up, so no window ever holds more than its length plus the largest
 /// burst window in force while its cells were booked or admitted. (With `tat - tau` the
@@ -173,9 +174,12 @@ pub(crate) const fn remaining(tat: u64, now: u64, params: &Params) -> u32 {
 /// quota would admit its burst again on top.)
 #[inline]
 #[cfg_attr(not(feature = "std"), allow(dead_code))] // waiting's
-pub(crate) const fn ready_at(tat: u64, cost: u64, params: &Params) -> u64 {
-    let window = if cost > params.tau { cost } else { params.tau };
-    tat.saturating_sub(window)
+pub(crate) const fn ready_window(cost: u64, params: &Params) -> u64 {
+    if cost > params.tau {
+        cost
+    } else {
+        params.tau
+    }
 }
 
 #[cfg(test)]
@@ -272,9 +276,9 @@ mod tests {
         // tat 100 at now 0: a cell is due at 100; within 95 it is not, within 100 it is.
         assert_eq!(admit(100, 0, 10, q.tau() + 95), Err(5));
         assert_eq!(admit(100, 0, 10, q.tau() + 100), Ok(110));
-        assert_eq!(ready_at(110, 10, &q), 100);
+        assert_eq!(110u64.saturating_sub(ready_window(10, &q)), 100);
         // A booking larger than the (changed) burst window waits for its own cost only.
-        assert_eq!(ready_at(110, 30, &q), 80);
+        assert_eq!(110u64.saturating_sub(ready_window(30, &q)), 80);
         assert_eq!(admit(100, 0, 10, u64::MAX), Ok(110));
     }
 
@@ -287,6 +291,6 @@ mod tests {
         assert_eq!(admit(u64::MAX, u64::MAX, 0, q.tau()), Ok(u64::MAX));
         assert_eq!(admit(u64::MAX, 0, 1, 1), Err(u64::MAX));
         assert_eq!(remaining(u64::MAX, 0, &q), 0);
-        assert_eq!(ready_at(5, 1, &q), 0);
+        assert_eq!(5u64.saturating_sub(ready_window(1, &q)), 0);
     }
 }

@@ -292,3 +292,42 @@ fn waiting_on_keys_respects_the_key_bound() {
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+/// Seconds to drop `count` booked waiters in booking order (front first, as a task group
+/// that fails cancels them), each giving its cells back and moving everyone behind up.
+fn cancel_front_first(count: u32) -> f64 {
+    let limiter = Limiter::with_clock(Quota::per_second(1_000).with_burst(1), ManualClock::new());
+    limiter.check().unwrap();
+    let mut waiters: Vec<_> = (0..count)
+        .map(|_| Box::pin(limiter.until_ready()))
+        .collect();
+    for waiter in &mut waiters {
+        assert!(poll_once(waiter.as_mut(), Waker::noop()).is_pending());
+    }
+    let started = Instant::now();
+    drop(waiters);
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(limiter.next_waiter_due_in(), None);
+    assert_eq!(
+        limiter.peek_n(1).unwrap(),
+        Duration::from_millis(1),
+        "every cell came back"
+    );
+    elapsed
+}
+
+#[test]
+fn cancelling_n_waiters_costs_about_n_cancellations() {
+    // Ten times the waiters: about ten times the time when each cancellation costs O(1),
+    // a hundred times when each one rewrites everyone behind it. Best of three each.
+    let best = |count| {
+        (0..3)
+            .map(|_| cancel_front_first(count))
+            .fold(f64::MAX, f64::min)
+    };
+    let (small, large) = (best(2_000), best(20_000));
+    assert!(
+        large < 35.0 * small,
+        "2 000 in {small:.4} s, 20 000 in {large:.4} s"
+    );
+}

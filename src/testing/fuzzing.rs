@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 use crate::clock::ManualClock;
 use crate::reference_model::{Model, Outcome};
-use crate::{Denied, Limiter, Quota, QuotaError};
+use crate::{Denied, Limiter, Quota, QuotaError, Reservation};
 
 /// Reads fixed-size integers off the input, yielding zeros once it runs out.
 struct Bytes<'a>(&'a [u8]);
@@ -102,7 +102,9 @@ pub fn limiter_matches_model(data: &[u8]) {
 }
 
 /// Random book / cancel / advance sequences on the waiter queue against a `VecDeque` model
-/// of booked instants.
+/// of booked instants. Bookings are waiting futures or reservations; after every step
+/// each reservation's `ready_in` (a read of a node anywhere in the queue) must be the
+/// model's.
 pub fn waiters_match_model(data: &[u8]) {
     let mut bytes = Bytes(data);
     let t = 1 + u64::from(bytes.u8() % 16);
@@ -115,9 +117,8 @@ pub fn waiters_match_model(data: &[u8]) {
     let clock = ManualClock::new();
     let limiter = Limiter::with_clock(quota, clock.clone());
     let mut cx = Context::from_waker(Waker::noop());
-    type Waiting<'a> = Pin<Box<dyn Future<Output = Result<(), Denied>> + 'a>>;
-    // Real futures, and the model's queue of (id, instant, cost).
-    let mut futures: Vec<(u32, Waiting<'_>)> = Vec::new();
+    // Real bookings, and the model's queue of (id, instant, cost).
+    let mut held: Vec<(u32, Held<'_>)> = Vec::new();
     let mut queue: VecDeque<(u32, u128, u128)> = VecDeque::new();
     let mut tat = 0u128;
     let mut now = 0u128;
@@ -129,24 +130,30 @@ pub fn waiters_match_model(data: &[u8]) {
             break;
         }
         match bytes.u8() % 4 {
-            0 | 1 => {
+            op @ (0 | 1) => {
                 let n = 1 + u32::from(bytes.u8()) % burst;
-                let mut f: Waiting<'_> = Box::pin(limiter.until_n_ready_within(n, Duration::MAX));
-                let ready = f.as_mut().poll(&mut cx).is_ready();
+                let (ready, booking) = if op == 0 {
+                    let mut f: Waiting<'_> =
+                        Box::pin(limiter.until_n_ready_within(n, Duration::MAX));
+                    (f.as_mut().poll(&mut cx).is_ready(), Held::Future(f))
+                } else {
+                    let turn = limiter.reserve_within(n, Duration::MAX).unwrap();
+                    (turn.is_ready(), Held::Turn(turn))
+                };
                 let cost = u128::from(n) * t;
                 tat = tat.max(now) + cost;
                 let instant = tat.saturating_sub(tau);
                 assert_eq!(ready, instant <= now, "booking {id}");
                 admitted_since_booking = ready;
                 if !ready {
-                    futures.push((id, f));
+                    held.push((id, booking));
                     queue.push_back((id, instant, cost));
                 }
             }
-            2 if !futures.is_empty() => {
-                let i = usize::from(bytes.u8()) % futures.len();
-                let (id, f) = futures.remove(i);
-                drop(f);
+            2 if !held.is_empty() => {
+                let i = usize::from(bytes.u8()) % held.len();
+                let (id, booking) = held.remove(i);
+                drop(booking);
                 let pos = queue.iter().position(|w| w.0 == id);
                 if let Some(pos) = pos {
                     let (_, instant, cost) = queue[pos];
@@ -171,11 +178,20 @@ pub fn waiters_match_model(data: &[u8]) {
                 pop_due(&mut queue, now);
             }
         }
-        // Fired futures are exactly those the model popped, and the queue's next deadline
-        // and the cell's room agree with the model.
-        futures.retain_mut(|(id, f)| {
-            let ready = f.as_mut().poll(&mut cx).is_ready();
-            assert_eq!(ready, !queue.iter().any(|w| w.0 == *id), "waiter {id}");
+        // Fired bookings are exactly those the model popped; a reservation still linked
+        // says the model's instant; the queue's next deadline and the cell's room agree.
+        held.retain_mut(|(id, booking)| {
+            let linked = queue.iter().find(|w| w.0 == *id);
+            let ready = match booking {
+                Held::Future(f) => f.as_mut().poll(&mut cx).is_ready(),
+                Held::Turn(turn) => {
+                    let ready_in = turn.ready_in().as_nanos();
+                    let expected = linked.map_or(0, |w| w.1 - now);
+                    assert_eq!(ready_in, expected, "reservation {id}");
+                    ready_in == 0
+                }
+            };
+            assert_eq!(ready, linked.is_none(), "waiter {id}");
             !ready
         });
         assert_eq!(
@@ -185,6 +201,14 @@ pub fn waiters_match_model(data: &[u8]) {
         let model_room = (tau.saturating_sub(tat.max(now) - now)) / t;
         assert_eq!(u128::from(limiter.remaining()), model_room);
     }
+}
+
+type Waiting<'a> = Pin<Box<dyn Future<Output = Result<(), Denied>> + 'a>>;
+
+/// A booking the waiters model holds: a waiting future or a reservation.
+enum Held<'a> {
+    Future(Waiting<'a>),
+    Turn(Reservation<'a, ManualClock>),
 }
 
 fn pop_due(queue: &mut VecDeque<(u32, u128, u128)>, now: u128) {

@@ -21,18 +21,39 @@ pub(crate) struct Waiter {
 
 #[derive(Debug, Default)]
 pub(super) struct Slot {
-    /// Limiter time at which the booking becomes admissible: `ready_at(tat)`.
-    pub(super) instant: u64,
-    /// The TAT this booking left in the word (moved down with `instant` when a waiter
-    /// ahead gives its cells back). The tail's is what the word holds while no plain
-    /// admission has happened since it booked.
+    /// The TAT this booking left in the word, as of when it was written (at booking, or
+    /// when the queue last settled its lags). The tail's, moved up by the lags, is what
+    /// the word holds while no plain admission has happened since it booked.
     pub(super) tat: u64,
+    /// The lag ahead of this node (see `lag`, summed from the front through this node)
+    /// when `tat` was written. Wrapping arithmetic, like every lag.
+    pub(super) base: u64,
+    /// Nanoseconds by which this node and every node behind it moved up (a waiter ahead
+    /// gave its cells back) and that are not yet written into their `tat`.
+    pub(super) lag: u64,
     /// The booked cost in nanoseconds (`n * T`).
     pub(super) cost: u64,
+    /// How far before its TAT the booking becomes admissible: `max(tau, cost)` of the
+    /// quota at booking, or at the last quota change before its instant came.
+    pub(super) window: u64,
     /// The task to wake when fired.
     pub(super) waker: Option<Waker>,
     /// The queue's list epoch when this node was linked (see `queue`, "Fork").
     pub(super) epoch: u64,
+}
+
+impl Slot {
+    /// The booking's TAT, given `ahead`: the lag summed from the front through this node.
+    pub(super) fn tat_at(&self, ahead: u64) -> u64 {
+        // The lag gained since `tat` was written is at most the cells given back ahead of
+        // this booking, all of which its TAT counts: no underflow (saturating anyway).
+        self.tat.saturating_sub(ahead.wrapping_sub(self.base))
+    }
+
+    /// Limiter time at which the booking becomes admissible, given `ahead` (as `tat_at`).
+    pub(super) fn instant_at(&self, ahead: u64) -> u64 {
+        self.tat_at(ahead).saturating_sub(self.window)
+    }
 }
 
 impl Waiter {

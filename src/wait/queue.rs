@@ -41,6 +41,25 @@
 //! hand back cells that were already relied on (the clock reading of "Spent is spent"
 //! only ever keeps more cells spent).
 //!
+//! **Moving up, in O(1).** A refund moves every waiter behind the cancelled one up by its
+//! cost. Writing that into each of them made cancelling `N` waiters cost `N²` (a task
+//! group failing with 50 000 waiters took seconds). Instead the cost is added to one
+//! field, the `lag` of the node that was behind: a node's TAT is the one written in its
+//! slot minus the lags summed from the front through it (less what that sum was when the
+//! slot was written, its `base`). The front's lag is all the lag ahead of it, and the
+//! list's total is all the lag ahead of the tail, so the front's instant, the tail's TAT
+//! (a refund's expected word) and a node leaving the front (its lag handed on to the
+//! next) all stay O(1). A read of a node in the middle of the list (a reservation's
+//! `ready_in`) writes every lag into its slot once, O(list), and reads in O(1) from then
+//! until the next refund; a quota change does the same as it re-reads every instant. The
+//! lags are added in wrapping arithmetic: only their differences are used, and those are
+//! at most the cells given back ahead of a booking, all of which its TAT counts.
+//!
+//! Deciding whether a cancelled waiter's instant has come needs its own instant: the walk
+//! from the front stops at the first waiter whose instant has not come (instants never
+//! decrease along the list, and moving up keeps that, as it moves a whole suffix by the
+//! same amount), so it reads only waiters that are due and about to be fired.
+//!
 //! **Re-entrant clocks.** A clock may wake the queue on the calling thread from inside
 //! `wake_at` (it should only do so when the instant has come). Such a wake-up is noticed,
 //! not recursed into: the firing round that asked handles it in another pass. A clock
@@ -83,6 +102,11 @@ use crate::sync::{thread_local, Mutex, MutexGuard, Ordering, Panic, WakeList};
 #[derive(Debug)]
 struct State {
     list: LinkedList<Waiter>,
+    /// The sum of every linked node's `lag` (wrapping): the lag ahead of the tail.
+    lag: u64,
+    /// Whether every linked node's `lag` and `base` are zero, so a node's slot alone says
+    /// its instant (module docs, "Moving up, in O(1)").
+    settled: bool,
     /// The earliest instant for which a wake-up is outstanding with the clock.
     armed: Option<u64>,
     /// The process's fork generation when `armed` was recorded: a record made before a
@@ -112,10 +136,136 @@ impl State {
     }
 
     fn arm_front(&mut self) -> Option<u64> {
+        let instant = self.front_instant()?;
+        self.arm(instant).then_some(instant)
+    }
+
+    /// The front waiter's instant: its own lag is all the lag ahead of it.
+    fn front_instant(&self) -> Option<u64> {
         let front = self.list.front()?;
         // SAFETY: a linked node is live (list rule 3) and we hold the lock.
-        let instant = unsafe { slot(front, |s| s.instant) };
-        self.arm(instant).then_some(instant)
+        Some(unsafe { slot(front, |s| s.instant_at(s.lag)) })
+    }
+
+    /// Links `node`, booked at `tat` with `cost` and `window`, at the back.
+    ///
+    /// # Safety
+    ///
+    /// `node` is live, pinned and in no list; the caller holds the lock.
+    unsafe fn push_back(&mut self, node: NonNull<Waiter>, booked: Slot) {
+        let ahead = self.lag;
+        // SAFETY: live (caller's contract); we hold the lock.
+        unsafe {
+            slot(node, |s| {
+                *s = Slot {
+                    base: ahead,
+                    lag: 0,
+                    ..booked
+                }
+            });
+            self.list.push_back(node);
+        }
+    }
+
+    /// Unlinks the front waiter if its instant has come by `now`, writing its lag into its
+    /// slot (a fired node is read alone) and handing the lag on to the next; returns it
+    /// with its waker.
+    fn pop_due(&mut self, now: u64) -> Option<(NonNull<Waiter>, Option<Waker>)> {
+        let front = self.list.front()?;
+        // SAFETY: a linked node is live (list rule 3) and we hold the lock.
+        let (lag, waker) = unsafe {
+            slot(front, |s| {
+                if s.instant_at(s.lag) > now {
+                    return None;
+                }
+                let lag = s.lag;
+                s.tat = s.tat_at(lag);
+                s.base = 0;
+                s.lag = 0;
+                Some((lag, s.waker.take()))
+            })
+        }?;
+        self.list.pop_front();
+        self.hand_on(lag, 0);
+        Some((front, waker))
+    }
+
+    /// After a node left the list: its `lag` (plus `given`, nanoseconds it gave back)
+    /// moves to the node that was behind it, now at the same place. With nobody
+    /// behind, the lag leaves the list.
+    fn hand_on(&mut self, lag: u64, given: u64) {
+        self.hand_on_to(self.list.front(), lag, given);
+    }
+
+    fn hand_on_to(&mut self, behind: Option<NonNull<Waiter>>, lag: u64, given: u64) {
+        match behind {
+            Some(next) => {
+                // SAFETY: `next` is linked, so live (list rule 3); we hold the lock.
+                unsafe {
+                    slot(next, |s| {
+                        s.lag = s.lag.wrapping_add(lag).wrapping_add(given)
+                    })
+                };
+                self.lag = self.lag.wrapping_add(given);
+                if given != 0 {
+                    self.settled = false;
+                }
+            }
+            None => self.lag = self.lag.wrapping_sub(lag),
+        }
+        if self.list.is_empty() {
+            self.lag = 0;
+            self.settled = true;
+        }
+    }
+
+    /// Whether linked `node`'s instant has come by `now`. Instants never decrease along
+    /// the list, so the walk stops at the first one that has not come: it reads only the
+    /// due waiters ahead (which the timer is about to fire), never the whole list.
+    ///
+    /// # Safety
+    ///
+    /// `node` is linked in this list; the caller holds the lock.
+    unsafe fn is_due(&self, node: NonNull<Waiter>, now: u64) -> bool {
+        let mut ahead = 0u64;
+        let mut at = self.list.front();
+        while let Some(n) = at {
+            // SAFETY: linked, so live (list rule 3); we hold the lock.
+            let instant = unsafe {
+                slot(n, |s| {
+                    ahead = ahead.wrapping_add(s.lag);
+                    s.instant_at(ahead)
+                })
+            };
+            if n == node || instant > now {
+                return instant <= now;
+            }
+            // SAFETY: as above.
+            at = unsafe { list::next(n) };
+        }
+        unreachable!("a linked waiter is in its list")
+    }
+
+    /// Writes every node's lag into its slot (module docs, "Moving up, in O(1)"), calling `f` on
+    /// each slot once it is up to date.
+    fn settle(&mut self, mut f: impl FnMut(&mut Slot)) {
+        let mut ahead = 0u64;
+        let mut at = self.list.front();
+        while let Some(n) = at {
+            // SAFETY: linked, so live (list rule 3); we hold the lock.
+            unsafe {
+                slot(n, |s| {
+                    ahead = ahead.wrapping_add(s.lag);
+                    s.tat = s.tat_at(ahead);
+                    s.base = 0;
+                    s.lag = 0;
+                    f(s);
+                });
+                at = list::next(n);
+            }
+        }
+        self.lag = 0;
+        self.settled = true;
     }
 }
 
@@ -210,6 +360,8 @@ impl<C: Clock> Waiters<C> {
             clock,
             state: Mutex::new(State {
                 list: LinkedList::new(),
+                lag: 0,
+                settled: true,
                 armed: None,
                 armed_in: 0,
                 asked_clock: false,
@@ -229,6 +381,8 @@ impl<C: Clock> Waiters<C> {
             state.generation = generation;
             // Forgotten without reading a node: some are on stacks the child reused.
             state.list = LinkedList::new();
+            state.lag = 0;
+            state.settled = true;
             state.epoch = state.epoch.wrapping_add(1);
             state.armed = None;
         }
@@ -284,23 +438,22 @@ impl<C: Clock> Waiters<C> {
                 Ok(tat) => tat,
                 Err(wait) => return Booking::TooLate(wait),
             };
-            let instant = gcra::ready_at(tat, cost, params);
+            let window = gcra::ready_window(cost, params);
+            let instant = tat.saturating_sub(window);
             if instant <= now {
                 return Booking::Ready;
             }
-            // SAFETY: `node` is live and unlinked (caller's contract); we hold the lock.
-            unsafe {
-                slot(node, |s| {
-                    *s = Slot {
-                        instant,
-                        tat,
-                        cost,
-                        waker: Some(waker.clone()),
-                        epoch: state.epoch,
-                    }
-                });
-                state.list.push_back(node);
-            }
+            let booked = Slot {
+                tat,
+                cost,
+                window,
+                waker: Some(waker.clone()),
+                epoch: state.epoch,
+                ..Slot::default()
+            };
+            // SAFETY: `node` is live, pinned and unlinked (caller's contract); we hold the
+            // lock.
+            unsafe { state.push_back(node, booked) };
             state.arm(instant).then_some(instant)
         };
         Booking::Linked(Arm(arm))
@@ -323,6 +476,7 @@ impl<C: Clock> Waiters<C> {
         let now = self.clock.now();
         let (progress, due, _old) = {
             let state = self.lock();
+            let front_due = state.front_instant().is_some_and(|front| front <= now);
             // Relaxed: `fire` stores under this lock, which orders it before us.
             // SAFETY: `node` is live (caller's contract) and we hold the lock.
             if unsafe { fired(node, Ordering::Relaxed) } {
@@ -332,13 +486,17 @@ impl<C: Clock> Waiters<C> {
                 unsafe {
                     slot(node, |s| {
                         if s.epoch != state.epoch {
-                            return (Progress::Orphaned(s.instant), false, None);
+                            // The lag ahead of it is lost with the list: its instant as
+                            // last written, never earlier than its true one.
+                            return (Progress::Orphaned(s.instant_at(s.base)), false, None);
                         }
                         let old = match &s.waker {
                             Some(w) if w.will_wake(waker) => None,
                             _ => s.waker.replace(waker.clone()),
                         };
-                        (Progress::Linked, s.instant <= now, old)
+                        // If this node is due, so is the front (instants never decrease
+                        // along the list): firing the due prefix fires it.
+                        (Progress::Linked, front_due, old)
                     })
                 }
             }
@@ -351,7 +509,7 @@ impl<C: Clock> Waiters<C> {
         self.fire_due();
         let _state = self.lock();
         // Relaxed under the lock, as above. `fire_due` popped every node due at `now`,
-        // this one included.
+        // this one if it was.
         // SAFETY: `node` is live (caller's contract).
         if unsafe { fired(node, Ordering::Relaxed) } {
             Progress::Fired
@@ -392,35 +550,31 @@ impl<C: Clock> Waiters<C> {
                 return Arm(None);
             }
             // SAFETY: as above.
-            let (cost, instant, waker) =
-                unsafe { slot(node, |s| (s.cost, s.instant, s.waker.take())) };
+            let (cost, lag, waker) = unsafe { slot(node, |s| (s.cost, s.lag, s.waker.take())) };
             // Spent is spent: a booking whose instant has come keeps its cells, fired or
             // not (a reservation's holder may have acted on it; a late timer changes
             // nothing). The time is read after the holder's last action on it, so a
             // reservation dropped after use has its instant behind it by this reading.
-            let refundable = word.filter(|&(_, now)| instant > now);
+            // SAFETY: `node` is linked in this list (not fired, this epoch); we hold the
+            // lock.
+            let refundable = word.filter(|&(_, now)| !unsafe { state.is_due(node, now) });
             let Some(tail) = state.list.back() else {
                 unreachable!("a linked, unfired waiter is in its list")
             };
-            // SAFETY: the tail is linked, so live (list rule 3); we hold the lock.
-            let tail_tat = unsafe { slot(tail, |s| s.tat) };
+            // SAFETY: the tail is linked, so live (list rule 3); we hold the lock. The lag
+            // ahead of the tail is the list's.
+            let tail_tat = unsafe { slot(tail, |s| s.tat_at(state.lag)) };
             // SAFETY: `node` is live and linked in this list; we hold the lock.
-            let mut behind = unsafe { list::next(node) };
+            let behind = unsafe { list::next(node) };
             // SAFETY: as above.
             let removed = unsafe { state.list.remove(node) };
             debug_assert!(removed, "a linked, unfired waiter is in its list");
-            if refundable.is_some_and(|(word, _)| word.refund(tail_tat, cost)) {
-                while let Some(later) = behind {
-                    // SAFETY: `later` is linked, so live (list rule 3); we hold the lock.
-                    unsafe {
-                        slot(later, |s| {
-                            s.instant = s.instant.saturating_sub(cost);
-                            s.tat = s.tat.saturating_sub(cost);
-                        });
-                        behind = list::next(later);
-                    }
-                }
-            }
+            // Everyone behind moves up by the refund: one write, to the next node's lag.
+            let given = match refundable {
+                Some((word, _)) if word.refund(tail_tat, cost) => cost,
+                _ => 0,
+            };
+            state.hand_on_to(behind, lag, given);
             (state.arm_front(), waker)
         };
         // `_waker` is dropped here, after the lock.
@@ -467,14 +621,9 @@ impl<C: Clock> Waiters<C> {
                     from_clock = false;
                 }
                 while !due.is_full() {
-                    let Some(front) = state.list.front() else {
+                    let Some((front, waker)) = state.pop_due(now) else {
                         break;
                     };
-                    // SAFETY: a linked node is live (list rule 3) and we hold the lock.
-                    let waker =
-                        unsafe { slot(front, |s| (s.instant <= now).then(|| s.waker.take())) };
-                    let Some(waker) = waker else { break };
-                    state.list.pop_front();
                     // The last access to the node: Release, so that a future that sees
                     // `true` without the lock (`poll_linked`) sees every access above
                     // done, and may free the node.
@@ -515,10 +664,7 @@ impl<C: Clock> Waiters<C> {
 
     /// The limiter time at which the front waiter is due, if any.
     pub(crate) fn next_deadline(&self) -> Option<u64> {
-        let state = self.lock();
-        let front = state.list.front()?;
-        // SAFETY: a linked node is live (list rule 3) and we hold the lock.
-        Some(unsafe { slot(front, |s| s.instant) })
+        self.lock().front_instant()
     }
 
     /// Re-reads the instant of every linked waiter whose instant has not come by `now`
@@ -527,18 +673,11 @@ impl<C: Clock> Waiters<C> {
     /// spent, and it is due. Returns the wake-up to ask for.
     pub(crate) fn requote(&self, params: &Params, now: u64) -> Arm {
         let mut state = self.lock();
-        let mut node = state.list.front();
-        while let Some(n) = node {
-            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
-            unsafe {
-                slot(n, |s| {
-                    if s.instant > now {
-                        s.instant = gcra::ready_at(s.tat, s.cost, params);
-                    }
-                });
-                node = list::next(n);
+        state.settle(|s| {
+            if s.instant_at(0) > now {
+                s.window = gcra::ready_window(s.cost, params);
             }
-        }
+        });
         // The front may now be due earlier or later than the wake-up asked for: ask anew
         // (an outstanding later wake-up only finds nothing due and re-arms).
         state.armed = None;
@@ -551,10 +690,26 @@ impl<C: Clock> Waiters<C> {
     ///
     /// `node` was linked by [`Waiters::book`] on this queue and is live.
     pub(crate) unsafe fn instant_of(&self, node: NonNull<Waiter>) -> u64 {
-        let _state = self.lock();
-        // SAFETY: live (caller's contract); we hold the lock. A fired node's slot keeps
-        // its instant.
-        unsafe { slot(node, |s| s.instant) }
+        let mut state = self.lock();
+        // Relaxed under the lock, as in `cancel`.
+        // SAFETY: live (caller's contract).
+        let fired = unsafe { fired(node, Ordering::Relaxed) };
+        // SAFETY: as above; we hold the lock.
+        let orphaned = unsafe { slot(node, |s| s.epoch) } != state.epoch;
+        if fired || orphaned {
+            // A fired node's slot was brought up to date when it left the list; an
+            // orphan's lag ahead is lost with the list (see `poll_linked`).
+            // SAFETY: as above.
+            return unsafe { slot(node, |s| s.instant_at(s.base)) };
+        }
+        // The lag ahead of a node in the middle of the list is spread over the nodes
+        // ahead: write it into every slot once (O(list)), then each read is O(1) until a
+        // waiter gives cells back again.
+        if !state.settled {
+            state.settle(|_| ());
+        }
+        // SAFETY: as above.
+        unsafe { slot(node, |s| s.instant_at(0)) }
     }
 
     /// Whether no waiter is linked.
