@@ -123,10 +123,9 @@ extern crate self as paceline;
 
 pub use error::{Denied, InsufficientCapacity, NotUntil};
 #[cfg(feature = "std")]
-pub use keyed::{KeyAdmission, KeyReservation, KeyedLimiter, OwnedKeyReservation};
+pub use keyed::{KeyAdmission, KeyReservation, KeyedLimiter, OwnedKeyReservation, TextKey};
 pub use limiter::Limiter;
 pub use quota::{Quota, QuotaError};
-#[cfg(feature = "std")]
 #[cfg(feature = "std")]
 pub use reservation::{OwnedReservation, Reservation};
 pub use snapshot::Snapshot;

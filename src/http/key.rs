@@ -81,7 +81,7 @@ pub enum ClientKey {
 
 /// The longest text key stored as it is, in bytes. A longer one (a header a client made
 /// 100 KB long) is stored as a digest of itself: [`ClientKey::bounded`].
-pub(crate) const MAX_TEXT_KEY: usize = 64;
+pub(crate) const MAX_TEXT_KEY: usize = crate::TextKey::MAX_LEN;
 
 impl ClientKey {
     /// The key a request without one shares with every other keyless request
@@ -97,22 +97,12 @@ impl ClientKey {
     /// at most `MAX_TEXT_KEY` bytes besides its entry, whatever clients send.
     pub(crate) fn bounded(self) -> ClientKey {
         match self {
-            ClientKey::Text(text) if text.len() > MAX_TEXT_KEY => {
-                ClientKey::Text(format!("\u{1}{:032x}", digest(text.as_bytes())).into())
-            }
+            ClientKey::Text(text) if text.len() > MAX_TEXT_KEY => ClientKey::Text(
+                format!("\u{1}{:032x}", crate::keyed::digest(text.as_bytes())).into(),
+            ),
             key => key,
         }
     }
-}
-
-/// A 128-bit digest of `bytes`: two SipHash-1-3 hashes under keys drawn once per process.
-fn digest(bytes: &[u8]) -> u128 {
-    use core::hash::BuildHasher;
-    use std::sync::OnceLock;
-    static SEEDS: OnceLock<[std::hash::RandomState; 2]> = OnceLock::new();
-    let [a, b] =
-        SEEDS.get_or_init(|| [std::hash::RandomState::new(), std::hash::RandomState::new()]);
-    u128::from(a.hash_one(bytes)) << 64 | u128::from(b.hash_one(bytes))
 }
 
 /// One write per key (the derived hash would feed the hasher an enum tag, another tag and

@@ -37,9 +37,13 @@ use store::Store;
 mod admission;
 mod members;
 mod store;
+mod text_key;
 mod waiting;
 
 pub use admission::KeyAdmission;
+#[cfg(feature = "tower")]
+pub(crate) use text_key::digest;
+pub use text_key::TextKey;
 pub use waiting::{KeyReservation, OwnedKeyReservation};
 
 type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
