@@ -9,34 +9,62 @@
 //! (an event loop that stalled) books there and waits again, so the work never runs
 //! faster than the quota however late the loop was.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::{self, Thread};
 use std::time::Duration;
 
 use paceline::{
     Denied, KeyedLimiter, Limiter, OwnedKeyReservation, OwnedReservation, Quota, QuotaError,
+    TextKey,
 };
 use pyo3::exceptions::{PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 
-/// `count` cells per `per` seconds with `burst`, or a `ValueError` saying why not.
+/// `count` cells per `per` seconds with `burst`, or a `ValueError` saying why not, in the
+/// Python API's words.
 fn quota(count: u32, per: f64, burst: u32) -> PyResult<Quota> {
-    let period = Duration::try_from_secs_f64(per).map_err(|_| {
+    let too_long = || {
         PyValueError::new_err(format!(
-            "per must be a positive number of seconds, got {per}"
+            "per / rate = {per:?} s / {count} is too long: paceline keeps intervals up to \
+             u64::MAX nanoseconds (about 584 years)"
         ))
+    };
+    let period = Duration::try_from_secs_f64(per).map_err(|_| {
+        if per.is_finite() && per > 0.0 {
+            too_long()
+        } else {
+            PyValueError::new_err(format!(
+                "per must be a positive, finite number of seconds, got {per}"
+            ))
+        }
     })?;
-    let invalid = |e: QuotaError| PyValueError::new_err(e.to_string());
+    let invalid = |e: QuotaError| match e {
+        QuotaError::ZeroCount => PyValueError::new_err("rate must be at least 1"),
+        QuotaError::ZeroPeriod => PyValueError::new_err("per must be more than 0 seconds"),
+        QuotaError::ZeroBurst => PyValueError::new_err("burst must be at least 1"),
+        QuotaError::IntervalTooShort => PyValueError::new_err(format!(
+            "per / rate = {per:?} s / {count} is below one nanosecond, the finest interval \
+             paceline keeps"
+        )),
+        QuotaError::IntervalTooLong => too_long(),
+        other => PyValueError::new_err(other.to_string()),
+    };
     Quota::try_new(count, period)
         .map_err(invalid)?
         .try_with_burst(burst)
         .map_err(invalid)
 }
 
-/// A `Duration` from optional seconds: `None` means no maximum.
+/// A `Duration` from optional seconds: `None` (or infinity, as for `asyncio.wait_for`)
+/// means no maximum.
 fn max_wait(timeout: Option<f64>) -> PyResult<Duration> {
     match timeout {
         None => Ok(Duration::MAX),
+        Some(t) if t == f64::INFINITY => Ok(Duration::MAX),
         Some(t) => Duration::try_from_secs_f64(t).map_err(|_| {
             PyValueError::new_err(format!("timeout must be None or seconds >= 0, got {t}"))
         }),
@@ -67,7 +95,7 @@ fn too_late(denied: Denied) -> PyErr {
 /// A booked turn: its instant, and a way to give it back.
 enum Held {
     Direct(OwnedReservation),
-    Keyed(OwnedKeyReservation<String, paceline::clock::DefaultClock>),
+    Keyed(OwnedKeyReservation<TextKey, paceline::clock::DefaultClock>),
 }
 
 impl Held {
@@ -78,10 +106,10 @@ impl Held {
         }
     }
 
-    fn wait(self) {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         match self {
-            Held::Direct(r) => r.wait(),
-            Held::Keyed(r) => r.wait(),
+            Held::Direct(r) => Pin::new(r).poll(cx),
+            Held::Keyed(r) => Pin::new(r).poll(cx),
         }
     }
 }
@@ -126,9 +154,40 @@ impl Ticket {
     }
 }
 
-/// Blocks (GIL released) until `held`'s turn comes.
-fn block(py: Python<'_>, held: Held) {
-    py.detach(move || held.wait());
+/// How long a blocked thread sleeps between two looks for Python signals.
+const SIGNAL_CHECK: Duration = Duration::from_millis(20);
+
+/// Unparks the blocked thread when its turn is fired.
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Blocks (GIL released) until `held`'s turn comes, looking for signals at least every
+/// [`SIGNAL_CHECK`], as Python's own blocking calls do: a signal handler that raises
+/// (Ctrl-C's `KeyboardInterrupt`) ends the wait with its exception, and `held` is dropped,
+/// which gives the cells back if the turn has not come.
+fn block(py: Python<'_>, mut held: Held) -> PyResult<()> {
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if held.poll(&mut cx).is_ready() {
+            return Ok(());
+        }
+        let sleep = held
+            .ready_in()
+            .clamp(Duration::from_micros(1), SIGNAL_CHECK);
+        // A fire unparks us early; so may a signal (the wait is then only shorter).
+        py.detach(|| thread::park_timeout(sleep));
+        py.check_signals()?;
+    }
 }
 
 /// What a Python limiter needs of a paceline limiter, direct (key `()`) or keyed.
@@ -136,8 +195,12 @@ trait Cell: Send + Sync + 'static {
     type Key;
     /// Books `n` cells within `max` (owning the limiter and key).
     fn reserve(self: &Arc<Self>, key: &Self::Key, n: u32, max: Duration) -> Result<Held, Denied>;
+    /// How long until `n` cells would be admitted (zero: now); spends nothing.
+    fn wait_time(&self, key: &Self::Key, n: u32) -> Duration;
     /// Whether `n` cells would be admitted now; spends nothing.
-    fn fits(&self, key: &Self::Key, n: u32) -> bool;
+    fn fits(&self, key: &Self::Key, n: u32) -> bool {
+        self.wait_time(key, n).is_zero()
+    }
     /// Takes `n` cells now, or nothing.
     fn take(&self, key: &Self::Key, n: u32) -> bool;
     fn remaining(&self, key: &Self::Key) -> u32;
@@ -153,8 +216,8 @@ impl Cell for Limiter {
             .map(Held::Direct)
     }
 
-    fn fits(&self, (): &(), n: u32) -> bool {
-        self.peek_n(n).is_ok_and(|wait| wait.is_zero())
+    fn wait_time(&self, (): &(), n: u32) -> Duration {
+        self.peek_n(n).unwrap_or(Duration::MAX)
     }
 
     fn take(&self, (): &(), n: u32) -> bool {
@@ -170,24 +233,24 @@ impl Cell for Limiter {
     }
 }
 
-impl Cell for KeyedLimiter<String> {
-    type Key = String;
+impl Cell for KeyedLimiter<TextKey> {
+    type Key = TextKey;
 
-    fn reserve(self: &Arc<Self>, key: &String, n: u32, max: Duration) -> Result<Held, Denied> {
+    fn reserve(self: &Arc<Self>, key: &TextKey, n: u32, max: Duration) -> Result<Held, Denied> {
         Arc::clone(self)
             .reserve_key_within_owned(key.clone(), n, max)
             .map(Held::Keyed)
     }
 
-    fn fits(&self, key: &String, n: u32) -> bool {
-        self.peek_key_n(key, n).is_ok_and(|wait| wait.is_zero())
+    fn wait_time(&self, key: &TextKey, n: u32) -> Duration {
+        self.peek_key_n(key, n).unwrap_or(Duration::MAX)
     }
 
-    fn take(&self, key: &String, n: u32) -> bool {
+    fn take(&self, key: &TextKey, n: u32) -> bool {
         self.check_key_n(key, n).is_ok()
     }
 
-    fn remaining(&self, key: &String) -> u32 {
+    fn remaining(&self, key: &TextKey) -> u32 {
         self.remaining_key(key)
     }
 
@@ -232,6 +295,17 @@ impl<L: Cell> Pair<L> {
         Ok(self.exec.as_ref().is_none_or(|exec| exec.take(key, n)))
     }
 
+    /// Seconds until `n` cells would be admitted (0.0: now); spends nothing.
+    fn wait_time(&self, key: &L::Key, n: u32) -> PyResult<f64> {
+        check_n(n, self.burst())?;
+        let booked = self.booked.wait_time(key, n);
+        let wait = self
+            .exec
+            .as_ref()
+            .map_or(booked, |exec| booked.max(exec.wait_time(key, n)));
+        Ok(wait.as_secs_f64())
+    }
+
     fn remaining(&self, key: &L::Key) -> u32 {
         let booked = self.booked.remaining(key);
         self.exec
@@ -273,10 +347,10 @@ impl<L: Cell> Pair<L> {
             .booked
             .reserve(key, n, max_wait(timeout)?)
             .map_err(too_late)?;
-        block(py, booked);
+        block(py, booked)?;
         if let Some(exec) = &self.exec {
             let run = exec.reserve(key, n, Duration::MAX).map_err(too_late)?;
-            block(py, run);
+            block(py, run)?;
         }
         Ok(())
     }
@@ -328,6 +402,10 @@ impl Core {
         self.0.remaining(&())
     }
 
+    fn wait_time(&self, n: u32) -> PyResult<f64> {
+        self.0.wait_time(&(), n)
+    }
+
     #[pyo3(signature = (n, timeout=None))]
     fn book(&self, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
         self.0.book(&(), n, timeout)
@@ -349,7 +427,7 @@ impl Core {
 
 /// A limiter per key (str), shared by threads and event loops.
 #[pyclass(frozen, module = "paceline._paceline")]
-struct KeyedCore(Pair<KeyedLimiter<String>>);
+struct KeyedCore(Pair<KeyedLimiter<TextKey>>);
 
 #[pymethods]
 impl KeyedCore {
@@ -378,20 +456,24 @@ impl KeyedCore {
     }
 
     fn try_acquire(&self, key: String, n: u32) -> PyResult<bool> {
-        self.0.try_acquire(&key, n)
+        self.0.try_acquire(&key.into(), n)
     }
 
     fn remaining(&self, key: String) -> u32 {
-        self.0.remaining(&key)
+        self.0.remaining(&key.into())
+    }
+
+    fn wait_time(&self, key: String, n: u32) -> PyResult<f64> {
+        self.0.wait_time(&key.into(), n)
     }
 
     #[pyo3(signature = (key, n, timeout=None))]
     fn book(&self, key: String, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
-        self.0.book(&key, n, timeout)
+        self.0.book(&key.into(), n, timeout)
     }
 
     fn run(&self, key: String, n: u32) -> PyResult<Option<Ticket>> {
-        self.0.run(&key, n)
+        self.0.run(&key.into(), n)
     }
 
     #[pyo3(signature = (key, n, timeout=None))]
@@ -402,7 +484,7 @@ impl KeyedCore {
         n: u32,
         timeout: Option<f64>,
     ) -> PyResult<()> {
-        self.0.acquire_blocking(py, &key, n, timeout)
+        self.0.acquire_blocking(py, &key.into(), n, timeout)
     }
 
     fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {

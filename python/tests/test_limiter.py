@@ -274,3 +274,92 @@ def test_bad_arguments_raise_clear_errors_and_change_nothing():
     with pytest.raises(TypeError, match="key"):
         keyed.try_acquire(7)
     assert len(keyed) == 0
+
+
+def cancel_all(count, waiting):
+    """Seconds the loop takes to cancel `count` tasks parked in `waiting()`."""
+
+    async def main():
+        tasks = [asyncio.ensure_future(waiting()) for _ in range(count)]
+        await asyncio.sleep(0.1)
+        t0 = time.perf_counter()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return time.perf_counter() - t0
+
+    return asyncio.run(main())
+
+
+def test_cancelling_many_waiters_costs_about_what_cancelling_plain_sleeps_costs():
+    # A task group failing, or a timeout firing over a big batch, cancels every waiter at
+    # once. Each cancellation gives cells back and moves everyone behind up: that must
+    # cost about one cancellation each, not one pass over all the others.
+    count = 30_000
+
+    def paceline_waiters():
+        limiter = paceline.Limiter(1000, per=1.0, burst=1)
+        return cancel_all(count, limiter.acquire)
+
+    def sleepers():
+        return cancel_all(count, lambda: asyncio.sleep(1000))
+
+    # Best of two each, interleaved, so a hiccup of the machine does not decide.
+    ours = min(paceline_waiters(), paceline_waiters())
+    plain = min(sleepers(), sleepers())
+    assert ours < 4 * plain, (ours, plain)
+
+
+def test_numbers_out_of_range_get_errors_that_name_them():
+    limiter = paceline.Limiter(10, per=1.0, burst=3)
+    with pytest.raises(ValueError, match=r"n must be between 0 and 4294967295, got 1099511627776"):
+        limiter.try_acquire(2**40)
+    with pytest.raises(ValueError, match=r"n must be between"):
+        asyncio.run(limiter.acquire(2**40))
+    with pytest.raises(ValueError, match=r"per / rate = 1e\+?30 s / 10 is too long"):
+        paceline.Limiter(10, per=1e30)
+    with pytest.raises(ValueError, match=r"per must be a positive, finite number"):
+        paceline.Limiter(10, per=float("inf"))
+    with pytest.raises(ValueError, match=r"below one nanosecond"):
+        paceline.Limiter(10, per=1e-9)
+    with pytest.raises(ValueError, match=r"timeout must be None or a number of seconds >= 0"):
+        limiter.acquire_blocking(timeout=float("nan"))
+    assert limiter.remaining() == 3, "nothing was spent"
+
+
+def test_an_infinite_timeout_means_no_timeout():
+    limiter = paceline.Limiter(100, per=1.0, burst=1)
+    assert limiter.try_acquire()
+    # As for asyncio.wait_for: wait however long the turn is.
+    asyncio.run(limiter.acquire(timeout=float("inf")))
+    limiter.acquire_blocking(timeout=float("inf"))
+    keyed = paceline.KeyedLimiter(100, per=1.0, burst=1)
+    asyncio.run(keyed.acquire("k", timeout=float("inf")))
+
+
+def test_wait_time_says_how_long_a_turn_is_away_and_spends_nothing():
+    limiter = paceline.Limiter(10, per=1.0, burst=2)
+    assert limiter.wait_time() == 0.0
+    assert limiter.try_acquire(2)
+    assert 0.09 < limiter.wait_time() <= 0.1
+    assert 0.19 < limiter.wait_time(2) <= 0.2
+    assert limiter.remaining() == 0
+    with pytest.raises(ValueError, match="burst"):
+        limiter.wait_time(3)
+
+
+def test_long_keys_cost_a_bounded_number_of_bytes():
+    import resource
+
+    keyed = paceline.KeyedLimiter(1, per=3600.0, burst=1)
+    base = "x" * (1 << 20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    for i in range(300):
+        assert keyed.try_acquire(base + str(i))  # a fresh 1 MiB key, dropped after
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert len(keyed) == 300
+    # Stored as they came, 300 keys would hold 300 MiB.
+    assert grown_mib < 64, grown_mib
+    # A long key is still its own key, the same each time it comes.
+    assert not keyed.try_acquire(base + "0")
+    assert keyed.try_acquire(base + "300")

@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import os
 import threading
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 from ._paceline import Core, KeyedCore, Ticket
@@ -34,30 +36,41 @@ from ._paceline import Core, KeyedCore, Ticket
 __all__ = ["Limiter", "KeyedLimiter"]
 
 
+# The largest count of cells the Rust core takes (a u32).
+_MAX_COUNT = 0xFFFF_FFFF
+
+
 def _count(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not minimum <= value <= 0xFFFF_FFFF:
-        raise ValueError(f"{name} must be between {minimum} and {0xFFFF_FFFF}, got {value}")
+    if not minimum <= value <= _MAX_COUNT:
+        raise ValueError(f"{name} must be between {minimum} and {_MAX_COUNT}, got {value}")
     return value
 
 
-def _seconds(name: str, value: object, allow_none: bool = False) -> Optional[float]:
-    if value is None and allow_none:
+def _timeout(value: object) -> Optional[float]:
+    """A timeout in seconds; ``None`` or infinity (as for ``asyncio.wait_for``) is none."""
+    if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+        raise TypeError(
+            f"timeout must be None or a number of seconds, got {type(value).__name__}"
+        )
     value = float(value)
-    if not value >= 0.0 or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
+    if value == float("inf"):
+        return None
+    if not value >= 0.0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value}")
     return value
 
 
 def _quota(rate: object, per: object, burst: object) -> Tuple[int, float, int]:
     rate = _count("rate", rate, 1)
-    per = _seconds("per", per)
-    if per == 0.0:
-        raise ValueError("per must be more than 0 seconds")
+    if isinstance(per, bool) or not isinstance(per, (int, float)):
+        raise TypeError(f"per must be a number of seconds, got {type(per).__name__}")
+    per = float(per)
+    if not 0.0 < per < float("inf"):
+        raise ValueError(f"per must be a positive, finite number of seconds, got {per}")
     burst = _count("burst", burst, 1)
     return rate, per, burst
 
@@ -72,6 +85,7 @@ class _Sleepers:
         self.seq = itertools.count()
         self.timer: Optional[asyncio.TimerHandle] = None
         self.armed_at = float("inf")
+        self.refresh_pending = False
 
     def add(self, ticket: Ticket) -> asyncio.Future:
         future = self.loop.create_future()
@@ -105,9 +119,19 @@ class _Sleepers:
         if heap:
             self._arm(heap[0][0])
 
+    def moved(self) -> None:
+        """Turns moved: re-read the deadlines once this loop gets to it. Any number of
+        moves before then (a task group cancelling 50 000 waiters) cost one re-reading.
+        Called from any thread; the flag is only a hint (a second scheduled refresh is
+        harmless)."""
+        if not self.refresh_pending:
+            self.refresh_pending = True
+            self.loop.call_soon_threadsafe(self.refresh)
+
     def refresh(self) -> None:
         """Re-reads every deadline: turns move earlier when a waiter ahead gives its
         cells back (on any loop or thread) or the quota changes."""
+        self.refresh_pending = False
         now = self.loop.time()
         self.heap = [
             (now + ticket.ready_in(), seq, ticket, future)
@@ -129,6 +153,14 @@ class _Waiting:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.loops: Dict[asyncio.AbstractEventLoop, _Sleepers] = {}
+        _ALL_WAITING.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child has none of the parent's threads or running loops: another
+        thread may have held the lock at the fork, and the loops recorded are the
+        parent's. Start afresh (the Rust half restarts its own timer)."""
+        self.lock = threading.Lock()
+        self.loops = {}
 
     def sleepers(self) -> _Sleepers:
         loop = asyncio.get_running_loop()
@@ -148,11 +180,11 @@ class _Waiting:
         with self.lock:
             loops = [(loop, s) for loop, s in self.loops.items() if not loop.is_closed()]
             self.loops = dict(loops)
-        for loop, sleepers in loops:
+        for _, sleepers in loops:
             try:
-                loop.call_soon_threadsafe(sleepers.refresh)
+                sleepers.moved()
             except RuntimeError:  # closed meanwhile
-                pass
+                sleepers.refresh_pending = False
 
     async def wait(self, ticket: Ticket) -> None:
         if ticket.ready_in() <= 0.0:
@@ -168,6 +200,20 @@ class _Waiting:
             self.moved()
             raise
         ticket.done()
+
+
+# Every limiter's waiting state, reset in a forked child (``os.fork``, multiprocessing's
+# fork start method, gunicorn --preload): the limiter itself goes on working there.
+_ALL_WAITING: "weakref.WeakSet[_Waiting]" = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for waiting in list(_ALL_WAITING):
+        waiting._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class Limiter:
@@ -207,13 +253,17 @@ class Limiter:
 
     def try_acquire(self, n: int = 1) -> bool:
         """Takes ``n`` cells now if they fit and nobody waits ahead; never waits."""
-        if n.__class__ is int and 0 <= n:
+        if n.__class__ is int and 0 <= n <= _MAX_COUNT:
             return self._core.try_acquire(n)
         return self._core.try_acquire(_count("n", n, 0))
 
     def remaining(self) -> int:
         """Cells a ``try_acquire`` would get right now; spends nothing."""
         return self._core.remaining()
+
+    def wait_time(self, n: int = 1) -> float:
+        """Seconds until ``n`` cells would be admitted (0.0: now); spends nothing."""
+        return self._core.wait_time(_count("n", n, 0))
 
     async def acquire(self, n: int = 1, timeout: Optional[float] = None) -> None:
         """Waits this task's booked turn for ``n`` cells.
@@ -222,10 +272,10 @@ class Limiter:
         the turn is further away than that. Cancelled while it waits, the cells go back.
         """
         core = self._core
-        if n.__class__ is not int or n < 0:
+        if n.__class__ is not int or not 0 <= n <= _MAX_COUNT:
             n = _count("n", n, 0)
         if timeout is not None:
-            timeout = _seconds("timeout", timeout, allow_none=True)
+            timeout = _timeout(timeout)
         # Room now, and nobody waiting ahead: no booking, no sleep.
         if core.try_acquire(n):
             return
@@ -238,8 +288,7 @@ class Limiter:
         """Blocks this thread (the GIL released) for its booked turn for ``n`` cells,
         with the same ``timeout`` rule as ``acquire``."""
         n = _count("n", n, 0)
-        timeout = _seconds("timeout", timeout, allow_none=True)
-        self._core.acquire_blocking(n, timeout)
+        self._core.acquire_blocking(n, _timeout(timeout))
 
     def set_quota(self, rate: int, per: float = 1.0, burst: int = 1) -> None:
         """Changes the quota while running: what was spent stays spent, waiters keep
@@ -265,7 +314,9 @@ class Limiter:
 
 class KeyedLimiter:
     """One quota per key (a ``str``: a client, a tenant, an endpoint), each key exactly
-    like its own ``Limiter``; ``max_keys`` bounds the keys stored."""
+    like its own ``Limiter``; ``max_keys`` bounds the keys stored, and a key longer than
+    64 bytes is stored as a 128-bit digest of itself (seeded per process), so a client
+    that sends a 1 MB key costs no more memory than one that sends a short one."""
 
     def __init__(
         self,
@@ -304,16 +355,20 @@ class KeyedLimiter:
         """Cells of ``key`` a ``try_acquire`` would get right now."""
         return self._core.remaining(self._key(key))
 
+    def wait_time(self, key: str, n: int = 1) -> float:
+        """Seconds until ``n`` cells of ``key`` would be admitted (0.0: now)."""
+        return self._core.wait_time(self._key(key), _count("n", n, 0))
+
     async def acquire(self, key: str, n: int = 1, timeout: Optional[float] = None) -> None:
         """Waits this task's booked turn for ``n`` cells of ``key`` (see
         ``Limiter.acquire``)."""
         core = self._core
         if key.__class__ is not str:
             key = self._key(key)
-        if n.__class__ is not int or n < 0:
+        if n.__class__ is not int or not 0 <= n <= _MAX_COUNT:
             n = _count("n", n, 0)
         if timeout is not None:
-            timeout = _seconds("timeout", timeout, allow_none=True)
+            timeout = _timeout(timeout)
         if core.try_acquire(key, n):
             return
         await self._waiting.wait(core.book(key, n, timeout))
@@ -325,8 +380,7 @@ class KeyedLimiter:
         """Blocks this thread (the GIL released) for its booked turn."""
         key = self._key(key)
         n = _count("n", n, 0)
-        timeout = _seconds("timeout", timeout, allow_none=True)
-        self._core.acquire_blocking(key, n, timeout)
+        self._core.acquire_blocking(key, n, _timeout(timeout))
 
     def set_quota(self, rate: int, per: float = 1.0, burst: int = 1) -> None:
         """Changes every key's quota while running."""
