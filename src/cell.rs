@@ -30,7 +30,11 @@ use crate::gcra;
 use crate::sync::{AtomicU64, CasBackoff, Ordering};
 
 /// One GCRA state word: the theoretical arrival time. See the module docs.
+///
+/// `repr(transparent)` so that a word that lives elsewhere, an `AtomicU64` in a file
+/// mapped by several processes (`crate::shared`), is a `TatWord` in place.
 #[derive(Debug)]
+#[repr(transparent)]
 pub(crate) struct TatWord {
     /// The theoretical arrival time, in nanoseconds on the limiter's clock.
     tat: AtomicU64,
@@ -50,6 +54,16 @@ impl TatWord {
         TatWord {
             tat: AtomicU64::new(tat),
         }
+    }
+
+    /// The `TatWord` that `word` is: a word of a shared file's mapping.
+    #[cfg(feature = "shared")]
+    #[inline]
+    pub(crate) fn in_place(word: &AtomicU64) -> &TatWord {
+        // SAFETY: `TatWord` is `repr(transparent)` over its one `AtomicU64`, so the two
+        // have one layout and a reference to one is a valid reference to the other, for
+        // the same lifetime.
+        unsafe { &*core::ptr::from_ref(word).cast::<TatWord>() }
     }
 
     /// The current TAT.

@@ -38,6 +38,8 @@
 //!   let per_ip = KeyedLimiter::new(Quota::per_second(20)).with_max_keys(1_000_000);
 //!   assert!(per_ip.check_key(&"203.0.113.7").is_ok());
 //!   ```
+//! * **Several processes on one host** share one quota through a file they all map:
+//!   `shared::SharedLimiter` (feature `shared`).
 //! * **A fleet** shares one quota through Redis: `redis::RedisLimiter` (feature `redis`).
 //! * **A runtime or framework** implements [`clock::Clock`] over its own timer, or drives
 //!   waiters with [`Limiter::next_waiter_due_in`] and [`Limiter::wake_due_waiters`]; tests
@@ -53,6 +55,7 @@
 //! | `tower` | `http::RateLimitLayer`: 429, `Retry-After`, the IETF `RateLimit` fields |
 //! | `axum`, `tonic` | the layer's peer address from axum's or tonic's connection info |
 //! | `redis`, `redis-cluster` | `redis::RedisLimiter`: one quota across a fleet |
+//! | `shared` | `shared::SharedLimiter`, `SharedKeyedLimiter`: one quota across the processes of one host |
 //!
 //! Without `std`, paceline is `no_std` and allocates nothing: [`Quota`],
 //! [`Limiter::check`], `check_n`, `remaining`, `snapshot`, `peek_n` and `set_quota` on a
@@ -96,6 +99,9 @@ mod quota;
 pub mod redis;
 #[cfg(feature = "std")]
 mod reservation;
+#[cfg(all(feature = "shared", unix, not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "shared")))]
+pub mod shared;
 mod shared_quota;
 mod snapshot;
 #[cfg(feature = "stream")]

@@ -11,6 +11,8 @@
 mod coarse;
 #[cfg(all(feature = "std", not(loom)))]
 mod fork;
+#[cfg(all(feature = "shared", not(loom)))]
+mod host;
 #[cfg(feature = "std")]
 mod manual;
 #[cfg(all(feature = "std", not(loom)))]
@@ -25,6 +27,8 @@ pub use self::tokio::TokioClock;
 pub use coarse::CoarseClock;
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) use fork::generation as forks;
+#[cfg(all(feature = "shared", not(loom)))]
+pub(crate) use host::{HostClock, HostTime};
 
 /// Loom models run in one process that never forks.
 #[cfg(loom)]

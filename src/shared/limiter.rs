@@ -1,0 +1,694 @@
+//! [`SharedLimiter`]: one quota for every process that opens the same file.
+
+use core::future::Future;
+use core::ptr::NonNull;
+use core::time::Duration;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::error::SharedError;
+use super::file::{self, Mapping, Want};
+use super::layout::{self, Kind};
+use super::quota::FileQuota;
+use super::reservation::{OwnedSharedReservation, SharedReservation};
+use super::OnMismatch;
+use crate::cell::TatWord;
+use crate::clock::{Clock, HostClock};
+use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
+use crate::gcra::{self, Params};
+use crate::quota::Quota;
+use crate::snapshot::Snapshot;
+use crate::sync::AtomicU64;
+use crate::wait::{
+    self,
+    block::block_on,
+    future::{Acquire, Target},
+    queue::Waiters,
+};
+
+/// What the limiters of one opened file share: the mapping and its quota.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) map: Mapping,
+    pub(super) quota: FileQuota,
+    pub(super) clock: HostClock,
+    /// Kept for the key claims' lock (`keyed.rs`); unused by direct files.
+    pub(super) file: std::fs::File,
+    /// What the file holds, as checked against its length when it was opened (never read
+    /// from the header again: see `file.rs`).
+    pub(super) kind: Kind,
+}
+
+impl Shared {
+    /// Opens `path` as `kind` with `quota` (see [`OnMismatch`]).
+    pub(super) fn open(
+        path: &Path,
+        kind: Kind,
+        quota: Quota,
+        on_mismatch: OnMismatch,
+    ) -> Result<Shared, SharedError> {
+        let settle = move |map: &Mapping, found: Kind| -> Result<Kind, SharedError> {
+            let in_file = Quota::from_params(FileQuota::new(*quota.params()).load(map));
+            let kind = match (found, kind) {
+                (Kind::Keyed { capacity: file }, Kind::Keyed { capacity: asked })
+                    if file != asked && on_mismatch != OnMismatch::Adopt =>
+                {
+                    return Err(SharedError::CapacityMismatch {
+                        path: map.path().to_owned(),
+                        file,
+                        asked,
+                    })
+                }
+                _ => found,
+            };
+            if in_file != quota {
+                match on_mismatch {
+                    OnMismatch::Refuse => {
+                        return Err(SharedError::QuotaMismatch {
+                            path: map.path().to_owned(),
+                            file: in_file,
+                            asked: quota,
+                        })
+                    }
+                    OnMismatch::Adopt => {}
+                    OnMismatch::Replace => FileQuota::store(map, quota)?,
+                }
+            }
+            Ok(kind)
+        };
+        let opened = file::open(
+            path,
+            Want {
+                kind,
+                settle: Box::new(settle),
+                init: Box::new(move |map| FileQuota::init(map, quota)),
+            },
+        )?;
+        // Decisions fall back to the quota in force at opening if a hostile writer keeps
+        // the file's quota from ever reading stable (`quota.rs`).
+        let fallback = FileQuota::new(*quota.params()).load(&opened.mapping);
+        Ok(Shared {
+            quota: FileQuota::new(fallback),
+            clock: HostClock::new(opened.time),
+            map: opened.mapping,
+            file: opened.file,
+            kind: opened.kind,
+        })
+    }
+
+    /// A keyed file's key slots (0 for a direct file).
+    pub(super) fn capacity(&self) -> u64 {
+        match self.kind {
+            Kind::Keyed { capacity } => capacity,
+            Kind::Direct => 0,
+        }
+    }
+}
+
+/// A rate limiter whose state is a word in a file that every process of the host maps:
+/// one quota for all of them, with the same decisions, waiting and promises as a
+/// [`Limiter`](crate::Limiter).
+///
+/// Open the same path with the same quota in every process (gunicorn or uvicorn workers,
+/// a pre-fork server's children, a command started ten times): together they admit no
+/// more than the quota. A check is a clock read, a load and (when admitted) one
+/// compare-and-swap on the shared word, as in one process; there is no lock, so a process
+/// killed at any instruction leaves nothing to recover.
+///
+/// Waiting is booked in the shared word, so turns are first come, first served across
+/// processes; each process's timer wakes its own waiters. A wait dropped before its turn
+/// gives its cells back when nothing was booked or admitted after it, in any process
+/// (otherwise they stay spent, which never lets more through).
+///
+/// # Examples
+///
+/// ```
+/// use paceline::shared::SharedLimiter;
+/// use paceline::Quota;
+///
+/// # let path = std::env::temp_dir().join(format!("paceline-doc-a-{}", std::process::id()));
+/// // In every worker process: the same path, the same quota.
+/// let limiter = SharedLimiter::open(&path, Quota::per_second(100).with_burst(5))?;
+/// assert!(limiter.check().is_ok());
+/// limiter.wait(); // a booked turn, first come first served across the processes
+/// # std::fs::remove_file(&path)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct SharedLimiter {
+    shared: Arc<Shared>,
+    /// The word in `shared.map`: valid while `shared` lives.
+    word: NonNull<AtomicU64>,
+    clock: HostClock,
+    waiters: Arc<Waiters<HostClock>>,
+}
+
+// SAFETY: `word` points into the mapping that `shared` keeps alive, and is only used as an
+// `&AtomicU64` (which is `Send` and `Sync`); every other field is `Send` and `Sync`.
+unsafe impl Send for SharedLimiter {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for SharedLimiter {}
+
+impl core::fmt::Debug for SharedLimiter {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SharedLimiter")
+            .field("path", &self.shared.map.path())
+            .field("quota", &self.quota())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedLimiter {
+    /// Opens the limiter at `path` (any file on a local file system; `/dev/shm/...` on
+    /// Linux keeps it in memory), making the file if it does not exist. New files are
+    /// readable and writable by their owner only.
+    ///
+    /// # Errors
+    ///
+    /// [`SharedError::QuotaMismatch`] if the file enforces another quota (see
+    /// [`SharedLimiter::open_with`]); otherwise a [`SharedError`] saying what is wrong with
+    /// the path or the file. A file with an error is left as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-b-{}", std::process::id()));
+    /// let a = SharedLimiter::open(&path, Quota::per_second(2))?;
+    /// let b = SharedLimiter::open(&path, Quota::per_second(2))?; // another process, say
+    /// assert!(a.check().is_ok() && b.check().is_ok());
+    /// assert!(a.check().is_err() && b.check().is_err()); // one quota between them
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open(path: impl AsRef<Path>, quota: Quota) -> Result<SharedLimiter, SharedError> {
+        SharedLimiter::open_with(path, quota, OnMismatch::Refuse)
+    }
+
+    /// [`SharedLimiter::open`], saying what to do when the file holds another quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`SharedLimiter::open`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::{OnMismatch, SharedLimiter}, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-c-{}", std::process::id()));
+    /// let first = SharedLimiter::open(&path, Quota::per_second(10))?;
+    /// let adopted = SharedLimiter::open_with(&path, Quota::per_second(99), OnMismatch::Adopt)?;
+    /// assert_eq!(adopted.quota(), Quota::per_second(10));
+    /// let replaced = SharedLimiter::open_with(&path, Quota::per_second(20), OnMismatch::Replace)?;
+    /// assert_eq!(first.quota(), Quota::per_second(20)); // every process sees it
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        quota: Quota,
+        on_mismatch: OnMismatch,
+    ) -> Result<SharedLimiter, SharedError> {
+        let shared = Shared::open(path.as_ref(), Kind::Direct, quota, on_mismatch)?;
+        Ok(SharedLimiter::on(Arc::new(shared), layout::direct_word(0)))
+    }
+
+    fn on(shared: Arc<Shared>, lane: usize) -> SharedLimiter {
+        let word = NonNull::from(shared.map.word(lane));
+        let clock = shared.clock.clone();
+        SharedLimiter {
+            waiters: Waiters::new(clock.clone()),
+            clock,
+            word,
+            shared,
+        }
+    }
+
+    /// The file's second limiter, of the same quota: for the bound when the work runs
+    /// (see the crate's README), across the processes. Each process that needs it asks
+    /// for it; they all get the same word.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-d-{}", std::process::id()));
+    /// let booked = SharedLimiter::open(&path, Quota::per_second(1))?;
+    /// let running = booked.execution_lane();
+    /// assert!(booked.check().is_ok() && running.check().is_ok()); // two words
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn execution_lane(&self) -> SharedLimiter {
+        SharedLimiter::on(Arc::clone(&self.shared), layout::direct_word(1))
+    }
+
+    /// The file's path.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-e-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(1))?;
+    /// assert_eq!(limiter.path(), path);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn path(&self) -> &Path {
+        self.shared.map.path()
+    }
+
+    fn cell(&self) -> &TatWord {
+        // SAFETY: `word` points into the mapping, which `self.shared` keeps alive for as
+        // long as `self`.
+        TatWord::in_place(unsafe { self.word.as_ref() })
+    }
+
+    #[inline]
+    fn params(&self) -> Params {
+        self.shared.quota.load(&self.shared.map)
+    }
+
+    /// The quota in force, as every process sees it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-f-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(3))?;
+    /// assert_eq!(limiter.quota(), Quota::per_second(3));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quota(&self) -> Quota {
+        Quota::from_params(self.params())
+    }
+
+    /// Admits one cell now, or says how long until one would be; a denial writes nothing.
+    /// [`Limiter::check`](crate::Limiter::check) across processes.
+    ///
+    /// # Errors
+    ///
+    /// [`NotUntil`] with the wait, measured from this check.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-g-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(1))?;
+    /// assert!(limiter.check().is_ok());
+    /// assert!(limiter.check().unwrap_err().wait_time().as_millis() > 900);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check(&self) -> Result<(), NotUntil> {
+        let now = self.clock.now();
+        let params = self.params();
+        match self
+            .cell()
+            .spend(now, params.interval(), params.room_for_one())
+        {
+            Ok(_) => Ok(()),
+            Err(wait) => Err(NotUntil::from_nanos(wait)),
+        }
+    }
+
+    /// Admits `n` cells at once, or none. [`Limiter::check_n`](crate::Limiter::check_n)
+    /// across processes.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] when they fit the burst but not now;
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-h-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(10))?;
+    /// assert!(limiter.check_n(7).is_ok());
+    /// assert!(limiter.check_n(7).is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_n(&self, n: u32) -> Result<(), Denied> {
+        if n == 0 {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        let params = self.params();
+        let cost = error::cost(&params, n)?;
+        match self.cell().spend(now, cost, params.tau() - cost) {
+            Ok(_) => Ok(()),
+            Err(wait) => Err(NotUntil::from_nanos(wait).into()),
+        }
+    }
+
+    /// How many cells `check_n` would admit right now; spends nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-i-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_hour(10))?;
+    /// limiter.check_n(4)?;
+    /// assert_eq!(limiter.remaining(), 6);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remaining(&self) -> u32 {
+        let params = self.params();
+        gcra::remaining(self.cell().tat(), self.clock.now(), &params)
+    }
+
+    /// The limiter's state now, from one reading (see [`Snapshot`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-j-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_hour(10))?;
+    /// assert_eq!(limiter.snapshot().remaining(), 10);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn snapshot(&self) -> Snapshot {
+        let params = self.params();
+        Snapshot::of(params, self.cell().tat(), self.clock.now())
+    }
+
+    /// How long from now until `n` cells would be admitted (zero: now); books nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-k-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_hour(1))?;
+    /// assert!(limiter.peek_n(1)?.is_zero());
+    /// limiter.check()?;
+    /// assert!(limiter.peek_n(1)?.as_secs() > 3500);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_n(&self, n: u32) -> Result<Duration, InsufficientCapacity> {
+        let params = self.params();
+        let cost = match error::cost(&params, n) {
+            Ok(cost) => cost,
+            Err(Denied::InsufficientCapacity(e)) => return Err(e),
+            Err(Denied::NotUntil(e)) => return Ok(e.wait_time()),
+        };
+        Ok(
+            match gcra::admit(self.cell().tat(), self.clock.now(), cost, params.tau()) {
+                Ok(_) => Duration::ZERO,
+                Err(wait) => Duration::from_nanos(wait),
+            },
+        )
+    }
+
+    /// Changes the quota for every process that has the file open, keeping what was spent
+    /// ([`Limiter::set_quota`](crate::Limiter::set_quota)); this process's waiters are
+    /// re-read against it at once, other processes' at their next wake-up.
+    ///
+    /// # Errors
+    ///
+    /// [`SharedError::QuotaSlots`] in a file where eight changes died half-way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-l-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(1))?;
+    /// limiter.set_quota(Quota::per_second(50))?;
+    /// assert_eq!(limiter.quota(), Quota::per_second(50));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_quota(&self, quota: Quota) -> Result<(), SharedError> {
+        FileQuota::store(&self.shared.map, quota)?;
+        let arm = self.waiters.requote(quota.params(), self.clock.now());
+        self.waiters.schedule(arm);
+        Ok(())
+    }
+
+    /// Waits its booked turn for one cell ([`Limiter::until_ready`](crate::Limiter::until_ready)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-m-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(1000).with_burst(1))?;
+    /// futures::executor::block_on(async {
+    ///     limiter.until_ready().await;
+    ///     limiter.until_ready().await; // ~1 ms later
+    /// });
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn until_ready(&self) -> impl Future<Output = ()> + Send + '_ {
+        wait::ready(self)
+    }
+
+    /// Waits its booked turn for `n` cells at once.
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] at once when `n` exceeds the burst; nothing is booked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-n-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(10))?;
+    /// assert!(futures::executor::block_on(limiter.until_n_ready(11)).is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn until_n_ready(
+        &self,
+        n: u32,
+    ) -> impl Future<Output = Result<(), InsufficientCapacity>> + Send + '_ {
+        wait::n_ready(self, n)
+    }
+
+    /// Waits its booked turn for `n` cells if it comes within `max`; otherwise books
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] when the turn is further than `max`;
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # use std::time::Duration;
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-o-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_hour(1))?;
+    /// limiter.check()?;
+    /// let soon = limiter.until_n_ready_within(1, Duration::from_secs(1));
+    /// assert!(futures::executor::block_on(soon).is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn until_n_ready_within(
+        &self,
+        n: u32,
+        max: Duration,
+    ) -> impl Future<Output = Result<(), Denied>> + Send + '_ {
+        wait::n_ready_within(self, n, max)
+    }
+
+    /// [`SharedLimiter::until_ready`] owning the limiter: `'static`, for spawned tasks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # use std::sync::Arc;
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-p-{}", std::process::id()));
+    /// let limiter = Arc::new(SharedLimiter::open(&path, Quota::per_second(100))?);
+    /// let turn = Arc::clone(&limiter).until_ready_owned();
+    /// std::thread::spawn(move || futures::executor::block_on(turn)).join().unwrap();
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn until_ready_owned(self: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        wait::ready(self)
+    }
+
+    /// [`SharedLimiter::until_n_ready_within`] owning the limiter.
+    ///
+    /// # Errors
+    ///
+    /// As [`SharedLimiter::until_n_ready_within`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # use std::{sync::Arc, time::Duration};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-q-{}", std::process::id()));
+    /// let limiter = Arc::new(SharedLimiter::open(&path, Quota::per_second(10))?);
+    /// let ten = Arc::clone(&limiter).until_n_ready_within_owned(10, Duration::ZERO);
+    /// assert!(futures::executor::block_on(ten).is_ok());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn until_n_ready_within_owned(
+        self: Arc<Self>,
+        n: u32,
+        max: Duration,
+    ) -> impl Future<Output = Result<(), Denied>> + Send + 'static {
+        wait::n_ready_within(self, n, max)
+    }
+
+    /// Books `n` cells now and says from when they may be used; dropped before then, it
+    /// gives them back ([`Limiter::reserve`](crate::Limiter::reserve)).
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-r-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(10).with_burst(1))?;
+    /// limiter.check()?;
+    /// let turn = limiter.reserve(1)?;
+    /// assert!(turn.ready_in().as_millis() > 50);
+    /// turn.cancel(); // given back
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve(&self, n: u32) -> Result<SharedReservation<'_>, Denied> {
+        SharedReservation::book(Acquire::new(self, n, u64::MAX))
+    }
+
+    /// [`SharedLimiter::reserve`], only if the cells can be had within `max`.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] when they cannot (nothing booked);
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # use std::time::Duration;
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-s-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_hour(1))?;
+    /// assert!(limiter.reserve_within(1, Duration::ZERO).is_ok());
+    /// assert!(limiter.reserve_within(1, Duration::ZERO).is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve_within(&self, n: u32, max: Duration) -> Result<SharedReservation<'_>, Denied> {
+        SharedReservation::book(Acquire::new(self, n, wait::duration_nanos(max)))
+    }
+
+    /// [`SharedLimiter::reserve_within`] owning the limiter.
+    ///
+    /// # Errors
+    ///
+    /// As [`SharedLimiter::reserve_within`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # use std::{sync::Arc, time::Duration};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-t-{}", std::process::id()));
+    /// let limiter = Arc::new(SharedLimiter::open(&path, Quota::per_second(100))?);
+    /// let turn = Arc::clone(&limiter).reserve_within_owned(1, Duration::MAX)?;
+    /// assert!(turn.is_ready());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve_within_owned(
+        self: Arc<Self>,
+        n: u32,
+        max: Duration,
+    ) -> Result<OwnedSharedReservation, Denied> {
+        OwnedSharedReservation::book(Acquire::new(self, n, wait::duration_nanos(max)))
+    }
+
+    /// Blocks the calling thread for its booked turn for one cell.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-u-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(1000).with_burst(1))?;
+    /// limiter.wait();
+    /// limiter.wait();
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait(&self) {
+        block_on(self.until_ready());
+    }
+
+    /// Blocks the calling thread for its booked turn for `n` cells.
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] at once when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-v-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(10))?;
+    /// limiter.wait_n(10)?;
+    /// assert!(limiter.wait_n(11).is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_n(&self, n: u32) -> Result<(), InsufficientCapacity> {
+        block_on(self.until_n_ready(n))
+    }
+}
+
+impl Target for SharedLimiter {
+    type Clock = HostClock;
+
+    fn params(&self) -> Params {
+        SharedLimiter::params(self)
+    }
+
+    fn clock(&self) -> &HostClock {
+        &self.clock
+    }
+
+    fn waiters(&self) -> Arc<Waiters<HostClock>> {
+        Arc::clone(&self.waiters)
+    }
+
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
+        Ok(f(self.cell()))
+    }
+
+    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+        Some(f(self.cell(), self.clock.now()))
+    }
+}
