@@ -57,7 +57,7 @@ impl TatWord {
     }
 
     /// The `TatWord` that `word` is: a word of a shared file's mapping.
-    #[cfg(feature = "shared")]
+    #[cfg(all(feature = "shared", not(loom)))]
     #[inline]
     pub(crate) fn in_place(word: &AtomicU64) -> &TatWord {
         // SAFETY: `TatWord` is `repr(transparent)` over its one `AtomicU64`, so the two

@@ -102,7 +102,11 @@ mod reservation;
 #[cfg(all(feature = "shared", unix, not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "shared")))]
 pub mod shared;
+// Under loom, the key slots' claim protocol alone, for the models.
 mod shared_quota;
+#[cfg(all(feature = "shared", loom))]
+#[path = "shared/table.rs"]
+mod shared_table;
 mod snapshot;
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
@@ -180,6 +184,73 @@ pub mod __loom {
         /// Runs `f` under the write lock.
         pub fn write<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
             self.0.write(f)
+        }
+    }
+
+    /// A shared file's key slot (`crate::shared::table`), its four words owned here.
+    #[cfg(feature = "shared")]
+    #[derive(Debug)]
+    pub struct KeySlot {
+        tag: crate::sync::AtomicU64,
+        low: crate::sync::AtomicU64,
+        words: [crate::sync::AtomicU64; 2],
+    }
+
+    #[cfg(feature = "shared")]
+    impl KeySlot {
+        /// A slot holding the key `(tag, low)` (tag 0: empty) with these words.
+        pub fn new(tag: u64, low: u64, words: [u64; 2]) -> KeySlot {
+            use crate::sync::AtomicU64;
+            KeySlot {
+                tag: AtomicU64::new(tag),
+                low: AtomicU64::new(low),
+                words: words.map(AtomicU64::new),
+            }
+        }
+
+        fn slot(&self) -> crate::shared_table::Slot<'_> {
+            crate::shared_table::Slot {
+                tag: &self.tag,
+                low: &self.low,
+                words: [&self.words[0], &self.words[1]],
+            }
+        }
+
+        /// `Slot::spend` for the key `(tag, low)`: `None` when the slot is not its.
+        pub fn spend(
+            &self,
+            key: (u64, u64),
+            lane: usize,
+            now: u64,
+            cost: u64,
+            room: u64,
+        ) -> Option<Result<u64, u64>> {
+            let key = crate::shared_table::Key::from_digest(key.0, key.1);
+            self.slot().spend(key, lane, now, cost, room).ok()
+        }
+
+        /// `Slot::claim_until` (the caller stands for the claim lock: one claimer at a
+        /// time); `stop` kills the claimer after that step.
+        pub fn claim(&self, key: (u64, u64), now: u64, stop: u8) -> bool {
+            let key = crate::shared_table::Key::from_digest(key.0, key.1);
+            self.slot()
+                .claim_until(key, now, &crate::shared_table::Claiming(()), stop)
+        }
+
+        /// Whether the slot holds the key `(tag, low)`.
+        pub fn holds(&self, key: (u64, u64)) -> bool {
+            self.slot()
+                .holds(crate::shared_table::Key::from_digest(key.0, key.1))
+        }
+
+        /// The tag, with its claiming flag if set.
+        pub fn tag(&self) -> u64 {
+            self.tag.load(crate::sync::Ordering::SeqCst)
+        }
+
+        /// Word `lane`.
+        pub fn word(&self, lane: usize) -> u64 {
+            self.words[lane].load(crate::sync::Ordering::SeqCst)
         }
     }
 

@@ -201,7 +201,9 @@ fn a_cancel_racing_a_check_across_the_instant_never_exceeds_the_burst() {
             clock.clone(),
         ));
         limiter.check_n(2).unwrap();
-        let mut booked: Pin<Box<dyn Future<Output = Result<(), paceline::InsufficientCapacity>> + Send>> = {
+        let mut booked: Pin<
+            Box<dyn Future<Output = Result<(), paceline::InsufficientCapacity>> + Send>,
+        > = {
             let limiter = limiter.clone();
             Box::pin(async move { limiter.until_n_ready(2).await })
         };
@@ -223,7 +225,10 @@ fn a_cancel_racing_a_check_across_the_instant_never_exceeds_the_burst() {
         // At 300 ms: the check's cell plus whatever is still admissible fit the burst,
         // whether the refund came first (1 + 1), or the check did (1 + 0, no refund).
         let admissible = u32::from(checked) + limiter.remaining();
-        assert!(admissible <= 2, "{admissible} cells admissible at once, burst 2");
+        assert!(
+            admissible <= 2,
+            "{admissible} cells admissible at once, burst 2"
+        );
         assert!(checked, "the check at 300 ms fits either way");
         assert_eq!(limiter.next_waiter_due_in(), None, "every node unlinked");
     });

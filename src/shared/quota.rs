@@ -83,7 +83,7 @@ impl FileQuota {
         let current = map.word(layout::QUOTA_CURRENT_AT);
         let start = current.load(Ordering::Acquire);
         for step in 1..QUOTA_SLOTS as u64 {
-            let slot = ((start + step) % QUOTA_SLOTS as u64) as usize;
+            let slot = (start.wrapping_add(step) % QUOTA_SLOTS as u64) as usize;
             let sequence = map.word(layout::quota_field(slot, 0));
             let even = sequence.load(Ordering::Relaxed);
             if even % 2 == 1 {
@@ -92,7 +92,12 @@ impl FileQuota {
             }
             // Acquire on success: after the previous writer of this slot.
             if sequence
-                .compare_exchange(even, even + 1, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(
+                    even,
+                    even.wrapping_add(1),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
                 .is_err()
             {
                 continue;
@@ -108,11 +113,11 @@ impl FileQuota {
                 .store(params.interval(), Ordering::Relaxed);
             map.word(layout::quota_field(slot, 2))
                 .store(u64::from(params.burst()), Ordering::Relaxed);
-            sequence.store(even + 2, Ordering::Release);
+            sequence.store(even.wrapping_add(2), Ordering::Release);
             // Point the current word at it, with a generation above every earlier one.
             let mut seen = current.load(Ordering::Relaxed);
             loop {
-                let next = ((seen >> 3) + 1) << 3 | slot as u64;
+                let next = ((seen >> 3).wrapping_add(1) << 3) | slot as u64;
                 // Release: a reader that loads this sees the slot's fields.
                 match current.compare_exchange_weak(
                     seen,

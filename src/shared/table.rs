@@ -136,6 +136,7 @@ impl Slot<'_> {
 
     /// Whether a claim could take the slot at `now` (empty, refilled, or left by a dead
     /// claimer); reading only.
+    #[cfg_attr(loom, allow(dead_code))] // the models claim through `claim_until`
     pub(crate) fn claimable(&self, now: u64) -> bool {
         // Relaxed: a hint; the claim decides under the lock.
         let tag = self.tag.load(Ordering::Relaxed);
@@ -144,7 +145,15 @@ impl Slot<'_> {
 
     /// Claims the slot for `key` (module docs), repairing it first if a dead claimer left
     /// it half-rewritten. Returns whether the slot is now `key`'s.
-    pub(crate) fn claim(&self, key: Key, now: u64, _lock: &Claiming) -> bool {
+    #[cfg_attr(loom, allow(dead_code))] // the models claim through `claim_until`
+    pub(crate) fn claim(&self, key: Key, now: u64, lock: &Claiming) -> bool {
+        self.claim_until(key, now, lock, u8::MAX)
+    }
+
+    /// [`Slot::claim`], stopping after step `stop` as a claimer killed there would (1: the
+    /// flag set, 2 and 3: a word moved, 4: the low half written): the loom models kill
+    /// claimers this way. Returns whether the slot is now `key`'s.
+    pub(crate) fn claim_until(&self, key: Key, now: u64, _lock: &Claiming, stop: u8) -> bool {
         // Acquire: after whoever last wrote the tag.
         let mut tag = self.tag.load(Ordering::Acquire);
         if tag & CLAIMING != 0 {
@@ -161,17 +170,26 @@ impl Slot<'_> {
             .tag
             .compare_exchange(tag, tag | CLAIMING, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
+            || stop == 1
         {
             return false;
         }
-        // Step 2.
-        if !self.move_words(now) {
-            // The old key was admitted meanwhile: it keeps the slot.
-            self.tag.store(tag, Ordering::Release);
+        // Steps 2 and 3.
+        for (step, word) in (2..).zip(self.words) {
+            if !move_word(word, now) {
+                // The old key was admitted meanwhile: it keeps the slot.
+                self.tag.store(tag, Ordering::Release);
+                return false;
+            }
+            if stop == step {
+                return false;
+            }
+        }
+        // Step 4, then the tag.
+        self.low.store(key.low, Ordering::Relaxed);
+        if stop == 4 {
             return false;
         }
-        // Step 3.
-        self.low.store(key.low, Ordering::Relaxed);
         self.tag.store(key.tag, Ordering::Release);
         true
     }
@@ -188,18 +206,22 @@ impl Slot<'_> {
         repaired
     }
 
-    /// Moves each word one nanosecond back from a value at or before `now` (step 2 of a
-    /// claim): both are then as refilled as before, and different. False if a word is
-    /// ahead of now or changed under the swap.
+    /// Moves both words as step 2 of a claim does; false if one is ahead of now or
+    /// changed under the swap.
     fn move_words(&self, now: u64) -> bool {
-        self.words.iter().all(|word| {
-            let value = word.load(Ordering::Acquire);
-            let moved = if value == 0 { 1 } else { value - 1 };
-            value <= now
-                && moved <= now
-                && word
-                    .compare_exchange(value, moved, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-        })
+        self.words.iter().all(|word| move_word(word, now))
     }
+}
+
+/// Moves `word` one nanosecond back from a value at or before `now` (a claim's steps 2
+/// and 3): as refilled as before, and different. False if it is ahead of now or changed
+/// under the swap.
+fn move_word(word: &AtomicU64, now: u64) -> bool {
+    let value = word.load(Ordering::Acquire);
+    let moved = if value == 0 { 1 } else { value - 1 };
+    value <= now
+        && moved <= now
+        && word
+            .compare_exchange(value, moved, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
 }

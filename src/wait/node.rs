@@ -40,6 +40,9 @@ pub(super) struct Slot {
     pub(super) waker: Option<Waker>,
     /// The queue's list epoch when this node was linked (see `queue`, "Fork").
     pub(super) epoch: u64,
+    /// The queue's booking number for this node (see `queue`, "Limiters whose word other
+    /// processes share").
+    pub(super) seq: u64,
 }
 
 impl Slot {

@@ -41,6 +41,16 @@
 //! hand back cells that were already relied on (the clock reading of "Spent is spent"
 //! only ever keeps more cells spent).
 //!
+//! **Limiters whose word other processes share** (`crate::shared`) book and admit
+//! without this queue's lock. The refund rule above covers an admission after our last
+//! booking (the word no longer holds our tail's TAT). One *between* our bookings (another
+//! process booked after our waiter `X` and before our next one `Y`) is seen when `Y`
+//! books: its TAT does not follow the tail's directly. A refund of `X` would move `Y` up
+//! but not the other process's booking, which that process knows nothing about, so no
+//! waiter booked before such a gap gives cells back. In one process a gap only comes from
+//! a plain admission, which happens after every earlier linked instant, so this changes
+//! nothing there.
+//!
 //! **Moving up, in O(1).** A refund moves every waiter behind the cancelled one up by its
 //! cost. Writing that into each of them made cancelling `N` waiters cost `N²` (a task
 //! group failing with 50 000 waiters took seconds). Instead the cost is added to one
@@ -104,6 +114,11 @@ struct State {
     list: LinkedList<Waiter>,
     /// The sum of every linked node's `lag` (wrapping): the lag ahead of the tail.
     lag: u64,
+    /// Bookings linked so far (wrapping; a node keeps its number in `Slot::seq`).
+    seq: u64,
+    /// The number of the latest booking that did not follow its tail directly (something
+    /// was admitted between them): no waiter booked before it may give cells back.
+    gap_before: u64,
     /// Whether every linked node's `lag` and `base` are zero, so a node's slot alone says
     /// its instant (module docs, "Moving up, in O(1)").
     settled: bool,
@@ -154,12 +169,25 @@ impl State {
     /// `node` is live, pinned and in no list; the caller holds the lock.
     unsafe fn push_back(&mut self, node: NonNull<Waiter>, booked: Slot) {
         let ahead = self.lag;
+        // Whether this booking follows the tail's directly: nothing was admitted in
+        // between (module docs, "Cancelling is exact").
+        let follows = self.list.back().is_some_and(|tail| {
+            // SAFETY: the tail is linked, so live (list rule 3); we hold the lock.
+            let tail_tat = unsafe { slot(tail, |s| s.tat_at(ahead)) };
+            booked.tat.checked_sub(booked.cost) == Some(tail_tat)
+        });
+        self.seq = self.seq.wrapping_add(1);
+        if !follows {
+            self.gap_before = self.seq;
+        }
+        let seq = self.seq;
         // SAFETY: live (caller's contract); we hold the lock.
         unsafe {
             slot(node, |s| {
                 *s = Slot {
                     base: ahead,
                     lag: 0,
+                    seq,
                     ..booked
                 }
             });
@@ -361,6 +389,8 @@ impl<C: Clock> Waiters<C> {
             state: Mutex::new(State {
                 list: LinkedList::new(),
                 lag: 0,
+                seq: 0,
+                gap_before: 0,
                 settled: true,
                 armed: None,
                 armed_in: 0,
@@ -558,6 +588,12 @@ impl<C: Clock> Waiters<C> {
             // SAFETY: `node` is linked in this list (not fired, this epoch); we hold the
             // lock.
             let refundable = word.filter(|&(_, now)| !unsafe { state.is_due(node, now) });
+            // Something admitted after one of our later bookings (another process's
+            // booking, on a shared word) sits between them: a refund would move it up
+            // without its process knowing. Keep the cells.
+            // SAFETY: as above.
+            let refundable =
+                refundable.filter(|_| unsafe { slot(node, |s| s.seq) } >= state.gap_before);
             let Some(tail) = state.list.back() else {
                 unreachable!("a linked, unfired waiter is in its list")
             };

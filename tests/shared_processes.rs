@@ -1,0 +1,495 @@
+//! Shared limiters across real processes: this test binary starts copies of itself as
+//! children (the ignored test `child`), which open one file and log every admission.
+//!
+//! An admission's instant is bracketed by two `CLOCK_MONOTONIC` stamps every process reads
+//! alike: before and after a check, or, for a waiter, before and after its booking plus
+//! the wait the booking reported. The bound is then checked on what is *provably* inside a
+//! window: no window of length `w` holds more than `burst + w/T` admissions whose brackets
+//! lie wholly inside it. A preempted thread only widens its bracket, so a loaded machine
+//! cannot make a correct limiter fail; an over-admission with tight brackets fails it.
+
+#![cfg(unix)]
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
+use paceline::Quota;
+
+/// 200 per second (T = 5 ms), bursts of 10.
+const T_NS: u64 = 5_000_000;
+const BURST: u64 = 10;
+
+fn quota() -> Quota {
+    Quota::per_second(200).with_burst(BURST as u32)
+}
+
+fn monotonic() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A directory of the test's own, removed when dropped.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let dir =
+            std::env::temp_dir().join(format!("paceline-procs-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        Dir(dir)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts a child running `role` with `args` (as environment variables).
+fn spawn(role: &str, vars: &[(&str, String)]) -> Child {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("PACELINE_CHILD", role)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (name, value) in vars {
+        command.env(name, value);
+    }
+    // Its own process group, so nothing of ours is signalled along with it.
+    command.process_group(0);
+    command.spawn().unwrap()
+}
+
+/// Waits for `child` up to `limit`; kills it and fails if it is still running then.
+fn finish(mut child: Child, limit: Duration) -> String {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut out = String::new();
+            std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+            assert!(status.success(), "child failed: {status}; said {out}");
+            return out;
+        }
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("a child hung: killed after {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Admission brackets `(earliest, latest)` from every log file in `dir`.
+fn brackets(dir: &Path) -> Vec<(u64, u64)> {
+    let mut all = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let bytes = fs::read(&path).unwrap();
+            all.extend(bytes.chunks_exact(16).map(|c| {
+                (
+                    u64::from_ne_bytes(c[..8].try_into().unwrap()),
+                    u64::from_ne_bytes(c[8..].try_into().unwrap()),
+                )
+            }));
+        }
+    }
+    all.sort_unstable();
+    all
+}
+
+/// The most admissions provably inside one window of `w` ns (module docs).
+fn most_in_window(brackets: &[(u64, u64)], w: u64) -> usize {
+    let mut best = 0;
+    for (i, &(start, _)) in brackets.iter().enumerate() {
+        // Brackets sorted by their start: every later one starts inside the window; count
+        // those that also end in it.
+        let inside = brackets[i..]
+            .iter()
+            .take_while(|&&(s, _)| s <= start + w)
+            .filter(|&&(_, e)| e <= start + w)
+            .count();
+        best = best.max(inside);
+    }
+    best
+}
+
+fn assert_bounded(brackets: &[(u64, u64)], burst: u64, t_ns: u64) {
+    for w in [20_000_000, 100_000_000, 500_000_000, 1_000_000_000] {
+        let most = most_in_window(brackets, w);
+        let bound = (burst + w / t_ns + 1) as usize;
+        assert!(
+            most <= bound,
+            "{most} admissions in a {w} ns window; the bound is {bound}"
+        );
+    }
+}
+
+/// Admissions whose bracket ends within `[from, to]`.
+fn count_between(brackets: &[(u64, u64)], from: u64, to: u64) -> u64 {
+    brackets
+        .iter()
+        .filter(|&&(_, e)| e >= from && e <= to)
+        .count() as u64
+}
+
+/// An append-only log of brackets: one `write` each, so a child killed at any point
+/// leaves every record it finished.
+struct Log(File);
+
+impl Log {
+    fn create(path: &Path) -> Log {
+        Log(OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)
+            .unwrap())
+    }
+
+    fn record(&self, earliest: u64, latest: u64) {
+        let mut record = [0u8; 16];
+        record[..8].copy_from_slice(&earliest.to_ne_bytes());
+        record[8..].copy_from_slice(&latest.to_ne_bytes());
+        (&self.0).write_all(&record).unwrap();
+    }
+}
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
+}
+
+/// One thread of a hammering child: `mode` 0 checks, 1 blocks for booked turns, 2 awaits
+/// them; keyed children spread over `keys` keys.
+fn hammer(
+    mode: u64,
+    until: Instant,
+    log: &Log,
+    direct: Option<&SharedLimiter>,
+    keyed: Option<(&SharedKeyedLimiter, u64)>,
+    seed: u64,
+) {
+    let mut i = seed;
+    while Instant::now() < until {
+        i = i.wrapping_add(1);
+        if let Some((keyed, keys)) = keyed {
+            let key = format!("key-{}", i % keys);
+            let before = monotonic();
+            if keyed.check_key(&key).is_ok() {
+                log.record(before, monotonic());
+            }
+            continue;
+        }
+        let limiter = direct.unwrap();
+        match mode {
+            0 => {
+                let before = monotonic();
+                if limiter.check().is_ok() {
+                    log.record(before, monotonic());
+                }
+            }
+            _ => {
+                let before = monotonic();
+                let turn = limiter.reserve(1).unwrap();
+                let wait = turn.ready_in().as_nanos() as u64;
+                let after = monotonic();
+                if mode == 1 {
+                    turn.wait();
+                } else {
+                    futures::executor::block_on(turn);
+                }
+                log.record(before + wait, after + wait);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "a child process of the tests in this file, started by them"]
+fn child() {
+    let Ok(role) = std::env::var("PACELINE_CHILD") else {
+        return;
+    };
+    let path = PathBuf::from(var("PACELINE_FILE"));
+    match role.as_str() {
+        "hammer" | "keyed" => {
+            let secs: f64 = var("PACELINE_SECS").parse().unwrap();
+            let threads: u64 = var("PACELINE_THREADS").parse().unwrap();
+            let mode: u64 = var("PACELINE_MODE").parse().unwrap();
+            let log = Arc::new(Log::create(Path::new(&var("PACELINE_LOG"))));
+            let until = Instant::now() + Duration::from_secs_f64(secs);
+            let direct =
+                (role == "hammer").then(|| Arc::new(SharedLimiter::open(&path, quota()).unwrap()));
+            let keyed = (role == "keyed")
+                .then(|| Arc::new(SharedKeyedLimiter::open(&path, quota(), 1024).unwrap()));
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (log, direct, keyed) = (log.clone(), direct.clone(), keyed.clone());
+                    thread::spawn(move || {
+                        hammer(
+                            (mode + t) % 3,
+                            until,
+                            &log,
+                            direct.as_deref(),
+                            keyed.as_deref().map(|k| (k, 8)),
+                            t * 7919,
+                        )
+                    })
+                })
+                .collect();
+            for worker in workers {
+                worker.join().unwrap();
+            }
+        }
+        "first" => {
+            // Admits the only cell of a 10 s quota, and says when.
+            let limiter =
+                SharedLimiter::open(&path, Quota::try_new(1, Duration::from_secs(10)).unwrap())
+                    .unwrap();
+            let before = monotonic();
+            limiter.check().unwrap();
+            println!("RESULT {before} {}", monotonic());
+        }
+        "second" => {
+            let limiter =
+                SharedLimiter::open(&path, Quota::try_new(1, Duration::from_secs(10)).unwrap())
+                    .unwrap();
+            let before = monotonic();
+            let wait = limiter.check().unwrap_err().wait_time().as_nanos();
+            println!("RESULT {before} {} {wait}", monotonic());
+        }
+        other => panic!("no role {other}"),
+    }
+}
+
+fn hammer_vars(
+    dir: &Dir,
+    file: &Path,
+    i: usize,
+    secs: f64,
+    threads: u64,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("PACELINE_FILE", file.display().to_string()),
+        (
+            "PACELINE_LOG",
+            dir.0.join(format!("{i}.log")).display().to_string(),
+        ),
+        ("PACELINE_SECS", secs.to_string()),
+        ("PACELINE_THREADS", threads.to_string()),
+        ("PACELINE_MODE", (i % 3).to_string()),
+    ]
+}
+
+#[test]
+fn eight_processes_checking_and_waiting_share_one_quota() {
+    let dir = Dir::new("eight");
+    let file = dir.0.join("quota");
+    // Made before the children, so they all attach to one file.
+    SharedLimiter::open(&file, quota()).unwrap();
+    let started = monotonic();
+    let children: Vec<_> = (0..8)
+        .map(|i| spawn("hammer", &hammer_vars(&dir, &file, i, 3.0, 3)))
+        .collect();
+    for child in children {
+        finish(child, Duration::from_secs(60));
+    }
+    let ended = monotonic();
+    let all = brackets(&dir.0);
+    assert_bounded(&all, BURST, T_NS);
+    // Every process's callers together keep the limiter busy: the rate is the quota's.
+    let (from, to) = (
+        started + 1_000_000_000,
+        ended.min(started + 3_000_000_000) - 300_000_000,
+    );
+    let admitted = count_between(&all, from, to);
+    let ideal = (to - from) / T_NS;
+    assert!(
+        admitted * 10 >= ideal * 8 && admitted <= ideal + BURST + 1,
+        "{admitted} admitted in {} ms, ideal {ideal}",
+        (to - from) / 1_000_000
+    );
+}
+
+#[test]
+fn processes_killed_at_random_points_leave_the_others_served_and_bounded() {
+    let dir = Dir::new("kill");
+    let file = dir.0.join("quota");
+    SharedLimiter::open(&file, quota()).unwrap();
+    let secs = 4.0;
+    let mut next = 0usize;
+    let mut running: Vec<(usize, Child, Instant)> = (0..6)
+        .map(|_| {
+            next += 1;
+            (
+                next,
+                spawn("hammer", &hammer_vars(&dir, &file, next, secs, 2)),
+                Instant::now(),
+            )
+        })
+        .collect();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut killed = 0;
+    let mut replacements = Vec::new();
+    let run_until = Instant::now() + Duration::from_secs_f64(secs - 1.0);
+    while Instant::now() < run_until {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        thread::sleep(Duration::from_millis(100 + x % 300));
+        // SIGKILL, at whatever instruction the victim is on.
+        let victim = (x % running.len() as u64) as usize;
+        let (_, mut child, _) = running.swap_remove(victim);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        killed += 1;
+        next += 1;
+        replacements.push(next);
+        running.push((
+            next,
+            spawn("hammer", &hammer_vars(&dir, &file, next, 1.5, 2)),
+            Instant::now(),
+        ));
+    }
+    for (_, child, _) in running {
+        finish(child, Duration::from_secs(60));
+    }
+    assert!(killed >= 5, "only {killed} kills");
+    assert_bounded(&brackets(&dir.0), BURST, T_NS);
+    // The processes that attached after the kills were served.
+    for id in replacements.iter().rev().take(3) {
+        let log = fs::read(dir.0.join(format!("{id}.log"))).unwrap();
+        assert!(log.len() >= 16, "replacement {id} was never admitted");
+    }
+}
+
+/// The numbers a child printed on its `RESULT` line (the harness prints around it).
+fn result(out: &str) -> Vec<u64> {
+    let line = out.lines().find_map(|l| l.split("RESULT ").nth(1)).unwrap();
+    line.split_whitespace()
+        .map(|s| s.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn processes_started_seconds_apart_agree_on_time() {
+    let dir = Dir::new("time");
+    let file = dir.0.join("quota");
+    let out = finish(
+        spawn("first", &[("PACELINE_FILE", file.display().to_string())]),
+        Duration::from_secs(30),
+    );
+    let first = result(&out);
+    thread::sleep(Duration::from_secs(2));
+    let out = finish(
+        spawn("second", &[("PACELINE_FILE", file.display().to_string())]),
+        Duration::from_secs(30),
+    );
+    let second = result(&out);
+    // The first admitted its cell at some a in [first0, first1]; the second checked at b in
+    // [second0, second1] and was told to wait a + 10 s - b.
+    let wait = second[2];
+    let longest = first[1] + 10_000_000_000 - second[0];
+    let shortest = (first[0] + 10_000_000_000).saturating_sub(second[1]);
+    // A millisecond beyond the brackets either way: the processes' clocks agree to that.
+    assert!(
+        wait + 1_000_000 >= shortest && wait <= longest + 1_000_000,
+        "told to wait {wait} ns, expected {shortest}..={longest}"
+    );
+}
+
+#[test]
+fn keyed_processes_share_each_keys_quota() {
+    let dir = Dir::new("keyed");
+    let file = dir.0.join("keys");
+    SharedKeyedLimiter::open(&file, quota(), 1024).unwrap();
+    let children: Vec<_> = (0..4)
+        .map(|i| spawn("keyed", &hammer_vars(&dir, &file, i, 2.0, 2)))
+        .collect();
+    for child in children {
+        finish(child, Duration::from_secs(60));
+    }
+    // Eight keys: together at most 8 times one key's bound in any window.
+    let all = brackets(&dir.0);
+    for w in [20_000_000u64, 200_000_000, 1_000_000_000] {
+        let most = most_in_window(&all, w);
+        let bound = 8 * (BURST + w / T_NS + 1) as usize;
+        assert!(most <= bound, "{most} in {w} ns, bound {bound}");
+    }
+    assert!(
+        all.len() as u64 >= 8 * 2 * 200 * 8 / 10,
+        "only {} admissions",
+        all.len()
+    );
+}
+
+#[test]
+fn a_forked_child_shares_the_parents_quota() {
+    let dir = Dir::new("fork");
+    let file = dir.0.join("quota");
+    let limiter = SharedLimiter::open(&file, quota()).unwrap();
+    let keyed = SharedKeyedLimiter::open(dir.0.join("keys"), quota(), 64).unwrap();
+    let run = |name: &str| {
+        let log = Log::create(&dir.0.join(format!("{name}.log")));
+        let until = Instant::now() + Duration::from_millis(1_500);
+        let mut keyed_admitted = 0;
+        while Instant::now() < until {
+            let before = monotonic();
+            if limiter.check().is_ok() {
+                log.record(before, monotonic());
+            }
+            if keyed.check_key("one key").is_ok() {
+                keyed_admitted += 1;
+            }
+        }
+        keyed_admitted
+    };
+    // SAFETY: the child runs `run` and `_exit`s; it never returns into the harness.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let admitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run("child")));
+        let code = match admitted {
+            Ok(n) => {
+                fs::write(dir.0.join("child.keyed"), n.to_string()).unwrap();
+                0
+            }
+            Err(_) => 1,
+        };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    let ours = run("parent");
+    let mut status = 0;
+    // SAFETY: `pid` is our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    assert_bounded(&brackets(&dir.0), BURST, T_NS);
+    let theirs: u64 = fs::read_to_string(dir.0.join("child.keyed"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // One key, two processes, 1.5 s: the burst and 300 more at most.
+    assert!(ours + theirs <= BURST + 1_500 / 5 + 2, "{ours} + {theirs}");
+}
