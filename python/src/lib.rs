@@ -11,17 +11,20 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::Duration;
 
+use paceline::shared::{
+    OnMismatch, OwnedSharedKeyReservation, OwnedSharedReservation, SharedError,
+    SharedKeyedLimiter, SharedLimiter,
+};
 use paceline::{
     Denied, KeyedLimiter, Limiter, OwnedKeyReservation, OwnedReservation, Quota, QuotaError,
     TextKey,
 };
-use pyo3::exceptions::{PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 
 /// `count` cells per `per` seconds with `burst`, or a `ValueError` saying why not, in the
@@ -96,6 +99,8 @@ fn too_late(denied: Denied) -> PyErr {
 enum Held {
     Direct(OwnedReservation),
     Keyed(OwnedKeyReservation<TextKey, paceline::clock::DefaultClock>),
+    Shared(OwnedSharedReservation),
+    SharedKeyed(OwnedSharedKeyReservation),
 }
 
 impl Held {
@@ -103,6 +108,8 @@ impl Held {
         match self {
             Held::Direct(r) => r.ready_in(),
             Held::Keyed(r) => r.ready_in(),
+            Held::Shared(r) => r.ready_in(),
+            Held::SharedKeyed(r) => r.ready_in(),
         }
     }
 
@@ -110,6 +117,8 @@ impl Held {
         match self {
             Held::Direct(r) => Pin::new(r).poll(cx),
             Held::Keyed(r) => Pin::new(r).poll(cx),
+            Held::Shared(r) => Pin::new(r).poll(cx),
+            Held::SharedKeyed(r) => Pin::new(r).poll(cx),
         }
     }
 }
@@ -190,9 +199,12 @@ fn block(py: Python<'_>, mut held: Held) -> PyResult<()> {
     }
 }
 
-/// What a Python limiter needs of a paceline limiter, direct (key `()`) or keyed.
+/// What a Python limiter needs of a paceline limiter: in-process or shared across
+/// processes, direct (key `()`) or keyed.
 trait Cell: Send + Sync + 'static {
     type Key;
+    /// The key a Python `str` names.
+    fn key(key: String) -> Self::Key;
     /// Books `n` cells within `max` (owning the limiter and key).
     fn reserve(self: &Arc<Self>, key: &Self::Key, n: u32, max: Duration) -> Result<Held, Denied>;
     /// How long until `n` cells would be admitted (zero: now); spends nothing.
@@ -204,11 +216,14 @@ trait Cell: Send + Sync + 'static {
     /// Takes `n` cells now, or nothing.
     fn take(&self, key: &Self::Key, n: u32) -> bool;
     fn remaining(&self, key: &Self::Key) -> u32;
-    fn set_quota(&self, quota: Quota);
+    fn quota(&self) -> Quota;
+    fn set_quota(&self, quota: Quota) -> PyResult<()>;
 }
 
 impl Cell for Limiter {
     type Key = ();
+
+    fn key(_: String) {}
 
     fn reserve(self: &Arc<Self>, (): &(), n: u32, max: Duration) -> Result<Held, Denied> {
         Arc::clone(self)
@@ -228,13 +243,22 @@ impl Cell for Limiter {
         Limiter::remaining(self)
     }
 
-    fn set_quota(&self, quota: Quota) {
+    fn quota(&self) -> Quota {
+        Limiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> PyResult<()> {
         Limiter::set_quota(self, quota);
+        Ok(())
     }
 }
 
 impl Cell for KeyedLimiter<TextKey> {
     type Key = TextKey;
+
+    fn key(key: String) -> TextKey {
+        key.into()
+    }
 
     fn reserve(self: &Arc<Self>, key: &TextKey, n: u32, max: Duration) -> Result<Held, Denied> {
         Arc::clone(self)
@@ -254,31 +278,132 @@ impl Cell for KeyedLimiter<TextKey> {
         self.remaining_key(key)
     }
 
-    fn set_quota(&self, quota: Quota) {
+    fn quota(&self) -> Quota {
+        KeyedLimiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> PyResult<()> {
         KeyedLimiter::set_quota(self, quota);
+        Ok(())
+    }
+}
+
+impl Cell for SharedLimiter {
+    type Key = ();
+
+    fn key(_: String) {}
+
+    fn reserve(self: &Arc<Self>, (): &(), n: u32, max: Duration) -> Result<Held, Denied> {
+        Arc::clone(self)
+            .reserve_within_owned(n, max)
+            .map(Held::Shared)
+    }
+
+    fn wait_time(&self, (): &(), n: u32) -> Duration {
+        self.peek_n(n).unwrap_or(Duration::MAX)
+    }
+
+    fn take(&self, (): &(), n: u32) -> bool {
+        self.check_n(n).is_ok()
+    }
+
+    fn remaining(&self, (): &()) -> u32 {
+        SharedLimiter::remaining(self)
+    }
+
+    fn quota(&self) -> Quota {
+        SharedLimiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> PyResult<()> {
+        SharedLimiter::set_quota(self, quota).map_err(shared_error)
+    }
+}
+
+impl Cell for SharedKeyedLimiter {
+    // Bytes: every process, in any language, finds the same key in the same slot.
+    type Key = String;
+
+    fn key(key: String) -> String {
+        key
+    }
+
+    fn reserve(self: &Arc<Self>, key: &String, n: u32, max: Duration) -> Result<Held, Denied> {
+        Arc::clone(self)
+            .reserve_key_within_owned(key, n, max)
+            .map(Held::SharedKeyed)
+    }
+
+    fn wait_time(&self, key: &String, n: u32) -> Duration {
+        self.peek_key_n(key, n).unwrap_or(Duration::MAX)
+    }
+
+    fn take(&self, key: &String, n: u32) -> bool {
+        self.check_key_n(key, n).is_ok()
+    }
+
+    fn remaining(&self, key: &String) -> u32 {
+        self.remaining_key(key)
+    }
+
+    fn quota(&self) -> Quota {
+        SharedKeyedLimiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> PyResult<()> {
+        SharedKeyedLimiter::set_quota(self, quota).map_err(shared_error)
+    }
+}
+
+/// A shared file's error as Python's: the system's refusals as `OSError`, a file that is
+/// not what was asked for (another quota, a damaged or foreign file) as `ValueError`.
+fn shared_error(e: SharedError) -> PyErr {
+    let describe = |q: Quota| {
+        format!(
+            "1 cell every {:?}, bursts of {}",
+            q.emission_interval(),
+            q.burst()
+        )
+    };
+    match e {
+        SharedError::Io { .. } | SharedError::NotLocal { .. } => PyOSError::new_err(e.to_string()),
+        SharedError::QuotaMismatch { path, file, asked } => PyValueError::new_err(format!(
+            "{}: the file enforces {}, not the {} asked for (pass on_mismatch=\"adopt\" to \
+             use the file's, or on_mismatch=\"replace\" to set yours for every process)",
+            path.display(),
+            describe(file),
+            describe(asked)
+        )),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+/// What to do with a file holding another quota: "refuse", "adopt" or "replace".
+fn on_mismatch(name: &str) -> PyResult<OnMismatch> {
+    match name {
+        "refuse" => Ok(OnMismatch::Refuse),
+        "adopt" => Ok(OnMismatch::Adopt),
+        "replace" => Ok(OnMismatch::Replace),
+        other => Err(PyValueError::new_err(format!(
+            "on_mismatch must be \"refuse\", \"adopt\" or \"replace\", got {other:?}"
+        ))),
     }
 }
 
 /// A booking cell and, unless turned off, an execution cell of the same quota (module
-/// docs), with the burst they share.
+/// docs).
 struct Pair<L: Cell> {
     booked: Arc<L>,
     exec: Option<Arc<L>>,
-    burst: AtomicU32,
 }
 
 impl<L: Cell> Pair<L> {
-    fn new(make: impl Fn() -> L, burst: u32, execution_bound: bool) -> Pair<L> {
-        Pair {
-            booked: Arc::new(make()),
-            exec: execution_bound.then(|| Arc::new(make())),
-            burst: AtomicU32::new(burst),
-        }
+    fn key(&self, key: String) -> L::Key {
+        L::key(key)
     }
 
     fn burst(&self) -> u32 {
-        // Relaxed: a setting read alone; the limiters hold the quota that decides.
-        self.burst.load(Ordering::Relaxed)
+        self.booked.quota().burst()
     }
 
     /// Takes `n` cells now if nobody waits ahead and they fit; never waits.
@@ -358,142 +483,230 @@ impl<L: Cell> Pair<L> {
     /// Changes the quota of both cells; booked turns keep their places.
     fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
         let quota = quota(count, per, burst)?;
-        self.booked.set_quota(quota);
+        self.booked.set_quota(quota)?;
         if let Some(exec) = &self.exec {
-            exec.set_quota(quota);
+            exec.set_quota(quota)?;
         }
-        // Relaxed: as in `burst`.
-        self.burst.store(burst, Ordering::Relaxed);
         Ok(())
     }
+
+    /// The quota as `(rate, per seconds, burst)`: one cell per interval, so the rate is the
+    /// burst's count over the burst window.
+    fn quota(&self) -> (u32, f64, u32) {
+        let quota = self.booked.quota();
+        let interval = quota.emission_interval().as_secs_f64();
+        (1, interval, quota.burst())
+    }
+}
+
+/// The methods every core has, for a direct (`keyed` absent) or keyed pair.
+macro_rules! core_methods {
+    ($core:ident, direct) => {
+        #[pymethods]
+        impl $core {
+            /// The burst.
+            fn burst(&self) -> u32 {
+                self.0.burst()
+            }
+
+            /// Seconds between cells.
+            fn interval(&self) -> f64 {
+                self.0.quota().1
+            }
+
+            fn try_acquire(&self, n: u32) -> PyResult<bool> {
+                self.0.try_acquire(&(), n)
+            }
+
+            fn remaining(&self) -> u32 {
+                self.0.remaining(&())
+            }
+
+            fn wait_time(&self, n: u32) -> PyResult<f64> {
+                self.0.wait_time(&(), n)
+            }
+
+            #[pyo3(signature = (n, timeout=None))]
+            fn book(&self, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
+                self.0.book(&(), n, timeout)
+            }
+
+            fn run(&self, n: u32) -> PyResult<Option<Ticket>> {
+                self.0.run(&(), n)
+            }
+
+            #[pyo3(signature = (n, timeout=None))]
+            fn acquire_blocking(&self, py: Python<'_>, n: u32, timeout: Option<f64>) -> PyResult<()> {
+                self.0.acquire_blocking(py, &(), n, timeout)
+            }
+
+            fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
+                self.0.set_quota(count, per, burst)
+            }
+        }
+    };
+    ($core:ident, keyed) => {
+        #[pymethods]
+        impl $core {
+            fn burst(&self) -> u32 {
+                self.0.burst()
+            }
+
+            fn try_acquire(&self, key: String, n: u32) -> PyResult<bool> {
+                self.0.try_acquire(&self.0.key(key), n)
+            }
+
+            fn remaining(&self, key: String) -> u32 {
+                self.0.remaining(&self.0.key(key))
+            }
+
+            fn wait_time(&self, key: String, n: u32) -> PyResult<f64> {
+                self.0.wait_time(&self.0.key(key), n)
+            }
+
+            #[pyo3(signature = (key, n, timeout=None))]
+            fn book(&self, key: String, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
+                self.0.book(&self.0.key(key), n, timeout)
+            }
+
+            fn run(&self, key: String, n: u32) -> PyResult<Option<Ticket>> {
+                self.0.run(&self.0.key(key), n)
+            }
+
+            #[pyo3(signature = (key, n, timeout=None))]
+            fn acquire_blocking(
+                &self,
+                py: Python<'_>,
+                key: String,
+                n: u32,
+                timeout: Option<f64>,
+            ) -> PyResult<()> {
+                self.0.acquire_blocking(py, &self.0.key(key), n, timeout)
+            }
+
+            fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
+                self.0.set_quota(count, per, burst)
+            }
+
+            fn __len__(&self) -> usize {
+                self.len()
+            }
+        }
+    };
 }
 
 /// A limiter shared by threads and event loops (see the module docs).
 #[pyclass(frozen, module = "paceline._paceline")]
 struct Core(Pair<Limiter>);
-
-#[pymethods]
-impl Core {
-    #[new]
-    fn new(count: u32, per: f64, burst: u32, execution_bound: bool) -> PyResult<Core> {
-        let quota = quota(count, per, burst)?;
-        Ok(Core(Pair::new(
-            || Limiter::new(quota),
-            burst,
-            execution_bound,
-        )))
-    }
-
-    /// The burst.
-    fn burst(&self) -> u32 {
-        self.0.burst()
-    }
-
-    /// Seconds between cells.
-    fn interval(&self) -> f64 {
-        self.0.booked.quota().emission_interval().as_secs_f64()
-    }
-
-    fn try_acquire(&self, n: u32) -> PyResult<bool> {
-        self.0.try_acquire(&(), n)
-    }
-
-    fn remaining(&self) -> u32 {
-        self.0.remaining(&())
-    }
-
-    fn wait_time(&self, n: u32) -> PyResult<f64> {
-        self.0.wait_time(&(), n)
-    }
-
-    #[pyo3(signature = (n, timeout=None))]
-    fn book(&self, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
-        self.0.book(&(), n, timeout)
-    }
-
-    fn run(&self, n: u32) -> PyResult<Option<Ticket>> {
-        self.0.run(&(), n)
-    }
-
-    #[pyo3(signature = (n, timeout=None))]
-    fn acquire_blocking(&self, py: Python<'_>, n: u32, timeout: Option<f64>) -> PyResult<()> {
-        self.0.acquire_blocking(py, &(), n, timeout)
-    }
-
-    fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
-        self.0.set_quota(count, per, burst)
-    }
-}
+core_methods!(Core, direct);
 
 /// A limiter per key (str), shared by threads and event loops.
 #[pyclass(frozen, module = "paceline._paceline")]
 struct KeyedCore(Pair<KeyedLimiter<TextKey>>);
+core_methods!(KeyedCore, keyed);
 
-#[pymethods]
 impl KeyedCore {
-    #[new]
-    #[pyo3(signature = (count, per, burst, execution_bound, max_keys=None))]
-    fn new(
-        count: u32,
-        per: f64,
-        burst: u32,
-        execution_bound: bool,
-        max_keys: Option<usize>,
-    ) -> PyResult<KeyedCore> {
-        let quota = quota(count, per, burst)?;
-        let make = || {
-            let limiter = KeyedLimiter::new(quota);
-            if let Some(max) = max_keys {
-                limiter.set_max_keys(max);
-            }
-            limiter
-        };
-        Ok(KeyedCore(Pair::new(make, burst, execution_bound)))
-    }
-
-    fn burst(&self) -> u32 {
-        self.0.burst()
-    }
-
-    fn try_acquire(&self, key: String, n: u32) -> PyResult<bool> {
-        self.0.try_acquire(&key.into(), n)
-    }
-
-    fn remaining(&self, key: String) -> u32 {
-        self.0.remaining(&key.into())
-    }
-
-    fn wait_time(&self, key: String, n: u32) -> PyResult<f64> {
-        self.0.wait_time(&key.into(), n)
-    }
-
-    #[pyo3(signature = (key, n, timeout=None))]
-    fn book(&self, key: String, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
-        self.0.book(&key.into(), n, timeout)
-    }
-
-    fn run(&self, key: String, n: u32) -> PyResult<Option<Ticket>> {
-        self.0.run(&key.into(), n)
-    }
-
-    #[pyo3(signature = (key, n, timeout=None))]
-    fn acquire_blocking(
-        &self,
-        py: Python<'_>,
-        key: String,
-        n: u32,
-        timeout: Option<f64>,
-    ) -> PyResult<()> {
-        self.0.acquire_blocking(py, &key.into(), n, timeout)
-    }
-
-    fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
-        self.0.set_quota(count, per, burst)
-    }
-
-    fn __len__(&self) -> usize {
+    fn len(&self) -> usize {
         self.0.booked.len()
     }
+}
+
+/// A limiter in a file every process of the host maps (`paceline::shared`).
+#[pyclass(frozen, module = "paceline._paceline")]
+struct SharedCore(Pair<SharedLimiter>);
+core_methods!(SharedCore, direct);
+
+/// A limiter per key in a file every process of the host maps.
+#[pyclass(frozen, module = "paceline._paceline")]
+struct SharedKeyedCore(Pair<SharedKeyedLimiter>);
+core_methods!(SharedKeyedCore, keyed);
+
+impl SharedKeyedCore {
+    fn len(&self) -> usize {
+        self.0.booked.len()
+    }
+}
+
+/// Makes a core of each kind; module-level functions, since a pyclass takes one
+/// `#[pymethods]` block and the methods above are shared by macro.
+#[pyfunction]
+fn new_core(count: u32, per: f64, burst: u32, execution_bound: bool) -> PyResult<Core> {
+    let quota = quota(count, per, burst)?;
+    Ok(Core(Pair {
+        booked: Arc::new(Limiter::new(quota)),
+        exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
+    }))
+}
+
+#[pyfunction]
+#[pyo3(signature = (count, per, burst, execution_bound, max_keys=None))]
+fn new_keyed_core(
+    count: u32,
+    per: f64,
+    burst: u32,
+    execution_bound: bool,
+    max_keys: Option<usize>,
+) -> PyResult<KeyedCore> {
+    let quota = quota(count, per, burst)?;
+    let make = || {
+        let limiter = KeyedLimiter::new(quota);
+        if let Some(max) = max_keys {
+            limiter.set_max_keys(max);
+        }
+        Arc::new(limiter)
+    };
+    Ok(KeyedCore(Pair {
+        booked: make(),
+        exec: execution_bound.then(make),
+    }))
+}
+
+/// Opens (or makes) the shared file at `path`; the execution cell is the file's second
+/// lane, so the bound at the moment work runs holds across the processes too.
+#[pyfunction]
+fn new_shared_core(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    count: u32,
+    per: f64,
+    burst: u32,
+    execution_bound: bool,
+    mismatch: &str,
+) -> PyResult<SharedCore> {
+    let quota = quota(count, per, burst)?;
+    let mismatch = on_mismatch(mismatch)?;
+    let booked = py
+        .detach(|| SharedLimiter::open_with(&path, quota, mismatch))
+        .map_err(shared_error)?;
+    let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
+    Ok(SharedCore(Pair {
+        booked: Arc::new(booked),
+        exec,
+    }))
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn new_shared_keyed_core(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    count: u32,
+    per: f64,
+    burst: u32,
+    execution_bound: bool,
+    capacity: u64,
+    mismatch: &str,
+) -> PyResult<SharedKeyedCore> {
+    let quota = quota(count, per, burst)?;
+    let mismatch = on_mismatch(mismatch)?;
+    let booked = py
+        .detach(|| SharedKeyedLimiter::open_with(&path, quota, capacity, mismatch))
+        .map_err(shared_error)?;
+    let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
+    Ok(SharedKeyedCore(Pair {
+        booked: Arc::new(booked),
+        exec,
+    }))
 }
 
 /// The module. Declared free-threading safe: every class is `frozen` and synchronised in
@@ -502,6 +715,12 @@ impl KeyedCore {
 fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Core>()?;
     m.add_class::<KeyedCore>()?;
+    m.add_class::<SharedCore>()?;
+    m.add_class::<SharedKeyedCore>()?;
     m.add_class::<Ticket>()?;
+    m.add_function(wrap_pyfunction!(new_core, m)?)?;
+    m.add_function(wrap_pyfunction!(new_keyed_core, m)?)?;
+    m.add_function(wrap_pyfunction!(new_shared_core, m)?)?;
+    m.add_function(wrap_pyfunction!(new_shared_keyed_core, m)?)?;
     Ok(())
 }

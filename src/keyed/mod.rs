@@ -371,6 +371,20 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         Ok(Duration::from_nanos(nanos))
     }
 
+    /// The default quota: every key's without one of its own
+    /// ([`KeyedLimiter::with_quota_for`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u32>::new(Quota::per_second(4));
+    /// assert_eq!(limiter.quota(), Quota::per_second(4));
+    /// ```
+    pub fn quota(&self) -> Quota {
+        Quota::from_params(self.quota.load())
+    }
+
     /// Changes the default quota (the one of keys without a quota of their own) while the
     /// limiter runs, with the same meaning as [`Limiter::set_quota`](crate::Limiter::set_quota):
     /// every key's spent backlog carries over, its booked waiters keep their order.

@@ -250,7 +250,7 @@ impl SharedKeyedLimiter {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_quota(&self, quota: Quota) -> Result<(), SharedError> {
-        super::quota::FileQuota::store(&self.shared.map, quota)?;
+        self.shared.quota.set(quota)?;
         let now = self.clock.now();
         let queues: Vec<_> = self.waiters.lock().values().cloned().collect();
         for queue in queues {
@@ -262,7 +262,7 @@ impl SharedKeyedLimiter {
 
     #[inline]
     fn params(&self) -> Params {
-        self.shared.quota.load(&self.shared.map)
+        self.shared.quota.load()
     }
 
     fn key(&self, key: &[u8]) -> Key {

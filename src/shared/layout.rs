@@ -12,7 +12,7 @@
 //!     56     8  key slots (keyed files)
 //!     64    16  digest seeds (keyed files)
 //!     96     8  current quota: generation << 3 | slot
-//!    128   256  quota slots: 8 x (sequence, interval, burst, unused)
+//!    128   256  quota slots: 8 x (sequence, interval, burst, room for one cell)
 //!    512        direct: 2 words, 64 bytes apart (booking, execution)
 //!    512        keyed: key slots of 32 bytes (tag, tag's low half, word, execution word)
 //! ```
@@ -79,11 +79,6 @@ impl Kind {
 /// The version-and-kind field.
 pub(super) fn version_field(kind: Kind) -> u64 {
     u64::from(VERSION) << 32 | u64::from(kind.code())
-}
-
-/// Offset of quota slot `i`'s field `f` (0 sequence, 1 interval, 2 burst).
-pub(super) fn quota_field(i: usize, f: usize) -> usize {
-    QUOTA_SLOTS_AT + (i % QUOTA_SLOTS) * QUOTA_SLOT_LEN + f * 8
 }
 
 /// Offset of direct word `i`.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::error::SharedError;
 use super::file::{self, Mapping, Want};
 use super::layout::{self, Kind};
-use super::quota::FileQuota;
+use super::quota::{self, Area, FileQuota};
 use super::reservation::{OwnedSharedReservation, SharedReservation};
 use super::OnMismatch;
 use crate::cell::TatWord;
@@ -48,7 +48,11 @@ impl Shared {
         on_mismatch: OnMismatch,
     ) -> Result<Shared, SharedError> {
         let settle = move |map: &Mapping, found: Kind| -> Result<Kind, SharedError> {
-            let in_file = Quota::from_params(FileQuota::new(*quota.params()).load(map));
+            let in_file = quota::read(Area::of(map)).ok_or_else(|| SharedError::Corrupt {
+                path: map.path().to_owned(),
+                field: "quota",
+            })?;
+            let in_file = Quota::from_params(in_file);
             let kind = match (found, kind) {
                 (Kind::Keyed { capacity: file }, Kind::Keyed { capacity: asked })
                     if file != asked && on_mismatch != OnMismatch::Adopt =>
@@ -71,7 +75,7 @@ impl Shared {
                         })
                     }
                     OnMismatch::Adopt => {}
-                    OnMismatch::Replace => FileQuota::store(map, quota)?,
+                    OnMismatch::Replace => FileQuota::store(Area::of(map), quota)?,
                 }
             }
             Ok(kind)
@@ -81,16 +85,21 @@ impl Shared {
             Want {
                 kind,
                 settle: Box::new(settle),
-                init: Box::new(move |map| FileQuota::init(map, quota)),
+                init: Box::new(move |map| Area::of(map).init(quota)),
             },
         )?;
         // Decisions fall back to the quota in force at opening if a hostile writer keeps
         // the file's quota from ever reading stable (`quota.rs`).
-        let fallback = FileQuota::new(*quota.params()).load(&opened.mapping);
+        let map = opened.mapping;
+        let fallback = quota::read(Area::of(&map)).unwrap_or(*quota.params());
+        // SAFETY: `Shared` owns `map` beside the `FileQuota` and uses the quota only through
+        // `&Shared`, while `map` is alive; moving `map` into it below does not move the
+        // mapped memory the quota points into, and dropping a `FileQuota` touches nothing.
+        let quota = unsafe { FileQuota::new(&map, fallback) };
         Ok(Shared {
-            quota: FileQuota::new(fallback),
+            quota,
             clock: HostClock::new(opened.time),
-            map: opened.mapping,
+            map,
             file: opened.file,
             kind: opened.kind,
         })
@@ -266,7 +275,7 @@ impl SharedLimiter {
 
     #[inline]
     fn params(&self) -> Params {
-        self.shared.quota.load(&self.shared.map)
+        self.shared.quota.load()
     }
 
     /// The quota in force, as every process sees it.
@@ -306,11 +315,8 @@ impl SharedLimiter {
     #[inline]
     pub fn check(&self) -> Result<(), NotUntil> {
         let now = self.clock.now();
-        let params = self.params();
-        match self
-            .cell()
-            .spend(now, params.interval(), params.room_for_one())
-        {
+        let (interval, room) = self.shared.quota.one_cell();
+        match self.cell().spend(now, interval, room) {
             Ok(_) => Ok(()),
             Err(wait) => Err(NotUntil::from_nanos(wait)),
         }
@@ -436,7 +442,7 @@ impl SharedLimiter {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_quota(&self, quota: Quota) -> Result<(), SharedError> {
-        FileQuota::store(&self.shared.map, quota)?;
+        self.shared.quota.set(quota)?;
         let arm = self.waiters.requote(quota.params(), self.clock.now());
         self.waiters.schedule(arm);
         Ok(())

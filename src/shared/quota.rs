@@ -5,8 +5,8 @@
 //! In one process a quota change is a sequence lock (`crate::shared_quota`): a writer makes
 //! the version odd, writes, makes it even. Across processes that lock has a flaw: a writer
 //! killed while the version is odd leaves every reader of every process spinning for ever.
-//! So the file keeps [`QUOTA_SLOTS`](super::layout::QUOTA_SLOTS) quota slots, each with its
-//! own sequence word, and a *current* word naming the slot in force:
+//! So the file keeps [`QUOTA_SLOTS`] quota slots, each with its own sequence word, and a
+//! *current* word naming the slot in force:
 //!
 //! * a **reader** loads the current word, then that slot's sequence, fields and sequence
 //!   again (a sequence lock read). Writers never write the current slot, so a reader's
@@ -21,77 +21,228 @@
 //!   one slot stays odd and is never used again (after eight such deaths `set_quota`
 //!   reports [`SharedError::QuotaSlots`]).
 //!
-//! The slots hold the interval and the burst; a reader derives the rest (`Params::new`),
-//! so no combination of values a writer could leave makes a reader divide by zero or
-//! overflow: an invalid pair counts as an unstable reading.
+//! A slot holds the interval, the burst and the room a one-cell check leaves (`tau -
+//! interval`, stored so that a check neither multiplies nor subtracts, as in one process).
+//! A reader checks only what keeps its own arithmetic sound (an interval of at least 1, a
+//! burst of at least 1 that fits a `u32`, a room that does not overflow with the interval);
+//! values a hostile writer made inconsistent otherwise give wrong decisions, no more.
 //!
 //! Orderings are the sequence lock's (`crate::shared_quota` explains them); the current
 //! word is read `Acquire` and written `Release`, so a reader that sees a slot named sees
 //! its finished fields.
+
+use core::ptr::NonNull;
 
 use super::error::SharedError;
 use super::file::Mapping;
 use super::layout::{self, QUOTA_SLOTS};
 use crate::gcra::Params;
 use crate::quota::Quota;
-use crate::sync::{fence, Ordering};
+use crate::sync::{fence, AtomicU64, Ordering};
 
 /// Tries before a reader falls back to the quota it opened the file with.
 const READ_TRIES: u32 = 1_000;
 
+/// The quota words of a file, as they lie from `layout::QUOTA_CURRENT_AT` on.
+#[repr(C)]
+pub(super) struct Area {
+    current: AtomicU64,
+    _unused: [AtomicU64; 3],
+    slots: [SlotWords; QUOTA_SLOTS],
+}
+
+#[repr(C)]
+struct SlotWords {
+    /// Even: stable; odd: being written (or its writer died); 0: never written.
+    sequence: AtomicU64,
+    interval: AtomicU64,
+    burst: AtomicU64,
+    room: AtomicU64,
+}
+
+const _: () = {
+    assert!(layout::QUOTA_SLOTS_AT - layout::QUOTA_CURRENT_AT == 32);
+    assert!(core::mem::size_of::<SlotWords>() == layout::QUOTA_SLOT_LEN);
+    assert!(layout::QUOTA_CURRENT_AT + core::mem::size_of::<Area>() <= layout::HEADER_LEN);
+};
+
+impl Area {
+    /// The quota area of `map`.
+    pub(super) fn of(map: &Mapping) -> &Area {
+        let first = map.word(layout::QUOTA_CURRENT_AT);
+        // The last word of the area is inside the mapping (`word` checks it).
+        let _ = map.word(layout::QUOTA_CURRENT_AT + core::mem::size_of::<Area>() - 8);
+        // SAFETY: `Area` is `repr(C)` of `AtomicU64`s, so it has their alignment and no
+        // padding; its first and last words lie inside the mapping (checked above), so all
+        // of it does, for as long as `map` (the borrow) lives.
+        unsafe { &*core::ptr::from_ref(first).cast::<Area>() }
+    }
+
+    /// Writes `quota` into a new file's slot 0 and makes it current.
+    pub(super) fn init(&self, quota: Quota) {
+        let slot = &self.slots[0];
+        // Relaxed: the file's magic, stored Release after this, publishes the whole file.
+        slot.write(quota.params());
+        slot.sequence.store(2, Ordering::Relaxed);
+        self.current.store(0, Ordering::Relaxed);
+    }
+
+    /// One reading of the current slot's interval and room, if it was stable and sound.
+    #[inline]
+    fn try_one_cell(&self) -> Option<(u64, u64)> {
+        let slot = self.current_slot();
+        let (before, fields) = slot.read(|| (slot.interval(), slot.room()));
+        let (interval, room) = fields;
+        (before.is_some() && interval != 0).then_some((interval, room))
+    }
+
+    /// One reading of the current slot's whole quota, if it was stable and sound.
+    fn try_params(&self) -> Option<Params> {
+        let slot = self.current_slot();
+        let (before, (interval, burst, room)) =
+            slot.read(|| (slot.interval(), slot.burst(), slot.room()));
+        before?;
+        let burst = u32::try_from(burst).ok().filter(|&b| b != 0)?;
+        let tau = room.checked_add(interval)?;
+        (interval != 0).then(|| Params::from_parts(interval, burst, tau))
+    }
+
+    #[inline]
+    fn current_slot(&self) -> &SlotWords {
+        // Acquire: pairs with the writer's Release of the current word.
+        &self.slots[(self.current.load(Ordering::Acquire) % QUOTA_SLOTS as u64) as usize]
+    }
+}
+
+impl SlotWords {
+    /// The sequence lock's read: `fields` between two sequence loads. `Some` sequence if
+    /// they were equal, even and not 0 (the fields are one writer's).
+    #[inline(always)]
+    fn read<T>(&self, fields: impl Fn() -> T) -> (Option<u64>, T) {
+        // Acquire: pairs with the writer's Release store of this (even) sequence.
+        let before = self.sequence.load(Ordering::Acquire);
+        let read = fields();
+        // Acquire fence: the field loads stay before the second sequence load.
+        fence(Ordering::Acquire);
+        let after = self.sequence.load(Ordering::Relaxed);
+        let stable = before == after && before & 1 == 0 && before != 0;
+        (stable.then_some(before), read)
+    }
+
+    // The fields, Relaxed: ordered by the sequence loads around them.
+    #[inline(always)]
+    fn interval(&self) -> u64 {
+        self.interval.load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn burst(&self) -> u64 {
+        self.burst.load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn room(&self) -> u64 {
+        self.room.load(Ordering::Relaxed)
+    }
+
+    /// Stores the fields (the caller holds the slot: its sequence is odd, or the file is
+    /// not published yet).
+    fn write(&self, params: &Params) {
+        self.interval.store(params.interval(), Ordering::Relaxed);
+        self.burst
+            .store(u64::from(params.burst()), Ordering::Relaxed);
+        self.room.store(params.room_for_one(), Ordering::Relaxed);
+    }
+}
+
+/// The quota in force in `area`, if a stable reading came within the bounded tries.
+pub(super) fn read(area: &Area) -> Option<Params> {
+    for _ in 0..READ_TRIES {
+        if let Some(params) = area.try_params() {
+            return Some(params);
+        }
+        crate::sync::spin_loop();
+    }
+    None
+}
+
 /// Reads and writes the quota of one mapped file.
-#[derive(Debug)]
 pub(super) struct FileQuota {
+    /// The file's quota area: valid while the mapping lives (its owner keeps both).
+    area: NonNull<Area>,
     /// What a reader decides with if it cannot get a stable reading (module docs).
     fallback: Params,
 }
 
+// SAFETY: `area` points into a mapping of shared memory that every process and thread
+// reaches only through atomics; `FileQuota` itself holds no thread-bound state.
+unsafe impl Send for FileQuota {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for FileQuota {}
+
+impl core::fmt::Debug for FileQuota {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FileQuota").finish_non_exhaustive()
+    }
+}
+
 impl FileQuota {
-    pub(super) fn new(fallback: Params) -> FileQuota {
-        FileQuota { fallback }
+    /// The quota of `map`'s file, falling back to `fallback` (module docs).
+    ///
+    /// # Safety
+    ///
+    /// `map` outlives the returned value (and is not unmapped before it is dropped).
+    pub(super) unsafe fn new(map: &Mapping, fallback: Params) -> FileQuota {
+        FileQuota {
+            area: NonNull::from(Area::of(map)),
+            fallback,
+        }
     }
 
-    /// Writes `quota` into a new file's slot 0 and makes it current.
-    pub(super) fn init(map: &Mapping, quota: Quota) {
-        let params = quota.params();
-        // Relaxed: the file's magic, stored Release after this, publishes the whole file.
-        map.word(layout::quota_field(0, 1))
-            .store(params.interval(), Ordering::Relaxed);
-        map.word(layout::quota_field(0, 2))
-            .store(u64::from(params.burst()), Ordering::Relaxed);
-        map.word(layout::quota_field(0, 0))
-            .store(2, Ordering::Relaxed);
-        map.word(layout::QUOTA_CURRENT_AT)
-            .store(0, Ordering::Relaxed);
+    fn area(&self) -> &Area {
+        // SAFETY: the mapping outlives `self` (the contract of `new`).
+        unsafe { self.area.as_ref() }
     }
 
-    /// The quota in force.
+    /// The interval and the room of a one-cell check, in force now.
     #[inline]
-    pub(super) fn load(&self, map: &Mapping) -> Params {
+    pub(super) fn one_cell(&self) -> (u64, u64) {
+        match self.area().try_one_cell() {
+            Some(read) => read,
+            None => self.one_cell_slowly(),
+        }
+    }
+
+    #[cold]
+    fn one_cell_slowly(&self) -> (u64, u64) {
         for _ in 0..READ_TRIES {
-            if let Some(params) = try_read(map) {
-                return params;
+            if let Some(read) = self.area().try_one_cell() {
+                return read;
             }
             crate::sync::spin_loop();
         }
-        self.fallback
+        (self.fallback.interval(), self.fallback.room_for_one())
+    }
+
+    /// The quota in force.
+    pub(super) fn load(&self) -> Params {
+        read(self.area()).unwrap_or(self.fallback)
     }
 
     /// Makes `quota` the one in force for every process.
-    pub(super) fn store(map: &Mapping, quota: Quota) -> Result<(), SharedError> {
-        let params = quota.params();
-        let current = map.word(layout::QUOTA_CURRENT_AT);
-        let start = current.load(Ordering::Acquire);
+    pub(super) fn store(area: &Area, quota: Quota) -> Result<(), SharedError> {
+        let start = area.current.load(Ordering::Acquire);
         for step in 1..QUOTA_SLOTS as u64 {
-            let slot = (start.wrapping_add(step) % QUOTA_SLOTS as u64) as usize;
-            let sequence = map.word(layout::quota_field(slot, 0));
-            let even = sequence.load(Ordering::Relaxed);
-            if even % 2 == 1 {
+            let index = (start.wrapping_add(step) % QUOTA_SLOTS as u64) as usize;
+            let slot = &area.slots[index];
+            let even = slot.sequence.load(Ordering::Relaxed);
+            if even & 1 == 1 {
                 // A writer is in it, or died in it.
                 continue;
             }
             // Acquire on success: after the previous writer of this slot.
-            if sequence
+            if slot
+                .sequence
                 .compare_exchange(
                     even,
                     even.wrapping_add(1),
@@ -102,24 +253,21 @@ impl FileQuota {
             {
                 continue;
             }
-            if current.load(Ordering::Acquire) % QUOTA_SLOTS as u64 == slot as u64 {
+            if area.current.load(Ordering::Acquire) % QUOTA_SLOTS as u64 == index as u64 {
                 // Another writer made this slot current meanwhile: leave it as it was.
-                sequence.store(even, Ordering::Release);
+                slot.sequence.store(even, Ordering::Release);
                 continue;
             }
             // Release fence: a reader that sees a field below sees the odd sequence too.
             fence(Ordering::Release);
-            map.word(layout::quota_field(slot, 1))
-                .store(params.interval(), Ordering::Relaxed);
-            map.word(layout::quota_field(slot, 2))
-                .store(u64::from(params.burst()), Ordering::Relaxed);
-            sequence.store(even.wrapping_add(2), Ordering::Release);
+            slot.write(quota.params());
+            slot.sequence.store(even.wrapping_add(2), Ordering::Release);
             // Point the current word at it, with a generation above every earlier one.
-            let mut seen = current.load(Ordering::Relaxed);
+            let mut seen = area.current.load(Ordering::Relaxed);
             loop {
-                let next = ((seen >> 3).wrapping_add(1) << 3) | slot as u64;
+                let next = ((seen >> 3).wrapping_add(1) << 3) | index as u64;
                 // Release: a reader that loads this sees the slot's fields.
-                match current.compare_exchange_weak(
+                match area.current.compare_exchange_weak(
                     seen,
                     next,
                     Ordering::Release,
@@ -132,28 +280,9 @@ impl FileQuota {
         }
         Err(SharedError::QuotaSlots)
     }
-}
 
-/// One reading of the current slot, if it was stable and valid.
-#[inline]
-fn try_read(map: &Mapping) -> Option<Params> {
-    // Acquire: pairs with the writer's Release of the current word.
-    let slot =
-        (map.word(layout::QUOTA_CURRENT_AT).load(Ordering::Acquire) % QUOTA_SLOTS as u64) as usize;
-    let sequence = map.word(layout::quota_field(slot, 0));
-    // Acquire: pairs with the writer's Release store of this (even) sequence.
-    let before = sequence.load(Ordering::Acquire);
-    let interval = map
-        .word(layout::quota_field(slot, 1))
-        .load(Ordering::Relaxed);
-    let burst = map
-        .word(layout::quota_field(slot, 2))
-        .load(Ordering::Relaxed);
-    // Acquire fence: the field loads stay before the second sequence load.
-    fence(Ordering::Acquire);
-    let after = sequence.load(Ordering::Relaxed);
-    if before != after || before % 2 == 1 || before == 0 {
-        return None;
+    /// [`FileQuota::store`] on this file.
+    pub(super) fn set(&self, quota: Quota) -> Result<(), SharedError> {
+        FileQuota::store(self.area(), quota)
     }
-    Params::new(interval, u32::try_from(burst).ok()?)
 }

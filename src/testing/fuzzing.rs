@@ -269,6 +269,99 @@ pub fn quota_construction(data: &[u8]) {
     }
 }
 
+/// Shared files with arbitrary contents: opening one gives an error or a limiter, and a
+/// limiter on a hostile file answers every call (wrong decisions allowed) without a
+/// panic, an out-of-bounds access or a hang. The first byte picks a direct or a keyed
+/// file and whether the rest overwrites a valid file (so most inputs get past the magic)
+/// or is the whole file.
+#[cfg(all(feature = "shared", unix, not(loom)))]
+pub fn shared_file(data: &[u8]) {
+    use crate::shared::{SharedKeyedLimiter, SharedLimiter};
+    use std::sync::OnceLock;
+
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("paceline-fuzz-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let quota = Quota::per_second(100).with_burst(10);
+    // A valid file of each kind, made once.
+    static VALID: OnceLock<[Vec<u8>; 2]> = OnceLock::new();
+    let valid = VALID.get_or_init(|| {
+        let image = |keyed: bool| {
+            let path = dir.join(format!("valid-{keyed}"));
+            let _ = std::fs::remove_file(&path);
+            if keyed {
+                drop(SharedKeyedLimiter::open(&path, quota, 64).unwrap());
+            } else {
+                drop(SharedLimiter::open(&path, quota).unwrap());
+            }
+            std::fs::read(&path).unwrap()
+        };
+        [image(false), image(true)]
+    });
+    let keyed = pick & 1 == 1;
+    let content = if pick & 2 == 2 {
+        // Over a valid file: the rest says where to write and what.
+        let mut content = valid[usize::from(keyed)].clone();
+        for chunk in rest.chunks(3) {
+            if let [at_high, at_low, value] = *chunk {
+                let at = usize::from(u16::from_le_bytes([at_low, at_high])) % content.len();
+                content[at] = value;
+            }
+        }
+        content
+    } else {
+        rest.to_vec()
+    };
+    let path = dir.join("file");
+    std::fs::write(&path, &content).unwrap();
+    let briefly = Duration::from_millis(1);
+    if keyed {
+        match SharedKeyedLimiter::open(&path, quota, 64) {
+            Ok(limiter) => {
+                for key in ["a", "b", "c"] {
+                    let _ = limiter.check_key(key);
+                    let _ = limiter.check_key_n(key, 3);
+                    let _ = limiter.remaining_key(key);
+                    let _ = limiter.peek_key_n(key, 2);
+                    let _ = poll_once(limiter.until_key_n_ready_within(key, 1, briefly));
+                }
+                let _ = limiter.len();
+                let _ = limiter.set_quota(Quota::per_second(5));
+            }
+            Err(e) => drop(e.to_string()),
+        }
+    } else {
+        match SharedLimiter::open(&path, quota) {
+            Ok(limiter) => {
+                let _ = limiter.check();
+                let _ = limiter.check_n(3);
+                let _ = limiter.remaining();
+                let _ = limiter.snapshot();
+                let _ = limiter.peek_n(2);
+                let _ = limiter.reserve_within(1, briefly);
+                let _ = limiter.set_quota(Quota::per_second(5));
+                let _ = limiter.quota();
+            }
+            Err(e) => drop(e.to_string()),
+        }
+    }
+}
+
+/// Polls `future` once: every wait the fuzz bodies start refuses or finishes at once.
+#[cfg(all(feature = "shared", unix, not(loom)))]
+fn poll_once<F: Future>(future: F) -> Option<F::Output> {
+    let mut future = core::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        core::task::Poll::Ready(output) => Some(output),
+        core::task::Poll::Pending => None,
+    }
+}
+
 /// The client key behind trusted proxies, from arbitrary forwarding headers: it never
 /// panics, an untrusted peer is its own key whatever it writes, and once the chain names
 /// an untrusted hop, nothing a client writes to its left (in the same line or in an
@@ -391,6 +484,11 @@ mod tests {
             super::quota_construction(&data);
             #[cfg(feature = "tower")]
             super::forwarding_headers(&data);
+        }
+        // Files are slower to fuzz: fewer inputs, of every shape.
+        #[cfg(all(feature = "shared", unix))]
+        for data in inputs(0x2545_f491_4f6c_dd1d, 300, 96) {
+            super::shared_file(&data);
         }
     }
 }

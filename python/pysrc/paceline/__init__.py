@@ -31,9 +31,22 @@ import threading
 import weakref
 from typing import Dict, List, Optional, Tuple
 
-from ._paceline import Core, KeyedCore, Ticket
+from ._paceline import (
+    Ticket,
+    new_core,
+    new_keyed_core,
+    new_shared_core,
+    new_shared_keyed_core,
+)
 
 __all__ = ["Limiter", "KeyedLimiter"]
+
+_PICKLE_HINT = (
+    "cannot pickle an in-process paceline.{0}: a copy in another process would be a "
+    "limiter of its own, letting the quota through once per process. To share one quota "
+    "across processes (multiprocessing, a ProcessPoolExecutor, gunicorn workers), use "
+    "paceline.{0}.shared(path, ...): it pickles as its path and quota."
+)
 
 
 # The largest count of cells the Rust core takes (a u32).
@@ -228,8 +241,51 @@ class Limiter:
         self, rate: int, per: float = 1.0, burst: int = 1, *, execution_bound: bool = True
     ) -> None:
         rate, per, burst = _quota(rate, per, burst)
-        self._core = Core(rate, per, burst, bool(execution_bound))
+        self._core = new_core(rate, per, burst, bool(execution_bound))
         self._waiting = _Waiting()
+        self._shared: Optional[tuple] = None
+
+    @classmethod
+    def shared(
+        cls,
+        path: "os.PathLike[str] | str",
+        rate: int,
+        per: float = 1.0,
+        burst: int = 1,
+        *,
+        execution_bound: bool = True,
+        on_mismatch: str = "refuse",
+    ) -> "Limiter":
+        """One limiter for every process of the host that opens ``path``: gunicorn and
+        uvicorn workers, ``multiprocessing`` pools (fork or spawn), scripts started
+        separately. Its state lives in that file (``/dev/shm/...`` keeps it in memory on
+        Linux), made readable and writable by its owner only; whoever can write it can
+        spend the quota. Every method works as for an in-process limiter, and turns are
+        first come, first served across the processes.
+
+        A file that already holds another quota raises ``ValueError`` naming both, unless
+        ``on_mismatch`` is ``"adopt"`` (use the file's) or ``"replace"`` (set this one for
+        every process). A shared limiter pickles as its path and quota: unpickled in
+        another process, it opens the same file (adopting its quota)."""
+        rate, per, burst = _quota(rate, per, burst)
+        path = os.fspath(path)
+        self = cls.__new__(cls)
+        self._core = new_shared_core(
+            path, rate, per, burst, bool(execution_bound), on_mismatch
+        )
+        self._waiting = _Waiting()
+        self._shared = (path, rate, per, burst, bool(execution_bound))
+        return self
+
+    @property
+    def path(self) -> Optional[str]:
+        """The file of a shared limiter; ``None`` in-process."""
+        return None if self._shared is None else self._shared[0]
+
+    def __reduce__(self) -> tuple:
+        if self._shared is None:
+            raise TypeError(_PICKLE_HINT.format("Limiter"))
+        return (_attach_limiter, self._shared)
 
     @classmethod
     def per_second(cls, rate: int, burst: Optional[int] = None, **kw: bool) -> "Limiter":
@@ -330,8 +386,48 @@ class KeyedLimiter:
         rate, per, burst = _quota(rate, per, burst)
         if max_keys is not None:
             max_keys = _count("max_keys", max_keys, 1)
-        self._core = KeyedCore(rate, per, burst, bool(execution_bound), max_keys)
+        self._core = new_keyed_core(rate, per, burst, bool(execution_bound), max_keys)
         self._waiting = _Waiting()
+        self._shared: Optional[tuple] = None
+
+    @classmethod
+    def shared(
+        cls,
+        path: "os.PathLike[str] | str",
+        rate: int,
+        per: float = 1.0,
+        burst: int = 1,
+        *,
+        capacity: int = 65_536,
+        execution_bound: bool = True,
+        on_mismatch: str = "refuse",
+    ) -> "KeyedLimiter":
+        """A quota per key for every process of the host that opens ``path`` (see
+        ``Limiter.shared``), in a table of ``capacity`` key slots fixed when the file is
+        made (32 bytes each). A key whose quota has refilled gives its slot to the next
+        new key; a new key that finds no free slot is refused (``try_acquire`` returns
+        False, ``acquire`` waits until a slot frees), never by evicting a limited key.
+        Keys are stored as a 128-bit digest, so they cost the same whatever their length."""
+        rate, per, burst = _quota(rate, per, burst)
+        capacity = _count("capacity", capacity, 1)
+        path = os.fspath(path)
+        self = cls.__new__(cls)
+        self._core = new_shared_keyed_core(
+            path, rate, per, burst, bool(execution_bound), capacity, on_mismatch
+        )
+        self._waiting = _Waiting()
+        self._shared = (path, rate, per, burst, capacity, bool(execution_bound))
+        return self
+
+    @property
+    def path(self) -> Optional[str]:
+        """The file of a shared limiter; ``None`` in-process."""
+        return None if self._shared is None else self._shared[0]
+
+    def __reduce__(self) -> tuple:
+        if self._shared is None:
+            raise TypeError(_PICKLE_HINT.format("KeyedLimiter"))
+        return (_attach_keyed_limiter, self._shared)
 
     @staticmethod
     def _key(key: object) -> str:
@@ -387,3 +483,22 @@ class KeyedLimiter:
         rate, per, burst = _quota(rate, per, burst)
         self._core.set_quota(rate, per, burst)
         self._waiting.moved()
+
+
+def _attach_limiter(path, rate, per, burst, execution_bound):  # type: ignore[no-untyped-def]
+    """Unpickles a shared limiter: the same file, whatever quota it holds now."""
+    return Limiter.shared(
+        path, rate, per, burst, execution_bound=execution_bound, on_mismatch="adopt"
+    )
+
+
+def _attach_keyed_limiter(path, rate, per, burst, capacity, execution_bound):  # type: ignore[no-untyped-def]
+    return KeyedLimiter.shared(
+        path,
+        rate,
+        per,
+        burst,
+        capacity=capacity,
+        execution_bound=execution_bound,
+        on_mismatch="adopt",
+    )

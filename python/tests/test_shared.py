@@ -1,0 +1,223 @@
+"""Limiter.shared and KeyedLimiter.shared across real processes: multiprocessing with fork
+and with spawn, a ProcessPoolExecutor, scripts started on their own, and a worker killed
+with SIGKILL. Counted across all processes, no window of length w holds more than
+burst + w/T admissions (SLACK more for readings taken a moment after each admission)."""
+
+import asyncio
+import concurrent.futures
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import paceline
+
+RATE, BURST = 100, 5  # T = 10 ms
+SLACK = 3
+
+
+def starts_within(starts, window):
+    """The most start times that fall in any half-open window of `window` seconds."""
+    starts = sorted(starts)
+    best, j = 0, 0
+    for i, t in enumerate(starts):
+        while starts[j] <= t - window:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def assert_bounded(starts, rate=RATE, burst=BURST):
+    for window in (0.05, 0.2, 1.0):
+        most = starts_within(starts, window)
+        assert most <= burst + rate * window + SLACK, (window, most)
+
+
+@pytest.fixture
+def path(tmp_path):
+    return str(tmp_path / "quota")
+
+
+def worker(limiter, seconds, mode):
+    """Admission times of one worker process: blocking, asyncio, or try_acquire."""
+    until = time.monotonic() + seconds
+    starts = []
+    if mode == "blocking":
+        while time.monotonic() < until:
+            limiter.acquire_blocking()
+            starts.append(time.monotonic())
+    elif mode == "async":
+
+        async def task():
+            while time.monotonic() < until:
+                await limiter.acquire()
+                starts.append(time.monotonic())
+
+        async def main():
+            await asyncio.gather(*(task() for _ in range(5)))
+
+        asyncio.run(main())
+    else:
+        while time.monotonic() < until:
+            if limiter.try_acquire():
+                starts.append(time.monotonic())
+            else:
+                time.sleep(0.0005)
+    return starts
+
+
+def test_two_openers_in_one_process_are_one_limiter(path):
+    a = paceline.Limiter.shared(path, 10, per=3600.0, burst=3)
+    b = paceline.Limiter.shared(path, 10, per=3600.0, burst=3)
+    assert a.try_acquire(2)
+    assert b.remaining() == 1
+    assert not b.try_acquire(2)
+    assert a.path == path and paceline.Limiter(1).path is None
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_multiprocessing_workers_share_one_quota(path, method):
+    limiter = paceline.Limiter.shared(path, RATE, burst=BURST)
+    ctx = multiprocessing.get_context(method)
+    modes = ["blocking", "async", "try", "blocking"]
+    t0 = time.monotonic()
+    with ctx.Pool(4) as pool:
+        results = pool.starmap(worker, [(limiter, 1.5, mode) for mode in modes])
+    starts = [t for r in results for t in r]
+    assert_bounded(starts)
+    # Together at the quota's pace: 1.5 s at 100/s after the burst, give or take.
+    assert len(starts) >= 100, len(starts)
+    # Every waiting worker was served (a try_acquire worker may find every cell booked by
+    # waiters ahead of it: plain checks never overtake booked turns).
+    assert all(r for r, mode in zip(results, modes) if mode != "try"), [len(r) for r in results]
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_process_pool_executor_attaches_the_same_file(path):
+    limiter = paceline.Limiter.shared(path, RATE, burst=BURST)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(3, mp_context=ctx) as pool:
+        results = list(pool.map(worker, [limiter] * 3, [1.0] * 3, ["try"] * 3))
+    starts = [t for r in results for t in r]
+    assert_bounded(starts)
+
+
+SCRIPT = """
+import sys, time, paceline
+limiter = paceline.Limiter.shared(sys.argv[1], {rate}, burst={burst})
+until = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < until:
+    limiter.acquire_blocking()
+    print(time.monotonic(), flush=True)
+"""
+
+
+def test_scripts_started_separately_share_one_quota(path):
+    script = SCRIPT.format(rate=RATE, burst=BURST)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, path, "1.5"], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    starts = []
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0
+        starts += [float(line) for line in out.split()]
+    assert_bounded(starts)
+    assert len(starts) >= 100
+
+
+def test_a_worker_killed_with_sigkill_leaves_the_others_served(path):
+    script = SCRIPT.format(rate=RATE, burst=BURST)
+    spawn = lambda secs: subprocess.Popen(  # noqa: E731
+        [sys.executable, "-c", script, path, str(secs)], stdout=subprocess.PIPE, text=True
+    )
+    survivors = [spawn(2.0) for _ in range(3)]
+    victim = spawn(10.0)
+    time.sleep(0.7)
+    victim.send_signal(signal.SIGKILL)
+    victim_out, _ = victim.communicate(timeout=10)
+    late = spawn(1.0)  # attaches after the kill
+    starts = [float(line) for line in victim_out.split()]
+    for p in survivors + [late]:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, "a survivor failed or hung"
+        lines = [float(line) for line in out.split()]
+        assert lines, "a process was never served"
+        starts += lines
+    assert_bounded(starts)
+
+
+def keyed_worker(limiter, seconds):
+    until = time.monotonic() + seconds
+    starts = {}
+    while time.monotonic() < until:
+        for key in ("a", "b"):
+            if limiter.try_acquire(key):
+                starts.setdefault(key, []).append(time.monotonic())
+        time.sleep(0.0005)
+    return starts
+
+
+def test_keyed_workers_share_each_keys_quota(path):
+    limiter = paceline.KeyedLimiter.shared(path, RATE, burst=BURST, capacity=1024)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(3) as pool:
+        results = pool.starmap(keyed_worker, [(limiter, 1.0)] * 3)
+    for key in ("a", "b"):
+        starts = [t for r in results for t in r.get(key, [])]
+        assert_bounded(starts)
+        assert len(starts) >= 50, (key, len(starts))
+    assert len(limiter) == 2
+
+
+def test_pickling_an_in_process_limiter_says_to_share_it():
+    for limiter in (paceline.Limiter(1), paceline.KeyedLimiter(1)):
+        with pytest.raises(TypeError, match=r"\.shared\(path"):
+            pickle.dumps(limiter)
+
+
+def test_a_shared_limiter_pickles_as_its_path_and_quota(path):
+    limiter = paceline.Limiter.shared(path, 10, per=3600.0, burst=2)
+    assert limiter.try_acquire()
+    copy = pickle.loads(pickle.dumps(limiter))
+    assert copy.path == path
+    assert copy.try_acquire() and not limiter.try_acquire(), "one quota"
+    # Changed since: the copy adopts what the file holds.
+    limiter.set_quota(10, per=3600.0, burst=5)
+    again = pickle.loads(pickle.dumps(paceline.Limiter.shared(path, 10, per=3600.0, burst=5)))
+    assert again.burst == 5
+
+
+def test_another_quota_in_the_file_is_refused_adopted_or_replaced(path):
+    paceline.Limiter.shared(path, 10)
+    with pytest.raises(ValueError, match=r"enforces 1 cell every 100ms, bursts of 1, not the 1 cell every 50ms.*on_mismatch=\"adopt\""):
+        paceline.Limiter.shared(path, 20)
+    assert paceline.Limiter.shared(path, 20, on_mismatch="adopt").burst == 1
+    replaced = paceline.Limiter.shared(path, 20, burst=4, on_mismatch="replace")
+    assert paceline.Limiter.shared(path, 20, burst=4).burst == 4 == replaced.burst
+    with pytest.raises(ValueError, match="on_mismatch"):
+        paceline.Limiter.shared(path, 20, burst=4, on_mismatch="sometimes")
+
+
+def test_bad_paths_and_files_raise_clear_errors(tmp_path):
+    with pytest.raises(OSError, match="cannot open or create"):
+        paceline.Limiter.shared(str(tmp_path / "no" / "such" / "dir"), 10)
+    foreign = tmp_path / "foreign"
+    foreign.write_bytes(b"not a limiter at all\n" * 100)
+    with pytest.raises(ValueError, match="not a paceline file"):
+        paceline.Limiter.shared(str(foreign), 10)
+    assert foreign.read_bytes() == b"not a limiter at all\n" * 100
+    keyed = str(tmp_path / "keyed")
+    paceline.KeyedLimiter.shared(keyed, 10, capacity=64)
+    with pytest.raises(ValueError, match="keyed limiter, opened as a direct one"):
+        paceline.Limiter.shared(keyed, 10)
+    with pytest.raises(ValueError, match="capacity"):
+        paceline.KeyedLimiter.shared(keyed, 10, capacity=0)
