@@ -221,3 +221,83 @@ def test_bad_paths_and_files_raise_clear_errors(tmp_path):
         paceline.Limiter.shared(keyed, 10)
     with pytest.raises(ValueError, match="capacity"):
         paceline.KeyedLimiter.shared(keyed, 10, capacity=0)
+
+
+APP = """
+import os
+import paceline
+
+limiter = paceline.Limiter.shared(os.environ["PACELINE_FILE"], 20, per=1.0, burst=5)
+
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    status = 200 if limiter.try_acquire() else 429
+    headers = [(b"x-worker", str(os.getpid()).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+"""
+
+
+def test_uvicorn_workers_enforce_one_quota(tmp_path):
+    uvicorn = pytest.importorskip("uvicorn")  # installed by .ci/run
+    import socket
+    import threading
+    import urllib.error
+    import urllib.request
+
+    (tmp_path / "app.py").write_text(APP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PACELINE_FILE=str(tmp_path / "quota"))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--workers", "4", "--port", str(port),
+         "--log-level", "warning"],
+        cwd=tmp_path, env=env,
+    )
+    url = f"http://127.0.0.1:{port}/"
+
+    def get():
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, r.headers["x-worker"]
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers["x-worker"]
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                get()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.1)
+        time.sleep(1.5)  # let every worker come up, and the quota refill
+        results, lock = [], threading.Lock()
+
+        def client():
+            for _ in range(40):
+                r = get()
+                with lock:
+                    results.append((time.monotonic(), *r))
+
+        t0 = time.monotonic()
+        clients = [threading.Thread(target=client) for _ in range(8)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    admitted = [r for r in results if r[1] == 200]
+    workers = {r[2] for r in results}
+    assert len(results) == 320
+    assert len(workers) >= 2, "one worker answered everything"
+    # 20/s with bursts of 5 across all four workers (a limiter per worker: 4 times that).
+    assert len(admitted) <= 5 + 20 * elapsed + SLACK, (len(admitted), elapsed)
+    assert len(admitted) >= 5, len(admitted)
