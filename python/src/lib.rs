@@ -17,8 +17,8 @@ use std::thread::{self, Thread};
 use std::time::Duration;
 
 use paceline::shared::{
-    OnMismatch, OwnedSharedKeyReservation, OwnedSharedReservation, SharedError,
-    SharedKeyedLimiter, SharedLimiter,
+    OnMismatch, OwnedSharedKeyReservation, OwnedSharedReservation, SharedError, SharedKeyedLimiter,
+    SharedLimiter,
 };
 use paceline::{
     Denied, KeyedLimiter, Limiter, OwnedKeyReservation, OwnedReservation, Quota, QuotaError,
@@ -536,7 +536,12 @@ macro_rules! core_methods {
             }
 
             #[pyo3(signature = (n, timeout=None))]
-            fn acquire_blocking(&self, py: Python<'_>, n: u32, timeout: Option<f64>) -> PyResult<()> {
+            fn acquire_blocking(
+                &self,
+                py: Python<'_>,
+                n: u32,
+                timeout: Option<f64>,
+            ) -> PyResult<()> {
                 self.0.acquire_blocking(py, &(), n, timeout)
             }
 
