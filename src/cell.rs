@@ -160,6 +160,30 @@ impl TatWord {
     }
 }
 
+impl TatWord {
+    /// Holds the word back for a hold (`Limiter::hold_for`): moves it `shift` later, and at
+    /// least to `floor`, in one compare-and-swap loop (a plain admission may race it).
+    #[cfg(feature = "std")]
+    pub(crate) fn hold(&self, shift: u64, floor: u64) {
+        // Relaxed: the single-word argument of the module docs; the queue's lock orders
+        // this with bookings and refunds.
+        let mut seen = self.tat.load(Ordering::Relaxed);
+        loop {
+            let held = seen.saturating_add(shift).max(floor);
+            if held == seen {
+                return;
+            }
+            match self
+                .tat
+                .compare_exchange_weak(seen, held, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => seen = now,
+            }
+        }
+    }
+}
+
 impl Default for TatWord {
     fn default() -> Self {
         TatWord::new()

@@ -154,6 +154,39 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         block_on(self.until_key_ready(key));
     }
 
+    /// Holds every cell of `key` back for `d` from now, booked turns included, as
+    /// [`Limiter::hold_for`](crate::Limiter::hold_for) does for its one quota. The key is
+    /// stored if it is not (a key that a full table cannot store is not held).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{clock::ManualClock, KeyedLimiter, Quota};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let per_host = KeyedLimiter::with_clock(Quota::per_second(10), clock.clone());
+    /// per_host.hold_key_for(&"api.example.com", Duration::from_secs(1));
+    /// assert!(per_host.check_key(&"api.example.com").is_err());
+    /// assert!(per_host.check_key(&"other.example.com").is_ok());
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(per_host.check_key(&"api.example.com").is_ok());
+    /// ```
+    pub fn hold_key_for(&self, key: &K, d: Duration) {
+        let target = KeyTarget {
+            limiter: self,
+            key: key.clone(),
+        };
+        let (waiters, params) = (target.waiters(), target.params());
+        let held = self.with_word(key, |cell, now| {
+            let until = now.saturating_add(wait::duration_nanos(d));
+            waiters.hold(cell, &params, now, until)
+        });
+        if let Ok(arm) = held {
+            waiters.schedule(arm);
+        }
+    }
+
     /// Blocks the calling thread until `n` cells are admitted for `key` at once.
     ///
     /// # Errors

@@ -333,6 +333,37 @@ impl<C: Clock> Limiter<C> {
         block_on(self.until_ready_within(max))
     }
 
+    /// Holds every cell back for `d` from now: what an upstream's `Retry-After` asks.
+    ///
+    /// Nothing is admitted before then, booked turns included: the turns that have not come
+    /// move later together, the first to the end of the hold, keeping their order and
+    /// their spacing; plain checks are refused until one cell fits at the end of the hold,
+    /// and the pace then resumes at the quota (the waiting crowd is never released as one
+    /// burst). Turns that have come are spent and stay so. A hold shorter than the time
+    /// already booked ahead changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{clock::ManualClock, Limiter, Quota};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Quota::per_second(10), clock.clone());
+    /// limiter.hold_for(Duration::from_secs(2)); // "Retry-After: 2"
+    /// assert!(limiter.check().is_err());
+    /// clock.advance(Duration::from_secs(2));
+    /// assert!(limiter.check().is_ok());
+    /// assert!(limiter.check().is_err()); // spaced from there, not a burst of 10
+    /// ```
+    pub fn hold_for(&self, d: Duration) {
+        let now = self.now();
+        let until = now.saturating_add(wait::duration_nanos(d));
+        let params = self.quota.load();
+        let arm = self.waiters.hold(&self.cell, &params, now, until);
+        self.waiters.schedule(arm);
+    }
+
     /// How long until the next waiter is due, by this limiter's clock (zero if it is due
     /// already); `None` when no one waits.
     ///

@@ -530,6 +530,33 @@ impl SharedKeyedLimiter {
         self.len() == 0
     }
 
+    /// Holds every cell of `key` back for `d` from now (as
+    /// [`SharedLimiter::hold_for`](super::SharedLimiter::hold_for) for its one quota),
+    /// storing the key if it is not (a key no slot can take is not held).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
+    /// # use std::time::Duration;
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-khold-{}", std::process::id()));
+    /// let per_host = SharedKeyedLimiter::open(&path, Quota::per_second(10), 64)?;
+    /// per_host.hold_key_for("api.example.com", Duration::from_secs(1));
+    /// assert!(per_host.check_key("api.example.com").is_err());
+    /// assert!(per_host.check_key("other.example.com").is_ok());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn hold_key_for(&self, key: impl AsRef<[u8]>, d: Duration) {
+        let target = self.target(key.as_ref());
+        let (waiters, params) = (target.waiters(), target.params());
+        let now = self.clock.now();
+        let until = now.saturating_add(wait::duration_nanos(d));
+        if let Ok(arm) = target.with_word(|cell| waiters.hold(cell, &params, now, until)) {
+            waiters.schedule(arm);
+        }
+    }
+
     fn target(&self, key: &[u8]) -> KeyTarget<&SharedKeyedLimiter> {
         KeyTarget {
             key: self.key(key),

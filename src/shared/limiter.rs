@@ -448,6 +448,30 @@ impl SharedLimiter {
         Ok(())
     }
 
+    /// Holds every cell back for `d` from now ([`Limiter::hold_for`](crate::Limiter::hold_for)):
+    /// every process's checks, and this process's booked turns, which move to the end of
+    /// the hold together. Turns other processes booked before the hold keep their instants
+    /// (their queues are theirs); turns booked after it, anywhere, come after it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # use std::time::Duration;
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-hold-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(10))?;
+    /// limiter.hold_for(Duration::from_secs(2));
+    /// assert!(limiter.check().is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn hold_for(&self, d: Duration) {
+        let now = self.clock.now();
+        let until = now.saturating_add(wait::duration_nanos(d));
+        let arm = self.waiters.hold(self.cell(), &self.params(), now, until);
+        self.waiters.schedule(arm);
+    }
+
     /// Waits its booked turn for one cell ([`Limiter::until_ready`](crate::Limiter::until_ready)).
     ///
     /// # Examples

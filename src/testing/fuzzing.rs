@@ -129,7 +129,7 @@ pub fn waiters_match_model(data: &[u8]) {
         if bytes.is_empty() {
             break;
         }
-        match bytes.u8() % 4 {
+        match bytes.u8() % 5 {
             op @ (0 | 1) => {
                 let n = 1 + u32::from(bytes.u8()) % burst;
                 let (ready, booking) = if op == 0 {
@@ -170,6 +170,21 @@ pub fn waiters_match_model(data: &[u8]) {
                 }
                 // Moving up can make the new front due at once.
                 pop_due(&mut queue, now);
+            }
+            4 => {
+                // A hold (an upstream's Retry-After): the waiting turns move together so
+                // the first is at the hold's end, and the word at least to where one cell
+                // fits there.
+                let d = u128::from(bytes.u8()) * t / 2;
+                limiter.hold_for(Duration::from_nanos(d as u64));
+                let until = now + d;
+                if d > 0 {
+                    let shift = queue.front().map_or(0, |w| until.saturating_sub(w.1));
+                    for w in queue.iter_mut() {
+                        w.1 += shift;
+                    }
+                    tat = (tat + shift).max(until + tau - t);
+                }
             }
             _ => {
                 let d = u128::from(bytes.u8()) * t / 4;

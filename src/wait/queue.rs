@@ -720,6 +720,49 @@ impl<C: Clock> Waiters<C> {
         Arm(state.arm_front())
     }
 
+    /// Holds every cell back until `until` (limiter time), `now` being now: the bookings
+    /// whose instants have not come move later together, by as much as puts the first of
+    /// them at `until` (so they keep their order and their spacing, and are never released
+    /// as one burst), and the word moves with them, or to where one cell fits at `until`
+    /// and no earlier when nobody waits. Bookings whose instants have come are spent and
+    /// stay where they are. Returns the wake-up to ask for.
+    pub(crate) fn hold(&self, cell: &TatWord, params: &Params, now: u64, until: u64) -> Arm {
+        let mut state = self.lock();
+        if until <= now {
+            return Arm(None);
+        }
+        // Every instant read in full (a hold is rare; O(list), like a quota change).
+        state.settle(|_| ());
+        let mut first = None;
+        let mut node = state.list.front();
+        while let Some(n) = node {
+            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
+            unsafe {
+                let instant = slot(n, |s| s.instant_at(0));
+                if instant > now {
+                    first = Some(instant);
+                    break;
+                }
+                node = list::next(n);
+            }
+        }
+        let shift = first.map_or(0, |first| until.saturating_sub(first));
+        if shift > 0 {
+            while let Some(n) = node {
+                // SAFETY: as above; `node` went on from the first waiting node, and every
+                // node after it waits too (instants never decrease along the list).
+                unsafe {
+                    slot(n, |s| s.tat = s.tat.saturating_add(shift));
+                    node = list::next(n);
+                }
+            }
+        }
+        // One cell fits at `until`, none before.
+        cell.hold(shift, until.saturating_add(params.room_for_one()));
+        state.armed = None;
+        Arm(state.arm_front())
+    }
+
     /// Limiter time at which a linked node is due.
     ///
     /// # Safety
