@@ -112,6 +112,8 @@ mod snapshot;
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
 pub mod stream;
 mod sync;
+#[cfg(all(feature = "std", not(loom)))]
+pub mod upstream;
 #[cfg(feature = "std")]
 mod wait;
 
