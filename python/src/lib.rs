@@ -14,12 +14,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use paceline::shared::{
     OnMismatch, OwnedSharedKeyReservation, OwnedSharedReservation, SharedError, SharedKeyedLimiter,
     SharedLimiter,
 };
+use paceline::upstream::{Follow, Following, Signal, Steer};
 use paceline::{
     Denied, KeyedLimiter, Limiter, OwnedKeyReservation, OwnedReservation, Quota, QuotaError,
     TextKey,
@@ -218,6 +219,8 @@ trait Cell: Send + Sync + 'static {
     fn remaining(&self, key: &Self::Key) -> u32;
     fn quota(&self) -> Quota;
     fn set_quota(&self, quota: Quota) -> PyResult<()>;
+    /// Holds every cell (of `key`) back for `d`, booked turns included.
+    fn hold(&self, key: &Self::Key, d: Duration);
 }
 
 impl Cell for Limiter {
@@ -250,6 +253,10 @@ impl Cell for Limiter {
     fn set_quota(&self, quota: Quota) -> PyResult<()> {
         Limiter::set_quota(self, quota);
         Ok(())
+    }
+
+    fn hold(&self, (): &(), d: Duration) {
+        self.hold_for(d);
     }
 }
 
@@ -286,6 +293,10 @@ impl Cell for KeyedLimiter<TextKey> {
         KeyedLimiter::set_quota(self, quota);
         Ok(())
     }
+
+    fn hold(&self, key: &TextKey, d: Duration) {
+        self.hold_key_for(key, d);
+    }
 }
 
 impl Cell for SharedLimiter {
@@ -317,6 +328,10 @@ impl Cell for SharedLimiter {
 
     fn set_quota(&self, quota: Quota) -> PyResult<()> {
         SharedLimiter::set_quota(self, quota).map_err(shared_error)
+    }
+
+    fn hold(&self, (): &(), d: Duration) {
+        self.hold_for(d);
     }
 }
 
@@ -352,6 +367,10 @@ impl Cell for SharedKeyedLimiter {
 
     fn set_quota(&self, quota: Quota) -> PyResult<()> {
         SharedKeyedLimiter::set_quota(self, quota).map_err(shared_error)
+    }
+
+    fn hold(&self, key: &String, d: Duration) {
+        self.hold_key_for(key, d);
     }
 }
 
@@ -490,6 +509,20 @@ impl<L: Cell> Pair<L> {
         Ok(())
     }
 
+    /// Holds every cell (of `key`) back for `seconds`, in both cells.
+    fn hold(&self, key: &L::Key, seconds: f64) -> PyResult<()> {
+        let d = Duration::try_from_secs_f64(seconds).map_err(|_| {
+            PyValueError::new_err(format!(
+                "seconds must be a finite number >= 0, got {seconds}"
+            ))
+        })?;
+        self.booked.hold(key, d);
+        if let Some(exec) = &self.exec {
+            exec.hold(key, d);
+        }
+        Ok(())
+    }
+
     /// The quota as `(rate, per seconds, burst)`: one cell per interval, so the rate is the
     /// burst's count over the burst window.
     fn quota(&self) -> (u32, f64, u32) {
@@ -497,6 +530,148 @@ impl<L: Cell> Pair<L> {
         let interval = quota.emission_interval().as_secs_f64();
         (1, interval, quota.burst())
     }
+}
+
+/// One pair (and key) as something an upstream's signals steer: both cells held, both
+/// quotas set.
+struct PairKey<'a, L: Cell> {
+    pair: &'a Pair<L>,
+    key: &'a L::Key,
+}
+
+impl<L: Cell> Steer for PairKey<'_, L> {
+    fn hold_for(&self, d: Duration) {
+        self.pair.booked.hold(self.key, d);
+        if let Some(exec) = &self.pair.exec {
+            exec.hold(self.key, d);
+        }
+    }
+
+    fn quota(&self) -> Quota {
+        self.pair.booked.quota()
+    }
+
+    fn set_quota(&self, quota: Quota) {
+        // A shared file whose quota slots are all held by dead writers keeps its quota:
+        // following the upstream is best effort.
+        let _ = self.pair.booked.set_quota(quota);
+        if let Some(exec) = &self.pair.exec {
+            let _ = exec.set_quota(quota);
+        }
+    }
+}
+
+/// Follows an upstream's signals for one core (and key): `paceline::upstream::Following`.
+#[pyclass(frozen, module = "paceline._paceline")]
+struct Follower {
+    following: Following,
+    core: Py<PyAny>,
+    key: Option<String>,
+    /// Whether announced quotas are followed (holds always are).
+    quotas: bool,
+}
+
+#[pymethods]
+impl Follower {
+    /// Follows for `core` (and `key`, for a keyed core): holds of at most `max_hold`
+    /// seconds, announced quotas above the core's quota now only if `above_configured`,
+    /// back to that quota after `revert_after` seconds without an announcement.
+    #[new]
+    #[pyo3(signature = (core, key, max_hold, above_configured, revert_after=None, quotas=true))]
+    fn new(
+        py: Python<'_>,
+        core: Py<PyAny>,
+        key: Option<String>,
+        max_hold: f64,
+        above_configured: bool,
+        revert_after: Option<f64>,
+        quotas: bool,
+    ) -> PyResult<Follower> {
+        let seconds = |name: &str, s: f64| {
+            Duration::try_from_secs_f64(s).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{name} must be a finite number of seconds >= 0, got {s}"
+                ))
+            })
+        };
+        let mut follow = Follow::default()
+            .max_hold(seconds("max_hold", max_hold)?)
+            .above_configured(above_configured);
+        if let Some(after) = revert_after {
+            follow = follow.revert_after(seconds("revert_after", after)?);
+        }
+        let configured = steer(py, &core, &key, |s| s.quota())?;
+        Ok(Follower {
+            following: Following::new(configured, follow),
+            core,
+            key,
+            quotas,
+        })
+    }
+
+    /// Reads a response (its status, and its headers as `(name, value)` pairs) and steers
+    /// the core; returns the hold applied in seconds, or None.
+    fn apply(
+        &self,
+        py: Python<'_>,
+        status: u16,
+        headers: Vec<(String, Vec<u8>)>,
+    ) -> PyResult<Option<f64>> {
+        let mut signal = Signal::read(
+            status,
+            headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
+            SystemTime::now(),
+        );
+        if !self.quotas {
+            signal.policy = None;
+        }
+        steer(py, &self.core, &self.key, |s| {
+            self.following
+                .apply(s, &signal)
+                .map(|hold| hold.as_secs_f64())
+        })
+    }
+}
+
+/// Runs `f` on `core` (any of the four kinds; `key` for the keyed ones) as a `Steer`.
+fn steer<R>(
+    py: Python<'_>,
+    core: &Py<PyAny>,
+    key: &Option<String>,
+    f: impl FnOnce(&dyn Steer) -> R,
+) -> PyResult<R> {
+    let core = core.bind(py);
+    let keyed = || {
+        key.clone()
+            .ok_or_else(|| PyValueError::new_err("a keyed limiter is followed per key"))
+    };
+    if let Ok(c) = core.cast::<Core>() {
+        return Ok(f(&PairKey {
+            pair: &c.get().0,
+            key: &(),
+        }));
+    }
+    if let Ok(c) = core.cast::<SharedCore>() {
+        return Ok(f(&PairKey {
+            pair: &c.get().0,
+            key: &(),
+        }));
+    }
+    if let Ok(c) = core.cast::<KeyedCore>() {
+        let key = TextKey::from(keyed()?);
+        return Ok(f(&PairKey {
+            pair: &c.get().0,
+            key: &key,
+        }));
+    }
+    if let Ok(c) = core.cast::<SharedKeyedCore>() {
+        let key = keyed()?;
+        return Ok(f(&PairKey {
+            pair: &c.get().0,
+            key: &key,
+        }));
+    }
+    Err(PyValueError::new_err("not a paceline core"))
 }
 
 /// The methods every core has, for a direct (`keyed` absent) or keyed pair.
@@ -548,6 +723,10 @@ macro_rules! core_methods {
             fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
                 self.0.set_quota(count, per, burst)
             }
+
+            fn hold(&self, seconds: f64) -> PyResult<()> {
+                self.0.hold(&(), seconds)
+            }
         }
     };
     ($core:ident, keyed) => {
@@ -591,6 +770,10 @@ macro_rules! core_methods {
 
             fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
                 self.0.set_quota(count, per, burst)
+            }
+
+            fn hold(&self, key: String, seconds: f64) -> PyResult<()> {
+                self.0.hold(&self.0.key(key), seconds)
             }
 
             fn __len__(&self) -> usize {
@@ -723,6 +906,7 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SharedCore>()?;
     m.add_class::<SharedKeyedCore>()?;
     m.add_class::<Ticket>()?;
+    m.add_class::<Follower>()?;
     m.add_function(wrap_pyfunction!(new_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_keyed_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_core, m)?)?;

@@ -77,6 +77,15 @@ def _timeout(value: object) -> Optional[float]:
     return value
 
 
+def _hold_seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"seconds must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(f"seconds must be a finite number >= 0, got {value}")
+    return value
+
+
 def _quota(rate: object, per: object, burst: object) -> Tuple[int, float, int]:
     rate = _count("rate", rate, 1)
     if isinstance(per, bool) or not isinstance(per, (int, float)):
@@ -353,6 +362,13 @@ class Limiter:
         self._core.set_quota(rate, per, burst)
         self._waiting.moved()
 
+    def hold(self, seconds: float) -> None:
+        """Holds every turn back for ``seconds`` (what an upstream's ``Retry-After``
+        asks): nothing is admitted before then, booked turns included; they move to the
+        end of the hold together, in their order and spaced, never as one burst."""
+        self._core.hold(_hold_seconds(seconds))
+        self._waiting.moved()
+
     async def __aenter__(self) -> "Limiter":
         await self.acquire(1)
         return self
@@ -482,6 +498,11 @@ class KeyedLimiter:
         """Changes every key's quota while running."""
         rate, per, burst = _quota(rate, per, burst)
         self._core.set_quota(rate, per, burst)
+        self._waiting.moved()
+
+    def hold(self, key: str, seconds: float) -> None:
+        """Holds every turn of ``key`` back for ``seconds`` (see ``Limiter.hold``)."""
+        self._core.hold(self._key(key), _hold_seconds(seconds))
         self._waiting.moved()
 
 

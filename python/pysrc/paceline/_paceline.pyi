@@ -58,3 +58,17 @@ def new_shared_keyed_core(
     capacity: int,
     mismatch: str,
 ) -> SharedKeyedCore: ...
+
+class Follower:
+    """Follows an upstream's signals for one core (and key)."""
+
+    def __init__(
+        self,
+        core: object,
+        key: Optional[str],
+        max_hold: float,
+        above_configured: bool,
+        revert_after: Optional[float] = None,
+        quotas: bool = True,
+    ) -> None: ...
+    def apply(self, status: int, headers: list) -> Optional[float]: ...

@@ -1,0 +1,135 @@
+"""httpx transports that pace every request by a paceline limiter and follow what the
+upstream says (429, ``Retry-After``, the IETF ``RateLimit`` fields, ``X-RateLimit-*``).
+
+    import httpx, paceline, paceline.httpx
+
+    limiter = paceline.Limiter(100, burst=1)  # 100 calls per second to the API
+    client = httpx.AsyncClient(transport=paceline.httpx.AsyncTransport(limiter))
+
+Each request waits its booked turn before it leaves. Each response steers the limiter
+for every task at once: a ``Retry-After`` (or a field saying nothing is left until a
+reset) holds every turn until then, booked turns included, and the pace resumes spaced;
+a ``RateLimit-Policy`` below the limiter's quota becomes its quota. With a
+``KeyedLimiter`` each host has its own turns and holds. A request refused with a 429 is
+sent again in a new turn, up to ``retries`` times, for idempotent methods unless
+``retry_methods`` says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Collection, Optional, Union
+
+import httpx
+
+from . import KeyedLimiter, Limiter
+from ._upstream import IDEMPOTENT, Following
+
+__all__ = ["AsyncTransport", "Transport", "IDEMPOTENT"]
+
+
+def _headers(response: httpx.Response):
+    return [(name.decode("latin-1"), value) for name, value in response.headers.raw]
+
+
+class _Options:
+    def __init__(
+        self,
+        limiter: Union[Limiter, KeyedLimiter],
+        key: Optional[Callable[[str], str]],
+        retries: int,
+        retry_methods: Collection[str],
+        max_hold: float,
+        above_configured: bool,
+        revert_after: Optional[float],
+    ) -> None:
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        self.following = Following(limiter, key, max_hold, above_configured, revert_after)
+        self.retries = retries
+        self.retry_methods = frozenset(m.upper() for m in retry_methods)
+
+    def retry(self, request: httpx.Request, response: httpx.Response, attempt: int) -> bool:
+        return (
+            response.status_code == 429
+            and attempt < self.retries
+            and request.method.upper() in self.retry_methods
+            # A body that was streamed cannot be sent again.
+            and isinstance(request.stream, httpx.ByteStream)
+        )
+
+
+class AsyncTransport(httpx.AsyncBaseTransport):
+    """An ``httpx.AsyncClient`` transport: every request waits its turn on ``limiter``
+    (see the module docs), then goes through ``transport`` (httpx's default one unless
+    given)."""
+
+    def __init__(
+        self,
+        limiter: Union[Limiter, KeyedLimiter],
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+        *,
+        key: Optional[Callable[[str], str]] = None,
+        retries: int = 2,
+        retry_methods: Collection[str] = IDEMPOTENT,
+        max_hold: float = 300.0,
+        above_configured: bool = False,
+        revert_after: Optional[float] = None,
+    ) -> None:
+        self._options = _Options(
+            limiter, key, retries, retry_methods, max_hold, above_configured, revert_after
+        )
+        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        options = self._options
+        key = options.following.key(request.url.host)
+        attempt = 0
+        while True:
+            await options.following.acquire(key)
+            response = await self._transport.handle_async_request(request)
+            options.following.observe(key, response.status_code, _headers(response))
+            if not options.retry(request, response, attempt):
+                return response
+            await response.aclose()
+            attempt += 1
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+class Transport(httpx.BaseTransport):
+    """An ``httpx.Client`` transport: the same as ``AsyncTransport``, for threads (the
+    wait releases the GIL and answers Ctrl-C)."""
+
+    def __init__(
+        self,
+        limiter: Union[Limiter, KeyedLimiter],
+        transport: Optional[httpx.BaseTransport] = None,
+        *,
+        key: Optional[Callable[[str], str]] = None,
+        retries: int = 2,
+        retry_methods: Collection[str] = IDEMPOTENT,
+        max_hold: float = 300.0,
+        above_configured: bool = False,
+        revert_after: Optional[float] = None,
+    ) -> None:
+        self._options = _Options(
+            limiter, key, retries, retry_methods, max_hold, above_configured, revert_after
+        )
+        self._transport = transport if transport is not None else httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        options = self._options
+        key = options.following.key(request.url.host)
+        attempt = 0
+        while True:
+            options.following.acquire_blocking(key)
+            response = self._transport.handle_request(request)
+            options.following.observe(key, response.status_code, _headers(response))
+            if not options.retry(request, response, attempt):
+                return response
+            response.close()
+            attempt += 1
+
+    def close(self) -> None:
+        self._transport.close()
