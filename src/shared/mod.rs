@@ -36,7 +36,7 @@
 //! * **Time** (`crate::clock::HostClock`): the time-stamp counter scaled by a factor stored
 //!   in the header when the file was made, so every process reads the same nanosecond; or
 //!   `CLOCK_MONOTONIC` where the kernel does not trust the counter.
-//! * **The word** is a [`TatWord`](crate::cell) in the mapping, updated by the very code
+//! * **The word** is a `TatWord` (`crate::cell`) in the mapping, updated by the very code
 //!   an in-process limiter runs: a check is a load and one compare-and-swap, lock-free,
 //!   and a process killed at any instruction has either changed the word or not.
 //! * **The quota** (`quota.rs`): slots with their own sequence words and a word naming the
