@@ -50,9 +50,13 @@
 //! * **Memory** needs no clean-up task: each limit is a [`KeyedLimiter`] that forgets
 //!   idle clients on its own, with a bound on stored keys (1 000 000 by default).
 //! * `OPTIONS` requests (CORS preflights) are not limited by default ([`RateLimitLayer::exempt`]).
+//!
+//! The client side, pacing outgoing requests and following what each upstream answers,
+//! is [`client::PaceLayer`].
 
 mod admission;
 mod body;
+pub mod client;
 mod fields;
 mod forwarded;
 mod key;
