@@ -54,6 +54,7 @@
 //! | `stream` | `stream::throttle`: a `Stream`'s items no faster than a limiter allows |
 //! | `tower` | `http::RateLimitLayer`: 429, `Retry-After`, the IETF `RateLimit` fields |
 //! | `axum`, `tonic` | the layer's peer address from axum's or tonic's connection info |
+//! | `reqwest` | `http::client::PaceMiddleware`: client pacing for reqwest |
 //! | `redis`, `redis-cluster` | `redis::RedisLimiter`: one quota across a fleet |
 //! | `shared` | `shared::SharedLimiter`, `SharedKeyedLimiter`: one quota across the processes of one host |
 //!

@@ -98,3 +98,54 @@ async fn a_client_configured_too_fast_converges_to_the_upstreams_pace() {
     // Another host was never held or slowed.
     assert_eq!(layer.limiter("elsewhere.example").quota(), layer.quota());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_through_the_middleware_converges_and_retries_refusals() {
+    use paceline::http::client::PaceMiddleware;
+
+    let (addr, log) = upstream().await;
+    let layer = PaceLayer::new(Quota::per_second(100).with_burst(1));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(PaceMiddleware::new(layer.clone()))
+        .build();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..20 {
+                    let response = client.get(format!("http://{addr}/")).send().await.unwrap();
+                    statuses.push(response.status().as_u16());
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    let refused = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, s)| *s == 429)
+        .count();
+    // Refusals were sent again in new turns: the callers saw none.
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 400);
+    assert!(
+        refused >= 1,
+        "nothing was refused: the retries went untried"
+    );
+    assert!(refused < 12, "{refused} refusals");
+    assert!(
+        elapsed <= Duration::from_secs_f64(8.0 * 1.15 + 1.0),
+        "{elapsed:?}"
+    );
+    assert_eq!(
+        layer.limiter(&addr.to_string()).quota(),
+        Quota::per_second(50).with_burst(1)
+    );
+}

@@ -1,5 +1,12 @@
 //! The client side: a tower layer that paces outgoing requests and follows what each
-//! upstream says ([`PaceLayer`]).
+//! upstream says ([`PaceLayer`]), and the same for reqwest ([`PaceMiddleware`], feature
+//! `reqwest`).
+
+#[cfg(feature = "reqwest")]
+mod reqwest;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use self::reqwest::PaceMiddleware;
 
 use core::future::Future;
 use core::pin::Pin;
