@@ -71,7 +71,7 @@ impl Area {
     pub(super) fn of(map: &Mapping) -> &Area {
         let first = map.word(layout::QUOTA_CURRENT_AT);
         // The last word of the area is inside the mapping (`word` checks it).
-        let _ = map.word(layout::QUOTA_CURRENT_AT + core::mem::size_of::<Area>() - 8);
+        let _ = map.word(layout::QUOTA_SLOTS_AT + QUOTA_SLOTS * layout::QUOTA_SLOT_LEN - 8);
         // SAFETY: `Area` is `repr(C)` of `AtomicU64`s, so it has their alignment and no
         // padding; its first and last words lie inside the mapping (checked above), so all
         // of it does, for as long as `map` (the borrow) lives.
