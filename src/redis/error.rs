@@ -26,6 +26,10 @@ pub enum RedisLimitError {
     /// The quota's burst window (interval × burst) is longer than about 52 days (2^52
     /// ns), past what the script keeps exact.
     WindowTooLong,
+    /// The server (or, for a cluster, one of its masters) does not run Lua scripts: it
+    /// refused to load paceline's (a server built without its script engine, or one that
+    /// disables `EVAL`/`SCRIPT`). Every decision is a script, so nothing would work.
+    NoScripts(redis::RedisError),
 }
 
 impl fmt::Display for RedisLimitError {
@@ -39,6 +43,11 @@ impl fmt::Display for RedisLimitError {
                 "the quota's burst window (interval × burst) is longer than 2^52 ns (52 days), \
                  the most a fleet limiter keeps exact",
             ),
+            RedisLimitError::NoScripts(e) => write!(
+                f,
+                "the server does not run Lua scripts, which every fleet decision is \
+                 (SCRIPT LOAD refused: {e})"
+            ),
         }
     }
 }
@@ -46,7 +55,7 @@ impl fmt::Display for RedisLimitError {
 impl core::error::Error for RedisLimitError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
-            RedisLimitError::Connect(e) => Some(e),
+            RedisLimitError::Connect(e) | RedisLimitError::NoScripts(e) => Some(e),
             RedisLimitError::IntervalBelowMicrosecond | RedisLimitError::WindowTooLong => None,
         }
     }

@@ -100,6 +100,7 @@ impl RedisLimiter {
     /// # Errors
     ///
     /// [`RedisLimitError::Connect`] for a bad URL or a server that is not Redis;
+    /// [`RedisLimitError::NoScripts`] for a server that does not run Lua scripts;
     /// [`RedisLimitError::IntervalBelowMicrosecond`] for a quota finer than 1 µs.
     ///
     /// # Examples
@@ -169,6 +170,22 @@ impl RedisLimiter {
         within(CONNECT_TIMEOUT, ping)
             .await
             .map_err(RedisLimitError::Connect)?;
+        // Every decision is a script: load both now (on every master of a cluster, where
+        // `SCRIPT LOAD` goes to all of them), so a server that cannot run them is refused
+        // here with its reason, not on every later call.
+        let load = async {
+            for script in [SCRIPT, REFUND] {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script)
+                    .query_async::<redis::Value>(&mut conn)
+                    .await?;
+            }
+            Ok(())
+        };
+        within(CONNECT_TIMEOUT, load)
+            .await
+            .map_err(RedisLimitError::NoScripts)?;
         Ok(RedisLimiter {
             conn,
             script: redis::Script::new(SCRIPT),

@@ -243,3 +243,34 @@ fn windows_past_what_the_script_keeps_exact_are_refused_at_connect() {
         assert!(RedisLimiter::connect(&server.url(), long).await.is_ok());
     });
 }
+
+#[test]
+fn a_server_that_does_not_run_scripts_is_refused_at_connect_with_the_reason() {
+    // A server whose script commands are switched off, as some managed services do.
+    let server = Server::with_args(&[
+        "--rename-command",
+        "SCRIPT",
+        "",
+        "--rename-command",
+        "EVAL",
+        "",
+        "--rename-command",
+        "EVALSHA",
+        "",
+    ]);
+    let result = runtime().block_on(RedisLimiter::connect(&server.url(), Quota::per_second(5)));
+    match result {
+        Err(e @ RedisLimitError::NoScripts(_)) => {
+            let text = e.to_string();
+            assert!(text.contains("does not run Lua scripts"), "{text}");
+            assert!(text.contains("SCRIPT LOAD refused"), "{text}");
+        }
+        Err(other) => panic!("the wrong error: {other}"),
+        Ok(_) => panic!("connected to a server that cannot run a single decision"),
+    }
+    // The same server with its scripts is fine.
+    let fine = Server::start();
+    assert!(runtime()
+        .block_on(RedisLimiter::connect(&fine.url(), Quota::per_second(5)))
+        .is_ok());
+}

@@ -9,6 +9,17 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The server binary: `redis-server`, or another that speaks the protocol
+/// (`PACELINE_REDIS_SERVER=valkey-server`, as CI runs the Redis tests a second time).
+pub(crate) fn server_binary() -> String {
+    std::env::var("PACELINE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// Its command-line client (`PACELINE_REDIS_CLI=valkey-cli`).
+pub(crate) fn cli_binary() -> String {
+    std::env::var("PACELINE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())
+}
+
 /// A `redis-server` on a free loopback port, killed when dropped.
 pub(crate) struct Server {
     child: Child,
@@ -24,8 +35,13 @@ impl Server {
         Server::spawn(port, &[])
     }
 
+    /// A server on a free port started with `extra` arguments.
+    pub(crate) fn with_args(extra: &[&str]) -> Server {
+        Server::spawn(free_port(), extra)
+    }
+
     fn spawn(port: u16, extra: &[&str]) -> Server {
-        let mut child = Command::new("redis-server")
+        let mut child = Command::new(server_binary())
             .args([
                 "--port",
                 &port.to_string(),
@@ -42,7 +58,7 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server is not installed (bash .ci/run installs it)");
+            .unwrap_or_else(|e| panic!("{}: {e} (bash .ci/run installs it)", server_binary()));
         for _ in 0..200 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Server { child, port };
@@ -51,7 +67,7 @@ impl Server {
         }
         let _ = child.kill();
         let _ = child.wait();
-        panic!("redis-server did not start on port {port}");
+        panic!("{} did not start on port {port}", server_binary());
     }
 
     pub(crate) fn url(&self) -> String {
@@ -98,7 +114,7 @@ impl Cluster {
             }
             nodes.push(Cluster::node(&dir, port));
         }
-        let mut create = Command::new("redis-cli");
+        let mut create = Command::new(cli_binary());
         create.args(["--cluster", "create"]);
         for node in &nodes {
             create.arg(format!("127.0.0.1:{}", node.port));
@@ -108,8 +124,8 @@ impl Cluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
-            .expect("redis-cli is not installed (it comes with redis-server)");
-        assert!(status.success(), "redis-cli --cluster create failed");
+            .unwrap_or_else(|e| panic!("{}: {e} (it comes with the server)", cli_binary()));
+        assert!(status.success(), "{} --cluster create failed", cli_binary());
         let cluster = Cluster { nodes, dir };
         cluster.wait_until_ok();
         cluster
@@ -151,7 +167,7 @@ impl Cluster {
 
     /// `redis-cli` on node `i`, its output.
     pub(crate) fn cli(&self, i: usize, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
+        let out = Command::new(cli_binary())
             .args(["-p", &self.nodes[i].port.to_string()])
             .args(args)
             .output()
