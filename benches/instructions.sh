@@ -46,6 +46,17 @@ for path in call proxied tonic; do
   done
 done
 
+# A refusal's cost to each layer: the refused request minus a bare service that answers
+# the same 429 with the same four fields, prebuilt (what any layer pays at least to send
+# them). Beside it, the same layer's cost for an admitted request.
+for who in paceline governor; do
+  count[http_refused_layer/$who]=$(awk -v a="${count[http_refused/$who]}" \
+    -v b="${count[http_refused/floor]}" 'BEGIN { printf "%.1f", a - b }')
+  printf '%-34s %12s\n' "http_refused_layer/$who" "${count[http_refused_layer/$who]}"
+done
+awk -v r="${count[http_refused_layer/paceline]}" -v a="${count[http_call_layer/paceline]}" \
+  'BEGIN { printf "a refusal costs paceline%s layer %.2fx what an admission does\n", "'"'"'s", r / a }'
+
 echo
 echo "paceline over governor, same workload:"
 for workload in "${!count[@]}"; do

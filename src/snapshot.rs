@@ -54,6 +54,23 @@ impl Snapshot {
         }
     }
 
+    /// The state of a cell just after it refused one cell with `wait` nanoseconds to go:
+    /// what [`Snapshot::of`] reads from the cell then, worked out from the refusal alone.
+    /// A one-cell refusal means the TAT is `wait + room_for_one` ahead of now, so less than
+    /// one interval of the burst window is free: nothing is admissible, the next cell is
+    /// `wait` away and the whole burst `wait + room_for_one`. (Written out rather than
+    /// passed to [`Snapshot::of`], whose divisions would find the same; a refusal flood
+    /// runs this for every request.)
+    #[cfg(feature = "tower")]
+    pub(crate) fn after_refusal(params: Params, wait: u64) -> Snapshot {
+        Snapshot {
+            quota: Quota::from_params(params),
+            remaining: 0,
+            until_next: Duration::from_nanos(wait),
+            until_full: Duration::from_nanos(wait.saturating_add(params.room_for_one())),
+        }
+    }
+
     /// The state of a key that a keyed limiter at its key bound would refuse to store for
     /// `wait` nanoseconds: nothing admissible until then, then its whole burst.
     #[cfg(feature = "std")]
@@ -130,5 +147,36 @@ impl Snapshot {
     /// ```
     pub fn until_full(&self) -> Duration {
         self.until_full
+    }
+}
+
+#[cfg(all(test, feature = "tower"))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A refusal's wait says all a snapshot would read from the cell at that instant.
+        #[test]
+        fn after_refusal_is_the_cells_state(
+            period in 1u64..=1 << 40,
+            count in 1u32..=1_000,
+            burst in 1u32..=1_000,
+            now in any::<u64>(),
+            ahead in prop_oneof![any::<u64>(), 0u64..1 << 42],
+        ) {
+            let Ok(quota) = Quota::try_new(count, core::time::Duration::from_nanos(period))
+                .and_then(|quota| quota.try_with_burst(burst))
+            else {
+                return Ok(());
+            };
+            let params = *quota.params();
+            let tat = now.saturating_add(ahead);
+            if let Err(wait) = gcra::admit(tat, now, params.interval(), params.tau()) {
+                // The end of representable time refuses for ever whatever the backlog.
+                prop_assume!(tat.checked_add(params.interval()).is_some());
+                prop_assert_eq!(Snapshot::after_refusal(params, wait), Snapshot::of(params, tat, now));
+            }
+        }
     }
 }

@@ -8,10 +8,20 @@ mod http_request;
 
 fn main() {
     harness::main(
-        &["http_call/bare", "http_call/paceline", "http_call/governor"],
+        &[
+            "http_call/bare",
+            "http_call/paceline",
+            "http_call/governor",
+            "http_refused/floor",
+            "http_refused/paceline",
+            "http_refused/governor",
+        ],
         |name| {
-            let who = name.strip_prefix("http_call/")?;
-            http_request::direct::<axum::body::Body>(who)
+            let who = match name.strip_prefix("http_refused/") {
+                Some(who) => format!("{who}-refused"),
+                None => name.strip_prefix("http_call/")?.to_owned(),
+            };
+            http_request::direct::<axum::body::Body>(&who)
         },
     );
 }

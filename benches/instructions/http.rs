@@ -21,6 +21,34 @@ pub fn paceline_layer(source: paceline::http::KeySource) -> paceline::http::Rate
     ))
 }
 
+/// paceline's layer with a spent limit: one request per client per minute, so after the
+/// warm-up (two rounds of the 10 000 clients) every request is refused, with a wait of
+/// under a minute (a flood against a per-second or per-minute limit).
+pub fn paceline_refusing(source: paceline::http::KeySource) -> paceline::http::RateLimitLayer {
+    paceline::http::RateLimitLayer::new().limit(paceline::http::Limit::new(
+        "per-ip",
+        paceline::Quota::per_minute(1),
+        source,
+    ))
+}
+
+/// tower-governor's layer, as spent.
+pub fn governor_refusing<K, B>(
+    extractor: K,
+) -> tower_governor::GovernorLayer<K, governor::middleware::NoOpMiddleware, B>
+where
+    K: tower_governor::key_extractor::KeyExtractor,
+{
+    tower_governor::GovernorLayer::new(
+        tower_governor::governor::GovernorConfigBuilder::default()
+            .per_second(60)
+            .burst_size(1)
+            .key_extractor(extractor)
+            .finish()
+            .expect("a valid tower-governor config"),
+    )
+}
+
 /// tower-governor's layer, as generous, with the key extractor `K`.
 pub fn governor_layer<K, B>(
     extractor: K,
@@ -39,8 +67,10 @@ where
 }
 
 /// The direct-client workloads with bodies of type `B`: `bare` (no layer), `paceline`
-/// and `governor`, each keyed by the peer address. A layer's cost is its count minus
-/// `bare`'s.
+/// and `governor`, each keyed by the peer address, every request admitted; and the same
+/// flooded, every request refused (`-refused`), beside `floor-refused`, a service that
+/// sends the same 429 itself. A layer's cost is its count minus `bare`'s, or for a
+/// refusal minus the floor's.
 #[allow(dead_code)] // the proxied family has no direct clients
 pub fn direct<B>(who: &str) -> Option<Op>
 where
@@ -53,6 +83,19 @@ where
         "governor" => call::<_, B>(
             governor_layer(tower_governor::key_extractor::PeerIpKeyExtractor),
             false,
+        ),
+        "paceline-refused" => call::<_, B>(
+            paceline_refusing(paceline::http::KeySource::peer_ip()),
+            false,
+        ),
+        "governor-refused" => call::<_, B>(
+            governor_refusing(tower_governor::key_extractor::PeerIpKeyExtractor),
+            false,
+        ),
+        "floor-refused" => call_answering::<_, B>(
+            tower::layer::util::Identity::new(),
+            false,
+            refuse_with_fields::<B> as fn(_) -> _,
         ),
         _ => return None,
     })
@@ -68,6 +111,37 @@ fn answer<B: Default>(_: Request<B>) -> Answer<B> {
     std::future::ready(Ok(Response::new(B::default())))
 }
 
+/// What any layer pays at least to refuse with the IETF fields: a 429 with the four
+/// header fields paceline's refusal sends, their values made once and cloned, and a body
+/// made once (no limit, no key, no decision).
+fn refuse_with_fields<B: Default + paceline::http::RefusalBody>(_: Request<B>) -> Answer<B> {
+    use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+    use std::sync::OnceLock;
+    static FIELDS: OnceLock<[HeaderValue; 4]> = OnceLock::new();
+    static BODY: OnceLock<bytes::Bytes> = OnceLock::new();
+    let [content_type, retry_after, policy, state] = FIELDS.get_or_init(|| {
+        [
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+            HeaderValue::from(60u64),
+            HeaderValue::from_static("\"per-ip\";q=1;w=60"),
+            HeaderValue::from_static("\"per-ip\";r=0;t=60"),
+        ]
+    });
+    let body = BODY.get_or_init(|| {
+        bytes::Bytes::from_static(b"Too Many Requests: limit \"per-ip\", retry in 60 s\n")
+    });
+    let mut response = Response::new(B::from_bytes(body.clone()));
+    *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, content_type.clone());
+    headers.insert(RETRY_AFTER, retry_after.clone());
+    const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+    const STATE: HeaderName = HeaderName::from_static("ratelimit");
+    headers.insert(POLICY, policy.clone());
+    headers.insert(STATE, state.clone());
+    std::future::ready(Ok(response))
+}
+
 /// One request through `layer` around a service that answers at once: from one of 10 000
 /// client addresses (axum's `ConnectInfo`, which both layers read), directly or
 /// (`proxied`) named by a proxy's `X-Forwarded-For`, with bodies of type `B`.
@@ -77,7 +151,17 @@ where
     L: Layer<Inner<B>> + 'static,
     L::Service: Service<Request<B>, Response = Response<B>> + 'static,
 {
-    let service = RefCell::new(layer.layer(tower::service_fn(answer::<B> as fn(_) -> _)));
+    call_answering(layer, proxied, answer::<B> as fn(_) -> _)
+}
+
+/// [`call`] around a service that answers with `answer`.
+pub fn call_answering<L, B>(layer: L, proxied: bool, answer: fn(Request<B>) -> Answer<B>) -> Op
+where
+    B: Default + 'static,
+    L: Layer<Inner<B>> + 'static,
+    L::Service: Service<Request<B>, Response = Response<B>> + 'static,
+{
+    let service = RefCell::new(layer.layer(tower::service_fn(answer)));
     let key = next_key();
     Box::new(move || {
         let client = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + key() as u32));

@@ -81,6 +81,9 @@ pub(super) fn keys<C: Clock>(
 pub(super) enum Refusal {
     MissingKey(NoKey),
     Limited(Refused),
+    /// The one limit of a layer refused; its key's state then, read by the check (so the
+    /// refusal does not look the key up again).
+    LimitedOne(Snapshot),
 }
 
 /// Takes one cell from every limit, or none (module docs). Allocates only to remember
@@ -91,13 +94,13 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
         return match limit.source.key(head) {
             Ok(key) => limit
                 .limiter
-                .check_key(&key)
-                .map_err(|e| Refusal::Limited(refused(0, e))),
+                .check_key_or_state(&key)
+                .map_err(Refusal::LimitedOne),
             Err(missing) => match no_key(config, limit, missing) {
                 Ok(Some(key)) => limit
                     .limiter
-                    .check_key(&key)
-                    .map_err(|e| Refusal::Limited(refused(0, e))),
+                    .check_key_or_state(&key)
+                    .map_err(Refusal::LimitedOne),
                 Ok(None) => Ok(()),
                 Err(why) => Err(Refusal::MissingKey(why)),
             },

@@ -28,6 +28,13 @@ pub trait RefusalBody: Sized {
     /// A body holding `text` (empty for gRPC refusals, which carry their message in
     /// headers).
     fn from_text(text: String) -> Self;
+
+    /// A body holding `bytes` (UTF-8 text), shared with the layer's prebuilt refusals.
+    /// Implement it for a body that can hold `Bytes` without copying; the default copies
+    /// them into [`RefusalBody::from_text`].
+    fn from_bytes(bytes: Bytes) -> Self {
+        Self::from_text(String::from_utf8_lossy(&bytes).into_owned())
+    }
 }
 
 impl RefusalBody for String {
@@ -40,12 +47,20 @@ impl RefusalBody for http_body_util::Full<Bytes> {
     fn from_text(text: String) -> Self {
         http_body_util::Full::new(Bytes::from(text))
     }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        http_body_util::Full::new(bytes)
+    }
 }
 
 #[cfg(feature = "axum")]
 impl RefusalBody for axum::body::Body {
     fn from_text(text: String) -> Self {
         axum::body::Body::from(text)
+    }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        axum::body::Body::from(bytes)
     }
 }
 

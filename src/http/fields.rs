@@ -26,21 +26,58 @@ pub(super) fn put_fields<'a, C: Clock>(
     limits: impl Iterator<Item = (&'a Limit<C>, &'a Option<ClientKey>)>,
     headers: &mut http::HeaderMap,
 ) {
-    let mut policies = Vec::new();
-    let mut states = Vec::new();
+    put_states(
+        config,
+        limits.map(|(limit, key)| {
+            let state = key.as_ref().map(|key| limit.limiter.snapshot_key(key));
+            (limit, state)
+        }),
+        headers,
+    );
+}
+
+/// [`put_fields`] from each limit's state, read once by the caller. One limit's items are
+/// the prebuilt ones when they fit (`prebuilt.rs`); several are joined.
+pub(super) fn put_states<'a, C: Clock>(
+    config: &Config<C>,
+    mut states: impl Iterator<Item = (&'a Limit<C>, Option<Snapshot>)>,
+    headers: &mut http::HeaderMap,
+) {
+    // Made at compile time: `from_static` checks its name when it runs.
+    const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+    const STATE: HeaderName = HeaderName::from_static("ratelimit");
+    if let ([_], false) = (config.limits.as_slice(), config.legacy_headers) {
+        // One limit, no legacy fields (the usual case): its two items, as they are.
+        if let Some((limit, Some(state))) = states.next() {
+            let t = ceil_secs(state.until_full());
+            let policy = limit.prebuilt.policy(state.quota()).or_else(|| {
+                let (q, w) = policy(state.quota());
+                HeaderValue::from_str(&policy_item(&limit.field_name, q, w)).ok()
+            });
+            if let Some(policy) = policy {
+                headers.insert(POLICY, policy);
+            }
+            if let Some(item) = limit.prebuilt.state(state.remaining(), t) {
+                headers.insert(STATE, item);
+            }
+        }
+        return;
+    }
+    let (mut policies, mut items) = (Joined::None, Joined::None);
     // The tightest limit: the fewest cells left, then the longest until full.
     let mut tightest: Option<(u32, u64, u64)> = None;
-    for (limit, key) in limits {
-        let Some(key) = key else { continue };
-        let state: Snapshot = limit.limiter.snapshot_key(key);
+    for (limit, state) in states {
+        let Some(state) = state else { continue };
         let (q, w) = policy(state.quota());
         let t = ceil_secs(state.until_full());
-        policies.push(format!("{};q={q};w={w}", limit.field_name));
-        states.push(format!(
-            "{};r={};t={t}",
-            limit.field_name,
-            state.remaining()
-        ));
+        let text = |s: String| HeaderValue::from_str(&s).ok();
+        let policy = limit
+            .prebuilt
+            .policy(state.quota())
+            .or_else(|| text(policy_item(&limit.field_name, q, w)));
+        let item = limit.prebuilt.state(state.remaining(), t);
+        policies.push(policy);
+        items.push(item);
         let candidate = (state.remaining(), t, q);
         let tighter = |&(r, until, _): &(u32, u64, u64)| {
             candidate.0 < r || (candidate.0 == r && candidate.1 > until)
@@ -49,11 +86,9 @@ pub(super) fn put_fields<'a, C: Clock>(
             tightest = Some(candidate);
         }
     }
-    for (name, items) in [("ratelimit-policy", policies), ("ratelimit", states)] {
-        if let Ok(value) = HeaderValue::from_str(&items.join(", ")) {
-            if !items.is_empty() {
-                headers.insert(HeaderName::from_static(name), value);
-            }
+    for (name, values) in [(POLICY, policies), (STATE, items)] {
+        if let Some(value) = values.value() {
+            headers.insert(name, value);
         }
     }
     if let (true, Some((remaining, reset, limit))) = (config.legacy_headers, tightest) {
@@ -63,6 +98,42 @@ pub(super) fn put_fields<'a, C: Clock>(
             ("x-ratelimit-reset", reset),
         ] {
             headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
+        }
+    }
+}
+
+/// A structured-field list being joined: one value is kept as it is (a prebuilt value's
+/// clone, no allocation), several are joined with `, `.
+enum Joined {
+    None,
+    One(HeaderValue),
+    Many(Vec<u8>),
+}
+
+impl Joined {
+    fn push(&mut self, value: Option<HeaderValue>) {
+        let Some(value) = value else { return };
+        *self = match core::mem::replace(self, Joined::None) {
+            Joined::None => Joined::One(value),
+            Joined::One(first) => {
+                let mut joined = first.as_bytes().to_vec();
+                joined.extend_from_slice(b", ");
+                joined.extend_from_slice(value.as_bytes());
+                Joined::Many(joined)
+            }
+            Joined::Many(mut joined) => {
+                joined.extend_from_slice(b", ");
+                joined.extend_from_slice(value.as_bytes());
+                Joined::Many(joined)
+            }
+        };
+    }
+
+    fn value(self) -> Option<HeaderValue> {
+        match self {
+            Joined::None => None,
+            Joined::One(value) => Some(value),
+            Joined::Many(joined) => HeaderValue::from_bytes(&joined).ok(),
         }
     }
 }

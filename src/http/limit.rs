@@ -21,6 +21,8 @@ pub struct Limit<C: Clock = DefaultClock> {
     pub(super) field_name: Arc<str>,
     pub(super) limiter: Arc<KeyedLimiter<ClientKey, C>>,
     pub(super) source: KeySource,
+    /// The refusal's headers and body, built once for `quota` (`prebuilt.rs`).
+    pub(super) prebuilt: Arc<Prebuilt>,
 }
 
 impl<C: Clock> fmt::Debug for Limit<C> {
@@ -159,8 +161,10 @@ impl<C: Clock> Limit<C> {
         source: KeySource,
         clock: C,
     ) -> Result<Limit<C>, InvalidLimitName> {
+        let field_name = field_name(name)?;
         Ok(Limit {
-            field_name: field_name(name)?,
+            prebuilt: Arc::new(Prebuilt::new(name, &field_name, quota)),
+            field_name,
             name: name.into(),
             limiter: Arc::new(
                 KeyedLimiter::with_clock(quota, clock).with_max_keys(DEFAULT_MAX_KEYS),

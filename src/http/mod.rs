@@ -63,6 +63,7 @@ mod key;
 mod layer;
 mod limit;
 mod network;
+mod prebuilt;
 mod response;
 mod service;
 
@@ -77,6 +78,7 @@ pub use service::{RateLimit, ResponseFuture};
 use admission::*;
 use fields::*;
 use layer::*;
+use prebuilt::*;
 use response::*;
 
 use core::fmt;

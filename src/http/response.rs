@@ -5,20 +5,23 @@ use super::*;
 
 /// The limit that will admit the request last, and when: a request needs every limit,
 /// so a client told less than the longest wait among them would be refused again. Reads
-/// each limit's state after the request's own cells were given back.
-pub(super) fn longest_wait<C: Clock>(
-    config: &Config<C>,
-    keys: &[Option<ClientKey>],
-    refused: Refused,
-) -> Refused {
-    config
-        .limits
+/// each limit's state (`states`, read after the request's own cells were given back).
+pub(super) fn longest_wait(states: &[Option<Snapshot>], refused: Refused) -> Refused {
+    if let [Some(state)] = states {
+        // One limit: the state read is the refusal's own.
+        return Refused {
+            limit: 0,
+            wait: state.until_next(),
+        };
+    }
+    states
         .iter()
-        .zip(keys)
         .enumerate()
-        .filter_map(|(i, (limit, key))| {
-            let wait = limit.limiter.snapshot_key(key.as_ref()?).until_next();
-            Some(Refused { limit: i, wait })
+        .filter_map(|(i, state)| {
+            Some(Refused {
+                limit: i,
+                wait: state.as_ref()?.until_next(),
+            })
         })
         .fold(refused, |longest, other| {
             if other.wait > longest.wait {
@@ -47,16 +50,32 @@ pub(super) fn plain_refusal<R: RefusalBody>(why: NoKey) -> Response<R> {
     response
 }
 
-/// The 429 (or gRPC `RESOURCE_EXHAUSTED`) for a refused request.
-pub(super) fn refusal<C: Clock, R: RefusalBody>(
+/// Each limit's state for the request's key in it (`None` where the limit does not apply).
+pub(super) fn states<C: Clock>(
     config: &Config<C>,
     keys: &[Option<ClientKey>],
+) -> Vec<Option<Snapshot>> {
+    config
+        .limits
+        .iter()
+        .zip(keys)
+        .map(|(limit, key)| key.as_ref().map(|key| limit.limiter.snapshot_key(key)))
+        .collect()
+}
+
+/// The 429 (or gRPC `RESOURCE_EXHAUSTED`) for a refused request. Each limit's state is
+/// read once, for the wait and the fields; the headers and the default body come
+/// prebuilt when they fit (`prebuilt.rs`).
+pub(super) fn refusal<C: Clock, R: RefusalBody>(
+    config: &Config<C>,
+    states: &[Option<Snapshot>],
     head: &Head<'_>,
     refused: Refused,
 ) -> Response<R> {
-    let refused = longest_wait(config, keys, refused);
+    let refused = longest_wait(states, refused);
     let retry_after = ceil_secs(refused.wait).max(1);
-    let name = &config.limits[refused.limit].name;
+    let limit = &config.limits[refused.limit];
+    let name = &limit.name;
     let grpc = head
         .headers()
         .get(CONTENT_TYPE)
@@ -77,30 +96,30 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
         }
         response
     } else {
-        let (content_type, text) = match &config.body {
+        let (content_type, body) = match &config.body {
             Some((content_type, body)) => {
                 let info = RefusalInfo {
                     limit: name,
                     wait: refused.wait,
                 };
-                (content_type.clone(), body(&info))
+                (content_type.clone(), R::from_text(body(&info)))
             }
             None => (
                 HeaderValue::from_static("text/plain; charset=utf-8"),
-                format!("Too Many Requests: limit \"{name}\", retry in {retry_after} s\n"),
+                R::from_bytes(limit.prebuilt.body(retry_after)),
             ),
         };
-        let mut response = Response::new(R::from_text(text));
+        let mut response = Response::new(body);
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         response.headers_mut().insert(CONTENT_TYPE, content_type);
         response
     };
     response
         .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(retry_after));
-    put_fields(
+        .insert(RETRY_AFTER, limit.prebuilt.retry_after(retry_after));
+    put_states(
         config,
-        config.limits.iter().zip(keys),
+        config.limits.iter().zip(states.iter().copied()),
         response.headers_mut(),
     );
     response

@@ -227,7 +227,8 @@ impl<S, C: Clock> RateLimit<S, C> {
                         Err(why) => return Ok(plain_refusal(why)),
                     };
                     if let Err(refused) = admit_waiting(&config, &keys).await {
-                        return Ok(refusal(&config, &keys, &Head::of(&request), refused));
+                        let states = states(&config, &keys);
+                        return Ok(refusal(&config, &states, &Head::of(&request), refused));
                     }
                     let mut response = inner.call(request).await?;
                     if config.headers_on_success {
@@ -256,7 +257,15 @@ pub(super) fn refuse<C: Clock, F, R: RefusalBody, E>(
         Refusal::MissingKey(why) => ResponseFuture::refused(plain_refusal(why)),
         Refusal::Limited(refused) => {
             let keys = keys(config, head).unwrap_or_default();
-            ResponseFuture::refused(refusal(config, &keys, head, refused))
+            let states = states(config, &keys);
+            ResponseFuture::refused(refusal(config, &states, head, refused))
+        }
+        Refusal::LimitedOne(state) => {
+            let refused = Refused {
+                limit: 0,
+                wait: state.until_next(),
+            };
+            ResponseFuture::refused(refusal(config, &[Some(state)], head, refused))
         }
     }
 }

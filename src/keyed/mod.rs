@@ -238,21 +238,38 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             .map_err(NotUntil::from_nanos)
     }
 
+    /// [`check_key`](Self::check_key) answering a refusal with the key's state just then
+    /// (what a 429's fields tell), worked out from the refusal with no second look-up.
+    #[cfg(feature = "tower")]
+    pub(crate) fn check_key_or_state(&self, key: &K) -> Result<(), Snapshot> {
+        let (cost, room) = self.one_cell(key);
+        match self.with_word(key, |word, now| word.spend(now, cost, room)) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(wait)) => Err(Snapshot::after_refusal(self.params_for(key), wait)),
+            Err(wait) => Err(Snapshot::refused(self.params_for(key), wait)),
+        }
+    }
+
     /// One cell for `key`: the TAT its admission left and its cost, or the wait in
     /// nanoseconds (also for a new key refused by the key bound).
     #[inline]
     fn acquire_one(&self, key: &K) -> Result<(u64, u64), u64> {
-        // One cell costs the interval and fits while the TAT is at most `tau - interval`
-        // ahead of now (the room the shared quota stores).
-        let (cost, room) = match &self.quota_for {
+        let (cost, room) = self.one_cell(key);
+        self.with_word(key, |word, now| word.spend(now, cost, room))
+            .and_then(|admitted| admitted.map(|tat| (tat, cost)))
+    }
+
+    /// What one cell for `key` costs, and how far its TAT may be ahead of now for the cell
+    /// to fit (`tau - interval`, the room the shared quota stores).
+    #[inline]
+    fn one_cell(&self, key: &K) -> (u64, u64) {
+        match &self.quota_for {
             None => self.quota.load_one_cell(),
             Some(_) => {
                 let params = self.params_for(key);
                 (params.interval(), params.room_for_one())
             }
-        };
-        self.with_word(key, |word, now| word.spend(now, cost, room))
-            .and_then(|admitted| admitted.map(|tat| (tat, cost)))
+        }
     }
 
     /// Admits `n` cells for `key` at once, or none.

@@ -153,3 +153,57 @@ async fn limit_names_are_escaped_or_refused() {
     });
     assert!(panicked.is_err());
 }
+
+/// What a refusal's fields say for `key`, from one reading of its state.
+fn fields_of(limit: &Limit<ManualClock>, key: &str) -> (String, String) {
+    let state = limit
+        .limiter()
+        .snapshot_key(&ClientKey::Text(key.to_owned().into()));
+    let ceil = |d: Duration| d.as_nanos().div_ceil(1_000_000_000);
+    (
+        format!(
+            "\"per-key\";r={};t={}",
+            state.remaining(),
+            ceil(state.until_full())
+        ),
+        ceil(state.until_next()).max(1).to_string(),
+    )
+}
+
+#[tokio::test]
+async fn a_refusal_tells_the_keys_state_when_it_is_spent_and_when_the_table_is_full() {
+    let clock = ManualClock::new();
+    let limit = Limit::with_clock(
+        "per-key",
+        Quota::per_minute(3).with_burst(2),
+        api_key(),
+        clock.clone(),
+    )
+    .with_max_keys(2);
+    let addr = serve(RateLimitLayer::default().limit(limit.clone())).await;
+    let get = |key: &str| send(addr, with_key(key.to_owned()));
+
+    // A spent key, at several instants between its cells.
+    assert_eq!(get("a").await.status, StatusCode::OK);
+    assert_eq!(get("a").await.status, StatusCode::OK);
+    for step in [0, 7_300, 12_000, 699] {
+        clock.advance(Duration::from_millis(step));
+        let refused = get("a").await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        let (state, retry_after) = fields_of(&limit, "a");
+        assert_eq!(refused.header("ratelimit"), state, "{step} ms on");
+        assert_eq!(refused.header("retry-after"), retry_after, "{step} ms on");
+    }
+
+    // A newcomer refused because the table is full of spent keys: its wait is the time
+    // until a slot frees, and then its whole burst is there.
+    for i in 0..200 {
+        let filler = ClientKey::Text(format!("filler-{i}").into());
+        let _ = limit.limiter().check_key_n(&filler, 2);
+    }
+    let refused = get("newcomer").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let (state, retry_after) = fields_of(&limit, "newcomer");
+    assert_eq!(refused.header("ratelimit"), state);
+    assert_eq!(refused.header("retry-after"), retry_after);
+}
