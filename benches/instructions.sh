@@ -18,8 +18,10 @@ cargo build --locked --profile instructions -p paceline-benches "${examples[@]}"
 
 declare -A count
 printf '%-34s %12s\n' "workload" "instructions"
-for family in $families; do
-  bin="${CARGO_TARGET_DIR:-target}/instructions/examples/instructions_$family"
+# Counts every workload of the binary instructions_$1.
+measure_family() {
+  local family=$1
+  local bin="${CARGO_TARGET_DIR:-target}/instructions/examples/instructions_$family"
   [ -x "$bin" ] || { echo "no $bin after the build"; exit 1; }
   for workload in $("$bin" list); do
     out="$(mktemp)"
@@ -33,6 +35,16 @@ for family in $families; do
     count[$workload]=$per
     printf '%-34s %12s\n' "$workload" "$per"
   done
+}
+for family in $families; do measure_family "$family"; done
+# The HTTP layer with the `metrics` feature on (a build of its own: features unify within
+# one build) and Prometheus's recorder installed.
+cargo build --locked --profile instructions -p paceline-benches --features metrics \
+  --example instructions_metrics 2>&1 | tail -1
+measure_family metrics
+for path in call refused; do
+  awk -v on="${count[http_${path}_metrics/paceline]}" -v off="${count[http_$path/paceline]}" \
+    -v p="$path" 'BEGIN { printf "metrics on adds %.1f instructions to an http_%s\n", on - off, p }'
 done
 
 # The HTTP layers' own cost: each layered call minus the same call without a layer.

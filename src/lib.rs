@@ -94,6 +94,11 @@ pub mod http;
 #[cfg(feature = "std")]
 mod keyed;
 mod limiter;
+#[cfg(all(feature = "std", feature = "metrics"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(all(feature = "std", not(feature = "metrics")))]
+mod metrics;
 mod quota;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

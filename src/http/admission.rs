@@ -92,15 +92,9 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
     if let [limit] = config.limits.as_slice() {
         // One limit: nothing to undo, whatever happens.
         return match limit.source.key(head) {
-            Ok(key) => limit
-                .limiter
-                .check_key_or_state(&key)
-                .map_err(Refusal::LimitedOne),
+            Ok(key) => check_one(limit, &key),
             Err(missing) => match no_key(config, limit, missing) {
-                Ok(Some(key)) => limit
-                    .limiter
-                    .check_key_or_state(&key)
-                    .map_err(Refusal::LimitedOne),
+                Ok(Some(key)) => check_one(limit, &key),
                 Ok(None) => Ok(()),
                 Err(why) => Err(Refusal::MissingKey(why)),
             },
@@ -108,6 +102,7 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
     }
     let mut taken: Vec<(usize, ClientKey, KeyAdmission)> = Vec::new();
     let last = config.limits.len().saturating_sub(1);
+    let mut last_admitted = false;
     for (i, limit) in config.limits.iter().enumerate() {
         let key = match key(config, limit, head) {
             Ok(Some(key)) => key,
@@ -119,15 +114,38 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
         };
         match limit.limiter.check_key_refundable(&key) {
             // The last limit's admission never needs giving back.
-            Ok(_) if i == last => {}
+            Ok(_) if i == last => last_admitted = true,
             Ok(admission) => taken.push((i, key, admission)),
             Err(e) => {
                 undo_all(config, taken);
+                limit.count_refused();
                 return Err(Refusal::Limited(refused(i, e)));
             }
         }
     }
+    // Counted once every limit has admitted (no code without the `metrics` feature).
+    for (i, _, _) in &taken {
+        config.limits[*i].count_admitted();
+    }
+    if last_admitted {
+        config.limits[last].count_admitted();
+    }
     Ok(())
+}
+
+/// The one limit of a layer, for `key`: admitted, or refused with the key's state.
+#[inline]
+fn check_one<C: Clock>(limit: &Limit<C>, key: &ClientKey) -> Result<(), Refusal> {
+    match limit.limiter.check_key_or_state(key) {
+        Ok(()) => {
+            limit.count_admitted();
+            Ok(())
+        }
+        Err(state) => {
+            limit.count_refused();
+            Err(Refusal::LimitedOne(state))
+        }
+    }
 }
 
 /// Gives back the cells a refused request took from the earlier limits.
@@ -191,7 +209,21 @@ pub(super) async fn admit_waiting<C: Clock>(
         match book(limit, key, max) {
             Ok(booking) => booked.taken.push((i, key, Some(booking))),
             // `booked` is dropped here: the earlier limits get their cells back.
-            Err(e) => return Err(refused(i, e)),
+            Err(e) => {
+                limit.count_refused();
+                return Err(refused(i, e));
+            }
+        }
+    }
+    // Each limit's wait, known at booking, counted once every limit has booked (a
+    // request dropped while waiting is then counted as it would have been served).
+    for (i, _, booking) in &booked.taken {
+        let limit = &config.limits[*i];
+        match booking {
+            Some(Booked::Later(turn)) if !turn.ready_in().is_zero() => {
+                limit.count_waited(turn.ready_in());
+            }
+            _ => limit.count_admitted(),
         }
     }
     // Every booking at once: the request proceeds when the last is due.

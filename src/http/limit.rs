@@ -23,6 +23,8 @@ pub struct Limit<C: Clock = DefaultClock> {
     pub(super) source: KeySource,
     /// The refusal's headers and body, built once for `quota` (`prebuilt.rs`).
     pub(super) prebuilt: Arc<Prebuilt>,
+    /// Its counts, labelled by `name` (feature `metrics`; nothing without it).
+    pub(super) metrics: LimitMetrics,
 }
 
 impl<C: Clock> fmt::Debug for Limit<C> {
@@ -164,6 +166,7 @@ impl<C: Clock> Limit<C> {
         let field_name = field_name(name)?;
         Ok(Limit {
             prebuilt: Arc::new(Prebuilt::new(name, &field_name, quota)),
+            metrics: LimitMetrics::new(name),
             field_name,
             name: name.into(),
             limiter: Arc::new(
@@ -203,6 +206,32 @@ impl<C: Clock> Limit<C> {
     /// ```
     pub fn limiter(&self) -> &KeyedLimiter<ClientKey, C> {
         &self.limiter
+    }
+}
+
+/// Counting (feature `metrics`; every call empty without it).
+impl<C: Clock> Limit<C> {
+    #[inline]
+    pub(super) fn count_admitted(&self) {
+        self.metrics.admitted();
+        self.count_keys();
+    }
+
+    #[inline]
+    pub(super) fn count_refused(&self) {
+        self.metrics.refused();
+        self.count_keys();
+    }
+
+    pub(super) fn count_waited(&self, wait: Duration) {
+        self.metrics.waited(wait);
+        self.count_keys();
+    }
+
+    #[inline]
+    fn count_keys(&self) {
+        self.metrics
+            .keys(|| self.limiter.clock_now(), || self.limiter.len());
     }
 }
 

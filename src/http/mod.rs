@@ -93,6 +93,7 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 
 use crate::clock::{Clock, DefaultClock};
+use crate::metrics::LimitMetrics;
 use crate::KeyedLimiter;
 use crate::{Denied, NotUntil, Quota, Snapshot};
 use crate::{KeyAdmission, KeyReservation};

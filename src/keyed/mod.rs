@@ -196,6 +196,14 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         self.clock.now()
     }
 
+    /// The limiter's time now (ns): the HTTP layer's metrics schedule their key-count
+    /// reads by it.
+    #[cfg(feature = "tower")]
+    #[inline]
+    pub(crate) fn clock_now(&self) -> u64 {
+        self.now()
+    }
+
     #[inline]
     fn params_for(&self, key: &K) -> Params {
         match &self.quota_for {

@@ -30,7 +30,8 @@ pub struct RedisLimiter {
     pub(super) nonce: u64,
     /// The number of the next booking.
     pub(super) bookings: AtomicU64,
-    /// Test mode: decisions at this Redis time (µs) instead of the server's `TIME`.
+    /// Its counts, labelled by `prefix` (feature `metrics`; nothing without it).
+    pub(super) metrics: LimitMetrics,
     /// Test mode (feature `test-util`): decisions at this Redis time in µs instead of the
     /// server's `TIME`; 0 when off. Read on every call: one relaxed load.
     pub(super) fixed_time: AtomicU64,
@@ -199,11 +200,12 @@ impl RedisLimiter {
             nonce: nonce(),
             bookings: AtomicU64::new(0),
             fixed_time: AtomicU64::new(0),
+            metrics: LimitMetrics::new("paceline"),
         })
     }
 
     /// The prefix of every Redis key (default `paceline`): limiters with different prefixes
-    /// are independent.
+    /// are independent. It also names the limiter in its metrics (feature `metrics`).
     ///
     /// # Examples
     ///
@@ -216,6 +218,7 @@ impl RedisLimiter {
     /// ```
     pub fn with_prefix(mut self, prefix: &str) -> RedisLimiter {
         self.prefix = prefix.into();
+        self.metrics = LimitMetrics::new(prefix);
         self
     }
 
@@ -326,18 +329,27 @@ impl RedisLimiter {
             return Ok(());
         }
         if let Some(wait) = self.locally_refused(key, n) {
+            self.metrics.refused();
             return Err(RedisDenied::NotUntil(NotUntil::from_nanos(wait)));
         }
         match self.run(key, self.signed_cost(n), 0, "").await {
-            Ok((1, _, _)) => Ok(()),
+            Ok((1, _, _)) => {
+                self.metrics.admitted();
+                Ok(())
+            }
             Ok((_, wait, _)) => {
                 let wait = u64::try_from(wait).unwrap_or(u64::MAX).max(1);
                 self.remember_refusal(key, n, wait);
+                self.metrics.refused();
                 Err(RedisDenied::NotUntil(NotUntil::from_nanos(wait)))
             }
-            Err(e) => match Failure::of(e) {
+            Err(e) => match Failure::counted(e, &self.metrics) {
                 Failure::Answered(denied) => Err(denied),
-                Failure::Unreachable(e) => self.on_unavailable(key, n, e),
+                Failure::Unreachable(e) => {
+                    let decided = self.on_unavailable(key, n, e);
+                    self.count_decision(decided.is_ok());
+                    decided
+                }
             },
         }
     }
@@ -361,7 +373,7 @@ impl RedisLimiter {
         check_key(key)?;
         match self.run(key, -1, 0, "").await {
             Ok((_, remaining, _)) => Ok(u32::try_from(remaining).unwrap_or(u32::MAX)),
-            Err(e) => Err(match Failure::of(e) {
+            Err(e) => Err(match Failure::counted(e, &self.metrics) {
                 Failure::Answered(denied) => denied,
                 Failure::Unreachable(e) => RedisDenied::Unavailable(e),
             }),
@@ -448,6 +460,16 @@ impl RedisLimiter {
             refused.clear();
         }
         refused.insert(key.to_owned(), Instant::now() + Duration::from_nanos(one));
+    }
+
+    /// Counts a decision the failure policy made, as admitted or refused and by policy.
+    pub(super) fn count_decision(&self, admitted: bool) {
+        self.metrics.policy_decision(self.policy.label(), admitted);
+        if admitted {
+            self.metrics.admitted();
+        } else {
+            self.metrics.refused();
+        }
     }
 
     fn on_unavailable(&self, key: &str, n: u32, e: redis::RedisError) -> Result<(), RedisDenied> {

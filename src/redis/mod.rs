@@ -74,4 +74,5 @@ pub use limiter::RedisLimiter;
 use policy::Failure;
 pub use policy::FailurePolicy;
 
+use crate::metrics::LimitMetrics;
 use crate::{KeyedLimiter, NotUntil, Quota};

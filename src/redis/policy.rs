@@ -29,6 +29,17 @@ pub enum FailurePolicy {
     Local(Quota),
 }
 
+impl FailurePolicy {
+    /// The policy's name in the metrics' `policy` label.
+    pub(super) fn label(&self) -> &'static str {
+        match self {
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::Local(_) => "local",
+        }
+    }
+}
+
 /// What a failed call means.
 pub(super) enum Failure {
     /// No answer: unreachable, or slower than the timeout. The failure policy decides.
@@ -39,6 +50,17 @@ pub(super) enum Failure {
 }
 
 impl Failure {
+    /// [`Failure::of`], counted by kind for the limiter's metrics (feature `metrics`).
+    pub(super) fn counted(e: redis::RedisError, metrics: &LimitMetrics) -> Failure {
+        let failure = Failure::of(e);
+        metrics.redis_failure(match &failure {
+            Failure::Unreachable(_) => "unreachable",
+            Failure::Answered(RedisDenied::OutOfMemory(_)) => "out_of_memory",
+            Failure::Answered(_) => "rejected",
+        });
+        failure
+    }
+
     pub(super) fn of(e: redis::RedisError) -> Failure {
         use redis::{ErrorKind, ServerErrorKind};
         let unreachable = e.is_io_error()

@@ -87,39 +87,53 @@ impl RedisLimiter {
         {
             Ok((1, _, wait)) => {
                 if wait > 0 {
+                    let wait = Duration::from_nanos(u64::try_from(wait).unwrap_or(0));
+                    // Counted when booked: a waiter dropped while it sleeps gives its
+                    // booking back, but it was served a turn.
+                    self.metrics.waited(wait);
                     // Dropped while it sleeps (a cancelled waiter), the booking is given
                     // back.
-                    tokio::time::sleep(Duration::from_nanos(u64::try_from(wait).unwrap_or(0)))
-                        .await;
+                    tokio::time::sleep(wait).await;
+                } else {
+                    self.metrics.admitted();
                 }
                 booking.settle(); // its instant came: the cell is used
                 Ok(())
             }
             Ok((_, wait, _)) => {
                 booking.settle(); // refused: nothing booked
+                self.metrics.refused();
                 Err(RedisDenied::NotUntil(NotUntil::from_nanos(
                     u64::try_from(wait).unwrap_or(u64::MAX).max(1),
                 )))
             }
             // `booking` is dropped unsettled below: the call may have booked.
-            Err(e) => match (Failure::of(e), &self.policy, &self.local) {
-                (Failure::Answered(denied), _, _) => Err(denied),
-                (Failure::Unreachable(_), FailurePolicy::FailOpen, _) => Ok(()),
-                (Failure::Unreachable(_), FailurePolicy::Local(_), Some(local)) => {
-                    let key = key.to_owned();
-                    match max {
-                        None => {
-                            local.until_key_ready(&key).await;
-                            Ok(())
+            Err(e) => {
+                let decided = match (
+                    Failure::counted(e, &self.metrics),
+                    &self.policy,
+                    &self.local,
+                ) {
+                    (Failure::Answered(denied), _, _) => return Err(denied),
+                    (Failure::Unreachable(_), FailurePolicy::FailOpen, _) => Ok(()),
+                    (Failure::Unreachable(_), FailurePolicy::Local(_), Some(local)) => {
+                        let key = key.to_owned();
+                        match max {
+                            None => {
+                                local.until_key_ready(&key).await;
+                                Ok(())
+                            }
+                            Some(max) => local
+                                .until_key_ready_within(&key, max)
+                                .await
+                                .map_err(RedisDenied::NotUntil),
                         }
-                        Some(max) => local
-                            .until_key_ready_within(&key, max)
-                            .await
-                            .map_err(RedisDenied::NotUntil),
                     }
-                }
-                (Failure::Unreachable(e), _, _) => Err(RedisDenied::Unavailable(e)),
-            },
+                    (Failure::Unreachable(e), _, _) => Err(RedisDenied::Unavailable(e)),
+                };
+                self.count_decision(decided.is_ok());
+                decided
+            }
         }
     }
 }
