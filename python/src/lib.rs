@@ -11,6 +11,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
@@ -27,6 +28,7 @@ use paceline::{
 };
 use pyo3::exceptions::{PyOSError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 /// `count` cells per `per` seconds with `burst`, or a `ValueError` saying why not, in the
 /// Python API's words.
@@ -410,10 +412,58 @@ fn on_mismatch(name: &str) -> PyResult<OnMismatch> {
 }
 
 /// A booking cell and, unless turned off, an execution cell of the same quota (module
-/// docs).
+/// docs), and what this process's calls on it came to.
 struct Pair<L: Cell> {
     booked: Arc<L>,
     exec: Option<Arc<L>>,
+    stats: Stats,
+}
+
+/// Counts of this limiter object's calls (`stats()`): the Rust crate's `metrics` counters
+/// for Python. Relaxed: independent counters, read together only as a report.
+#[derive(Default)]
+struct Stats {
+    admitted: AtomicU64,
+    waited: AtomicU64,
+    refused: AtomicU64,
+    /// The waits of the `waited` calls, summed, and the longest (ns).
+    wait_total: AtomicU64,
+    wait_max: AtomicU64,
+}
+
+impl Stats {
+    fn admitted(&self) {
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A booking: admitted when its turn is now, else waited for `wait`.
+    fn booked(&self, wait: Duration) {
+        if wait.is_zero() {
+            return self.admitted();
+        }
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.waited.fetch_add(1, Ordering::Relaxed);
+        self.wait_total.fetch_add(nanos, Ordering::Relaxed);
+        self.wait_max.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// The report: `admitted`, `waited`, `refused`, `wait_seconds_total`,
+    /// `wait_seconds_max`.
+    fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        dict.set_item("admitted", get(&self.admitted))?;
+        dict.set_item("waited", get(&self.waited))?;
+        dict.set_item("refused", get(&self.refused))?;
+        let seconds = |c: &AtomicU64| Duration::from_nanos(get(c)).as_secs_f64();
+        dict.set_item("wait_seconds_total", seconds(&self.wait_total))?;
+        dict.set_item("wait_seconds_max", seconds(&self.wait_max))?;
+        Ok(dict)
+    }
 }
 
 impl<L: Cell> Pair<L> {
@@ -425,8 +475,29 @@ impl<L: Cell> Pair<L> {
         self.booked.quota().burst()
     }
 
-    /// Takes `n` cells now if nobody waits ahead and they fit; never waits.
+    /// [`Pair::take_now`], counted as admitted or refused.
     fn try_acquire(&self, key: &L::Key, n: u32) -> PyResult<bool> {
+        let taken = self.take_now(key, n)?;
+        if taken {
+            self.stats.admitted();
+        } else {
+            self.stats.refused();
+        }
+        Ok(taken)
+    }
+
+    /// `acquire`'s first step: [`Pair::take_now`], counted only when admitted (otherwise
+    /// the booking that follows is what counts).
+    fn acquire_now(&self, key: &L::Key, n: u32) -> PyResult<bool> {
+        let taken = self.take_now(key, n)?;
+        if taken {
+            self.stats.admitted();
+        }
+        Ok(taken)
+    }
+
+    /// Takes `n` cells now if nobody waits ahead and they fit; never waits.
+    fn take_now(&self, key: &L::Key, n: u32) -> PyResult<bool> {
         check_n(n, self.burst())?;
         if self.exec.as_ref().is_some_and(|exec| !exec.fits(key, n)) {
             return Ok(false);
@@ -460,11 +531,23 @@ impl<L: Cell> Pair<L> {
     /// Books `n` cells in the FIFO queue within `timeout` seconds (None: no maximum).
     fn book(&self, key: &L::Key, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
         check_n(n, self.burst())?;
-        let held = self
-            .booked
-            .reserve(key, n, max_wait(timeout)?)
-            .map_err(too_late)?;
+        let held = self.reserve(key, n, timeout)?;
         Ok(Ticket::new(held))
+    }
+
+    /// Books `n` cells within `timeout` seconds, counted: admitted (the turn is now),
+    /// waited, or refused (too far away: `TimeoutError`).
+    fn reserve(&self, key: &L::Key, n: u32, timeout: Option<f64>) -> PyResult<Held> {
+        match self.booked.reserve(key, n, max_wait(timeout)?) {
+            Ok(held) => {
+                self.stats.booked(held.ready_in());
+                Ok(held)
+            }
+            Err(denied) => {
+                self.stats.refused();
+                Err(too_late(denied))
+            }
+        }
     }
 
     /// Takes `n` cells from the execution cell at the moment the work runs: a ticket to
@@ -487,10 +570,7 @@ impl<L: Cell> Pair<L> {
         timeout: Option<f64>,
     ) -> PyResult<()> {
         check_n(n, self.burst())?;
-        let booked = self
-            .booked
-            .reserve(key, n, max_wait(timeout)?)
-            .map_err(too_late)?;
+        let booked = self.reserve(key, n, timeout)?;
         block(py, booked)?;
         if let Some(exec) = &self.exec {
             let run = exec.reserve(key, n, Duration::MAX).map_err(too_late)?;
@@ -693,6 +773,14 @@ macro_rules! core_methods {
                 self.0.try_acquire(&(), n)
             }
 
+            fn acquire_now(&self, n: u32) -> PyResult<bool> {
+                self.0.acquire_now(&(), n)
+            }
+
+            fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                self.0.stats.report(py)
+            }
+
             fn remaining(&self) -> u32 {
                 self.0.remaining(&())
             }
@@ -738,6 +826,16 @@ macro_rules! core_methods {
 
             fn try_acquire(&self, key: String, n: u32) -> PyResult<bool> {
                 self.0.try_acquire(&self.0.key(key), n)
+            }
+
+            fn acquire_now(&self, key: String, n: u32) -> PyResult<bool> {
+                self.0.acquire_now(&self.0.key(key), n)
+            }
+
+            fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                let report = self.0.stats.report(py)?;
+                report.set_item("keys", self.len())?;
+                Ok(report)
             }
 
             fn remaining(&self, key: String) -> u32 {
@@ -823,6 +921,7 @@ fn new_core(count: u32, per: f64, burst: u32, execution_bound: bool) -> PyResult
     Ok(Core(Pair {
         booked: Arc::new(Limiter::new(quota)),
         exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
+        stats: Stats::default(),
     }))
 }
 
@@ -846,6 +945,7 @@ fn new_keyed_core(
     Ok(KeyedCore(Pair {
         booked: make(),
         exec: execution_bound.then(make),
+        stats: Stats::default(),
     }))
 }
 
@@ -870,6 +970,7 @@ fn new_shared_core(
     Ok(SharedCore(Pair {
         booked: Arc::new(booked),
         exec,
+        stats: Stats::default(),
     }))
 }
 
@@ -894,6 +995,7 @@ fn new_shared_keyed_core(
     Ok(SharedKeyedCore(Pair {
         booked: Arc::new(booked),
         exec,
+        stats: Stats::default(),
     }))
 }
 

@@ -29,7 +29,7 @@ import itertools
 import os
 import threading
 import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from ._paceline import (
     Ticket,
@@ -326,6 +326,14 @@ class Limiter:
         """Cells a ``try_acquire`` would get right now; spends nothing."""
         return self._core.remaining()
 
+    def stats(self) -> Dict[str, Union[int, float]]:
+        """What this limiter object's calls came to, since it was made: ``admitted`` (at
+        once), ``waited`` (admitted after waiting a turn; a waiter cancelled before its
+        turn counts too), ``refused`` (``try_acquire`` returning False, a ``timeout`` the
+        turn was beyond), ``wait_seconds_total`` and ``wait_seconds_max`` of the waited
+        ones. A shared limiter counts this process's calls."""
+        return self._core.stats()
+
     def wait_time(self, n: int = 1) -> float:
         """Seconds until ``n`` cells would be admitted (0.0: now); spends nothing."""
         return self._core.wait_time(_count("n", n, 0))
@@ -342,7 +350,7 @@ class Limiter:
         if timeout is not None:
             timeout = _timeout(timeout)
         # Room now, and nobody waiting ahead: no booking, no sleep.
-        if core.try_acquire(n):
+        if core.acquire_now(n):
             return
         await self._waiting.wait(core.book(n, timeout))
         run = core.run(n)
@@ -459,6 +467,10 @@ class KeyedLimiter:
     def __len__(self) -> int:
         return len(self._core)
 
+    def stats(self) -> Dict[str, Union[int, float]]:
+        """``Limiter.stats``'s counts over every key, and ``keys``, the keys stored."""
+        return self._core.stats()
+
     def try_acquire(self, key: str, n: int = 1) -> bool:
         """Takes ``n`` cells of ``key`` now if they fit and nobody waits ahead."""
         return self._core.try_acquire(self._key(key), _count("n", n, 0))
@@ -481,7 +493,7 @@ class KeyedLimiter:
             n = _count("n", n, 0)
         if timeout is not None:
             timeout = _timeout(timeout)
-        if core.try_acquire(key, n):
+        if core.acquire_now(key, n):
             return
         await self._waiting.wait(core.book(key, n, timeout))
         run = core.run(key, n)
