@@ -330,3 +330,54 @@ fn a_cancelled_turn_never_moves_another_processs_turn_together_with_ours() {
     drop(y);
     assert!(ours.reserve(1).unwrap().ready_in() < Duration::from_millis(3_100));
 }
+
+#[test]
+fn a_refund_gives_back_only_the_last_admission_and_every_opener_sees_it() {
+    let dir = Dir::new("refund");
+    let path = dir.path("keys");
+    let quota = Quota::per_hour(3);
+    let one = SharedKeyedLimiter::open(&path, quota, 64).unwrap();
+    let two = SharedKeyedLimiter::open(&path, quota, 64).unwrap();
+    let a = one.check_key_refundable("k").unwrap();
+    let b = two.check_key_refundable("k").unwrap();
+    // `a` is not the word's last admission: it stays spent.
+    one.refund_key("k", a);
+    assert_eq!(two.remaining_key("k"), 1);
+    // `b` is, so it comes back, for both openers.
+    two.refund_key("k", b);
+    assert_eq!(one.remaining_key("k"), 2);
+    // A refund for another key, or one already made, changes nothing.
+    let c = one.check_key_refundable("k").unwrap();
+    one.refund_key("other", c);
+    assert_eq!(one.remaining_key("k"), 1);
+    one.refund_key("k", c);
+    one.refund_key("k", c);
+    assert_eq!(one.remaining_key("k"), 2);
+    // A refused key has nothing to give back, and says how long.
+    one.check_key_n("k", 2).unwrap();
+    let refused = two.check_key_refundable("k").unwrap_err();
+    assert!(refused.wait_time() > Duration::from_secs(1_000));
+}
+
+#[test]
+fn a_snapshot_reads_the_key_as_the_in_process_limiter_would() {
+    let dir = Dir::new("snapshot");
+    let path = dir.path("keys");
+    let quota = Quota::per_second(10).with_burst(4);
+    let shared = SharedKeyedLimiter::open(&path, quota, 64).unwrap();
+    let fresh = shared.snapshot_key("new");
+    assert_eq!((fresh.remaining(), fresh.burst()), (4, 4));
+    assert!(fresh.until_full().is_zero() && fresh.until_next().is_zero());
+    shared.check_key_n("k", 4).unwrap();
+    let spent = shared.snapshot_key("k");
+    assert_eq!(spent.remaining(), 0);
+    // The next cell at most 100 ms away and the whole burst three cells after it, from
+    // one reading (however long since the check).
+    assert!(!spent.until_next().is_zero());
+    assert!(spent.until_next() <= Duration::from_millis(100));
+    assert_eq!(
+        spent.until_full() - spent.until_next(),
+        Duration::from_millis(300)
+    );
+    assert_eq!(spent.quota(), quota);
+}

@@ -112,7 +112,7 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
                 return Err(Refusal::MissingKey(why));
             }
         };
-        match limit.limiter.check_key_refundable(&key) {
+        match limit.store.check_refundable(&key) {
             // The last limit's admission never needs giving back.
             Ok(_) if i == last => last_admitted = true,
             Ok(admission) => taken.push((i, key, admission)),
@@ -136,7 +136,7 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
 /// The one limit of a layer, for `key`: admitted, or refused with the key's state.
 #[inline]
 fn check_one<C: Clock>(limit: &Limit<C>, key: &ClientKey) -> Result<(), Refusal> {
-    match limit.limiter.check_key_or_state(key) {
+    match limit.store.check_or_state(key) {
         Ok(()) => {
             limit.count_admitted();
             Ok(())
@@ -151,7 +151,7 @@ fn check_one<C: Clock>(limit: &Limit<C>, key: &ClientKey) -> Result<(), Refusal>
 /// Gives back the cells a refused request took from the earlier limits.
 pub(super) fn undo_all<C: Clock>(config: &Config<C>, taken: Vec<(usize, ClientKey, KeyAdmission)>) {
     for (i, key, admission) in taken {
-        config.limits[i].limiter.refund_key(&key, admission);
+        config.limits[i].store.refund(&key, admission);
     }
 }
 
@@ -159,7 +159,7 @@ pub(super) fn undo_all<C: Clock>(config: &Config<C>, taken: Vec<(usize, ClientKe
 /// in the key's FIFO (given back if dropped before its instant).
 pub(super) enum Booked<'a, C: Clock> {
     Now(KeyAdmission),
-    Later(KeyReservation<'a, ClientKey, C>),
+    Later(Turn<'a, C>),
 }
 
 /// One cell of `key` on `limit` within `max`: admitted now, booked for later, or why not.
@@ -168,12 +168,12 @@ fn book<'a, C: Clock>(
     key: &ClientKey,
     max: Duration,
 ) -> Result<Booked<'a, C>, NotUntil> {
-    match limit.limiter.check_key_refundable(key) {
+    match limit.store.check_refundable(key) {
         Ok(admission) => return Ok(Booked::Now(admission)),
         Err(e) if e.wait_time() > max => return Err(e),
         Err(_) => {}
     }
-    match limit.limiter.reserve_key_within(key, 1, max) {
+    match limit.store.reserve_within(key, max) {
         Ok(turn) => Ok(Booked::Later(turn)),
         // Too late, or a new key at a full key table (nothing booked, the wait until a
         // slot frees): the request is refused.
@@ -266,7 +266,7 @@ impl<C: Clock> Drop for Bookings<'_, C> {
         for (i, key, booking) in self.taken.drain(..) {
             match booking {
                 Some(Booked::Now(admission)) => {
-                    self.config.limits[i].limiter.refund_key(key, admission);
+                    self.config.limits[i].store.refund(key, admission);
                 }
                 // Dropping a booking cancels it (its cell back if before its instant).
                 Some(Booked::Later(turn)) => turn.cancel(),

@@ -29,7 +29,7 @@ pub(super) fn put_fields<'a, C: Clock>(
     put_states(
         config,
         limits.map(|(limit, key)| {
-            let state = key.as_ref().map(|key| limit.limiter.snapshot_key(key));
+            let state = key.as_ref().map(|key| limit.store.snapshot(key));
             (limit, state)
         }),
         headers,

@@ -1,5 +1,6 @@
-//! One limit of the layer: its name (as the `RateLimit` fields write it), its keyed
-//! limiter and its key source; and what to do with a request that has no key.
+//! One limit of the layer: its name (as the `RateLimit` fields write it), where its keys
+//! are kept (`store.rs`) and its key source; and what to do with a request that has no
+//! key.
 
 use super::*;
 
@@ -12,14 +13,14 @@ use super::*;
 /// use paceline::{http::{KeySource, Limit}, Quota};
 /// let per_key = Limit::new("per-key", Quota::per_minute(600), KeySource::header(http::HeaderName::from_static("x-api-key")))
 ///     .with_max_keys(100_000);
-/// assert_eq!(per_key.limiter().len(), 0);
+/// assert_eq!(per_key.limiter().map(|l| l.len()), Some(0));
 /// ```
 #[derive(Clone)]
 pub struct Limit<C: Clock = DefaultClock> {
     pub(super) name: Arc<str>,
     /// `name` as a structured-field string, quotes and escapes included.
     pub(super) field_name: Arc<str>,
-    pub(super) limiter: Arc<KeyedLimiter<ClientKey, C>>,
+    pub(super) store: Store<C>,
     pub(super) source: KeySource,
     /// The refusal's headers and body, built once for `quota` (`prebuilt.rs`).
     pub(super) prebuilt: Arc<Prebuilt>,
@@ -169,9 +170,9 @@ impl<C: Clock> Limit<C> {
             metrics: LimitMetrics::new(name),
             field_name,
             name: name.into(),
-            limiter: Arc::new(
+            store: Store::Local(Arc::new(
                 KeyedLimiter::with_clock(quota, clock).with_max_keys(DEFAULT_MAX_KEYS),
-            ),
+            )),
             source,
         })
     }
@@ -189,23 +190,77 @@ impl<C: Clock> Limit<C> {
     /// let small = Limit::new("per-ip", Quota::per_second(1), KeySource::peer_ip()).with_max_keys(10_000);
     /// # let _ = small;
     /// ```
+    ///
+    /// A limit kept in a shared file ([`Limit::shared`]) holds the file's capacity
+    /// instead, fixed when the file was made: this changes nothing there.
     pub fn with_max_keys(self, max: usize) -> Limit<C> {
-        self.limiter.set_max_keys(max);
+        match &self.store {
+            Store::Local(limiter) => limiter.set_max_keys(max),
+            #[cfg(feature = "shared")]
+            Store::Shared(_) => {}
+        }
         self
     }
 
-    /// The keyed limiter behind this limit: to check, retune (`set_quota`) or inspect it
-    /// outside the middleware.
+    /// The in-process keyed limiter behind this limit: to check, retune (`set_quota`) or
+    /// inspect it outside the middleware. `None` for a limit kept in a shared file
+    /// ([`Limit::shared`]), which any process inspects by opening the file.
     ///
     /// # Examples
     ///
     /// ```
     /// use paceline::{http::{ClientKey, KeySource, Limit}, Quota};
     /// let limit = Limit::new("api", Quota::per_second(5), KeySource::global());
-    /// assert_eq!(limit.limiter().remaining_key(&ClientKey::Global), 5);
+    /// assert_eq!(limit.limiter().unwrap().remaining_key(&ClientKey::Global), 5);
     /// ```
-    pub fn limiter(&self) -> &KeyedLimiter<ClientKey, C> {
-        &self.limiter
+    pub fn limiter(&self) -> Option<&KeyedLimiter<ClientKey, C>> {
+        match &self.store {
+            Store::Local(limiter) => Some(limiter),
+            #[cfg(feature = "shared")]
+            Store::Shared(_) => None,
+        }
+    }
+}
+
+#[cfg(feature = "shared")]
+impl Limit {
+    /// A limit whose keys live in `limiter`, a shared file every process of the host
+    /// opens (feature `shared`): the worker processes of one server (gunicorn, uvicorn's
+    /// `--workers`, any pre-fork server) then enforce one bound per client between them,
+    /// with no Redis. The quota and the key capacity are the file's. Keys are the same
+    /// bytes in every process, whatever language it runs (Python's `paceline.asgi` shares
+    /// the file too).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidLimitName`], as [`Limit::try_new`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{KeySource, Limit, RateLimitLayer}, shared::SharedKeyedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-http-shared-{}", std::process::id()));
+    /// // In every worker: 10 per second per client, across all of them.
+    /// let per_client = SharedKeyedLimiter::open(&path, Quota::per_second(10), 100_000)?;
+    /// let layer = RateLimitLayer::new().limit(Limit::shared("per-ip", per_client, KeySource::peer_ip())?);
+    /// # let _ = layer;
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shared(
+        name: &str,
+        limiter: crate::shared::SharedKeyedLimiter,
+        source: KeySource,
+    ) -> Result<Limit, InvalidLimitName> {
+        let field_name = field_name(name)?;
+        Ok(Limit {
+            prebuilt: Arc::new(Prebuilt::new(name, &field_name, limiter.quota())),
+            metrics: LimitMetrics::new(name),
+            field_name,
+            name: name.into(),
+            store: Store::Shared(Arc::new(limiter)),
+            source,
+        })
     }
 }
 
@@ -230,8 +285,7 @@ impl<C: Clock> Limit<C> {
 
     #[inline]
     fn count_keys(&self) {
-        self.metrics
-            .keys(|| self.limiter.clock_now(), || self.limiter.len());
+        self.metrics.keys(|| self.store.now(), || self.store.len());
     }
 }
 

@@ -66,6 +66,7 @@ mod network;
 mod prebuilt;
 mod response;
 mod service;
+mod store;
 
 pub use body::RefusalBody;
 use key::Missing;
@@ -80,6 +81,7 @@ use fields::*;
 use layer::*;
 use prebuilt::*;
 use response::*;
+use store::{Store, Turn};
 
 use core::fmt;
 use core::future::Future;

@@ -59,7 +59,7 @@ pub(super) fn states<C: Clock>(
         .limits
         .iter()
         .zip(keys)
-        .map(|(limit, key)| key.as_ref().map(|key| limit.limiter.snapshot_key(key)))
+        .map(|(limit, key)| key.as_ref().map(|key| limit.store.snapshot(key)))
         .collect()
 }
 

@@ -33,6 +33,20 @@ pub struct KeyAdmission {
     cost: u64,
 }
 
+impl KeyAdmission {
+    /// The TAT the admission left and its cost, for a limiter of another kind (the shared
+    /// keyed limiter) that keeps the same record.
+    #[cfg(feature = "shared")]
+    pub(crate) fn new(tat: u64, cost: u64) -> KeyAdmission {
+        KeyAdmission { tat, cost }
+    }
+
+    #[cfg(feature = "shared")]
+    pub(crate) fn parts(self) -> (u64, u64) {
+        (self.tat, self.cost)
+    }
+}
+
 impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// [`KeyedLimiter::check_key`], returning what [`KeyedLimiter::refund_key`] needs to
     /// give the cell back: for taking a cell from several limits at once or none.

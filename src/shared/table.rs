@@ -122,6 +122,25 @@ impl Slot<'_> {
         }
     }
 
+    /// Gives back `cost` of `key`'s word `lane` if it still holds `tat`, the TAT an
+    /// admission left (nothing admitted or booked since: `TatWord::refund` for a slot).
+    /// A slot that no longer holds `key` is left alone. Were it taken for another key
+    /// between the check and the exchange, its word would be at or before now (a slot is
+    /// taken only once both words refilled), and a TAT lowered there decides nothing
+    /// differently.
+    pub(crate) fn refund(&self, key: Key, lane: usize, tat: u64, cost: u64) {
+        if self.holds(key) {
+            // AcqRel on success, Acquire on failure: as `spend`'s exchange (module docs);
+            // a failed one means the word moved on, and the cell stays spent.
+            let _ = self.words[lane].compare_exchange(
+                tat,
+                tat.saturating_sub(cost),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+
     /// The word `lane`, to read.
     #[inline]
     pub(crate) fn word(&self, lane: usize) -> u64 {

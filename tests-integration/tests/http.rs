@@ -224,12 +224,20 @@ async fn in_wait_mode_a_refusal_by_a_later_limit_gives_the_earlier_cells_back() 
     assert_eq!(send(addr, with_key("x")).await.status, StatusCode::OK);
     // x's per-key cell is booked 100 ms ahead, then the global limit refuses (an hour):
     // the booking is cancelled, and x's state is back to what the first request left.
-    let after_first = per_key.limiter().snapshot_key(&key("x")).until_full();
+    let after_first = per_key
+        .limiter()
+        .unwrap()
+        .snapshot_key(&key("x"))
+        .until_full();
     let refused = send(addr, with_key("x")).await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.header("retry-after"), "3600");
     assert_eq!(
-        per_key.limiter().snapshot_key(&key("x")).until_full(),
+        per_key
+            .limiter()
+            .unwrap()
+            .snapshot_key(&key("x"))
+            .until_full(),
         after_first,
         "the booked per-key cell was not given back"
     );
@@ -239,7 +247,7 @@ async fn in_wait_mode_a_refusal_by_a_later_limit_gives_the_earlier_cells_back() 
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(
-        per_key.limiter().remaining_key(&key("y")),
+        per_key.limiter().unwrap().remaining_key(&key("y")),
         1,
         "y's cell was spent"
     );
@@ -361,7 +369,7 @@ fn realtime_waiting_mode_proceeds_in_turn_and_a_client_that_leaves_gives_its_cel
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut until_full = Duration::MAX;
         while Instant::now() < deadline {
-            until_full = limit.limiter().snapshot_key(&key).until_full();
+            until_full = limit.limiter().unwrap().snapshot_key(&key).until_full();
             if until_full < Duration::from_millis(1_000) {
                 break;
             }
@@ -463,5 +471,5 @@ async fn a_plain_hyper_service_with_full_bytes_bodies() {
         .starts_with("Too Many Requests"));
     // Counted under the peer address, not the keyless key.
     let peer = paceline::http::ClientKey::Ip("127.0.0.1".parse().unwrap());
-    assert_eq!(limit.limiter().remaining_key(&peer), 0);
+    assert_eq!(limit.limiter().unwrap().remaining_key(&peer), 0);
 }

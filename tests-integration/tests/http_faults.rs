@@ -30,6 +30,7 @@ async fn realtime_in_wait_mode_a_full_key_table_lets_no_key_through_unlimited() 
     for i in 0..200 {
         let _ = limit
             .limiter()
+            .unwrap()
             .check_key(&ClientKey::Text(format!("filler-{i}").into()));
     }
     let layer = RateLimitLayer::new()
@@ -158,6 +159,7 @@ async fn limit_names_are_escaped_or_refused() {
 fn fields_of(limit: &Limit<ManualClock>, key: &str) -> (String, String) {
     let state = limit
         .limiter()
+        .unwrap()
         .snapshot_key(&ClientKey::Text(key.to_owned().into()));
     let ceil = |d: Duration| d.as_nanos().div_ceil(1_000_000_000);
     (
@@ -199,7 +201,7 @@ async fn a_refusal_tells_the_keys_state_when_it_is_spent_and_when_the_table_is_f
     // until a slot frees, and then its whole burst is there.
     for i in 0..200 {
         let filler = ClientKey::Text(format!("filler-{i}").into());
-        let _ = limit.limiter().check_key_n(&filler, 2);
+        let _ = limit.limiter().unwrap().check_key_n(&filler, 2);
     }
     let refused = get("newcomer").await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);

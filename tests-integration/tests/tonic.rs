@@ -52,7 +52,7 @@ async fn a_tonic_server_refuses_with_resource_exhausted_per_peer_address() {
     );
     // Counted under the client's address (tonic's `TcpConnectInfo`), not the keyless key.
     let key = ClientKey::Ip("127.0.0.1".parse().unwrap());
-    assert_eq!(per_ip.limiter().remaining_key(&key), 0);
+    assert_eq!(per_ip.limiter().unwrap().remaining_key(&key), 0);
     // Half an hour later one more call passes.
     clock.advance(Duration::from_secs(1_800));
     client.check(check()).await.unwrap();
