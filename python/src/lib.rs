@@ -9,6 +9,8 @@
 //! (an event loop that stalled) books there and waits again, so the work never runs
 //! faster than the quota however late the loop was.
 
+mod asgi;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -400,7 +402,7 @@ fn shared_error(e: SharedError) -> PyErr {
 }
 
 /// What to do with a file holding another quota: "refuse", "adopt" or "replace".
-fn on_mismatch(name: &str) -> PyResult<OnMismatch> {
+pub(crate) fn on_mismatch(name: &str) -> PyResult<OnMismatch> {
     match name {
         "refuse" => Ok(OnMismatch::Refuse),
         "adopt" => Ok(OnMismatch::Adopt),
@@ -1009,6 +1011,9 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SharedKeyedCore>()?;
     m.add_class::<Ticket>()?;
     m.add_class::<Follower>()?;
+    m.add_class::<asgi::AsgiCore>()?;
+    m.add_class::<asgi::Waiting>()?;
+    m.add_function(wrap_pyfunction!(asgi::new_asgi_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_keyed_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_core, m)?)?;

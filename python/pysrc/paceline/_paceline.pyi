@@ -1,6 +1,6 @@
 """Type stubs of the Rust half of paceline (booking, the FIFO queue, the arithmetic)."""
 
-from typing import Dict, Optional, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 class Ticket:
     """A booked turn."""
@@ -76,3 +76,36 @@ class Follower:
         quotas: bool = True,
     ) -> None: ...
     def apply(self, status: int, headers: list) -> Optional[float]: ...
+
+class Waiting:
+    """A request of paceline.asgi waiting its booked turn."""
+
+    def poll(self, wake: Callable[[], None]) -> Optional[tuple]:
+        """The outcome once the turn came, or None (then `wake` is called, from any
+        thread, when to poll again)."""
+    def cancel(self) -> None:
+        """Gives every booking back."""
+
+class AsgiCore:
+    """paceline's HTTP layer for one paceline.asgi middleware."""
+
+    def check(
+        self,
+        method: str,
+        path: str,
+        headers: Sequence[Tuple[bytes, bytes]],
+        client: Optional[Tuple[str, int]],
+        keys: Optional[List[Optional[str]]] = None,
+    ) -> Union[tuple, Waiting]:
+        """`(True, fields)` to pass the request, `(False, status, headers, body,
+        refusal)` to answer it, or a `Waiting` in wait mode."""
+
+def new_asgi_core(
+    limits: List[tuple],
+    headers_on_success: bool,
+    legacy_headers: bool,
+    wait_up_to: Optional[float],
+    missing: Optional[str],
+    python_refusals: bool,
+    exempt_options: bool = True,
+) -> AsgiCore: ...
