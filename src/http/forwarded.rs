@@ -6,7 +6,7 @@ use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::HeaderMap;
 
-use super::network::{canonical, Network};
+use super::network::{bits, canonical, Network};
 
 /// Built once at compile time: `HeaderName::from_static` at run time validates the name
 /// on every call.
@@ -24,7 +24,11 @@ pub(crate) fn client_behind(
     trusted: &[Network],
     forwarded: bool,
 ) -> Option<IpAddr> {
-    let is_trusted = |ip: IpAddr| trusted.iter().any(|net| net.contains(ip));
+    // The address is converted once for all the networks.
+    let is_trusted = |ip: IpAddr| {
+        let ip = bits(ip);
+        trusted.iter().any(|net| net.holds(ip))
+    };
     if !is_trusted(peer) {
         return Some(canonical(peer));
     }

@@ -19,6 +19,11 @@ use core::net::{IpAddr, Ipv6Addr};
 pub struct Network {
     addr: IpAddr,
     prefix: u8,
+    /// Made once for `contains`, which runs for every hop of every request behind
+    /// proxies: the address's top `prefix` bits (as a `u128`, IPv4 in the low 32) and
+    /// their mask.
+    net: u128,
+    mask: u128,
 }
 
 /// Why a network could not be parsed.
@@ -51,11 +56,26 @@ impl core::str::FromStr for Network {
         if prefix > max {
             return Err(bad());
         }
-        Ok(Network { addr, prefix })
+        Ok(Network::new(addr, prefix))
     }
 }
 
 impl Network {
+    /// `addr/prefix`, with `prefix` at most the address's width.
+    fn new(addr: IpAddr, prefix: u8) -> Network {
+        let (bits, width) = match addr {
+            IpAddr::V4(v4) => (u128::from(u32::from(v4)), 32),
+            IpAddr::V6(v6) => (u128::from(v6), 128),
+        };
+        let mask = mask(u128::MAX, width, prefix);
+        Network {
+            addr,
+            prefix,
+            net: bits & mask,
+            mask,
+        }
+    }
+
     /// Whether `ip` is inside this network (IPv4-mapped IPv6 addresses count as IPv4).
     ///
     /// # Examples
@@ -66,17 +86,30 @@ impl Network {
     /// ```
     #[inline]
     pub fn contains(&self, ip: IpAddr) -> bool {
-        // The addresses agree in their top `prefix` bits: the bits that differ, shifted
-        // past the host part, are none (`checked_shr` is `None` for a /0, which holds all).
-        let prefix = u32::from(self.prefix);
-        match (self.addr, canonical(ip)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => (u32::from(net) ^ u32::from(ip))
-                .checked_shr(32 - prefix.min(32))
-                .is_none_or(|differ| differ == 0),
-            (IpAddr::V6(net), IpAddr::V6(ip)) => (u128::from(net) ^ u128::from(ip))
-                .checked_shr(128 - prefix.min(128))
-                .is_none_or(|differ| differ == 0),
-            _ => false,
+        self.holds(bits(ip))
+    }
+
+    /// [`Network::contains`] for an address already in [`bits`]'s form, so a caller
+    /// that tries several networks converts it once.
+    #[inline]
+    pub(super) fn holds(&self, (bits, v4): (u128, bool)) -> bool {
+        v4 == self.addr.is_ipv4() && bits & self.mask == self.net
+    }
+}
+
+/// An address as a network compares it: its bits (IPv4 in the low 32) and whether it is
+/// IPv4, IPv4-mapped IPv6 (`::ffff:a.b.c.d`) counting as IPv4.
+#[inline]
+pub(super) fn bits(ip: IpAddr) -> (u128, bool) {
+    match ip {
+        IpAddr::V4(v4) => (u128::from(u32::from(v4)), true),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            if bits >> 32 == 0xffff {
+                (bits & u128::from(u32::MAX), true)
+            } else {
+                (bits, false)
+            }
         }
     }
 }
@@ -147,13 +180,13 @@ mod tests {
                 let p = u32::from(p);
                 p == 0 || (a >> (bits - p)) == (b >> (bits - p))
             };
-            let v4 = Network { addr: IpAddr::V4(net.into()), prefix };
+            let v4 = Network::new(IpAddr::V4(net.into()), prefix);
             proptest::prop_assert_eq!(
                 v4.contains(IpAddr::V4(addr.into())),
                 holds(net.into(), addr.into(), 32, prefix)
             );
             proptest::prop_assert!(v4.contains(IpAddr::V4(net.into())));
-            let v6 = Network { addr: IpAddr::V6(net6.into()), prefix: prefix6 };
+            let v6 = Network::new(IpAddr::V6(net6.into()), prefix6);
             proptest::prop_assert_eq!(
                 v6.contains(IpAddr::V6(addr6.into())),
                 holds(net6, addr6, 128, prefix6) && Ipv6Addr::from(addr6).to_ipv4_mapped().is_none()
