@@ -9,8 +9,10 @@ that uvicorn starts builds the same middleware:
                  "shared": path or null}],
      "headers_on_success": bool, "wait_up_to": seconds or null, "json_refusal": bool}
 
-Routes: `/pid` (exempt: the tests' readiness probe), `/` (limited by the middleware only), `/login` (a RouteLimit dependency on top,
-2 per hour per client) and `/decorated` (a RouteLimit decorator, 2 per hour per client).
+Routes: `/pid` (exempt: the tests' readiness probe), `/` (limited by the middleware
+only), `/upload` (echoes its body's length), `/login` (a RouteLimit dependency on top, 2
+per hour per client), `/decorated` (a RouteLimit decorator on a FastAPI endpoint, 2 per
+hour per client) and `/plain` (the same on a plain Starlette endpoint).
 """
 
 import json
@@ -98,6 +100,18 @@ async def login():
 @decorated_limit.limit
 async def decorated(request: Request):
     return PlainTextResponse("decorated")
+
+
+plain_limit = RouteLimit(Limit("plain", rate=2, per=3600.0, key=route_key), headers_on_success=True)
+
+
+@plain_limit.limit
+async def plain(request):
+    # A Starlette endpoint (no FastAPI parameters), routed as Starlette routes are.
+    return PlainTextResponse("plain")
+
+
+app.add_route("/plain", plain)
 
 
 @app.get("/pid")

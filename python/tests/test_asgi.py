@@ -383,9 +383,10 @@ def test_fastapi_dependency_and_starlette_decorator(serve):
             logins = [await http.post("/login", headers=h) for _ in range(3)]
             other = await http.post("/login", headers={"x-forwarded-for": "192.0.2.51"})
             decorated = [await http.get("/decorated", headers=h) for _ in range(3)]
-            return logins, other, decorated
+            plain = [await http.get("/plain", headers=h) for _ in range(3)]
+            return logins, other, decorated, plain
 
-    logins, other, decorated = asyncio.run(run())
+    logins, other, decorated, plain = asyncio.run(run())
     assert [r.status_code for r in logins] == [200, 200, 429]
     assert logins[2].headers["retry-after"] == "1800"
     assert logins[2].headers["ratelimit"] == '"login";r=0;t=3600'
@@ -394,6 +395,9 @@ def test_fastapi_dependency_and_starlette_decorator(serve):
     assert [r.status_code for r in decorated] == [200, 200, 429]
     assert decorated[0].headers["ratelimit"] == '"decorated";r=1;t=1800'
     assert decorated[2].headers["retry-after"] == "1800"
+    assert [r.status_code for r in plain] == [200, 200, 429]
+    assert plain[1].headers["ratelimit"] == '"plain";r=0;t=3600'
+    assert plain[2].headers["retry-after"] == "1800"
 
 
 def test_bad_configuration_raises_at_start_up():

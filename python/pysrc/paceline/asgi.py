@@ -138,7 +138,7 @@ class Limit:
     """One named quota per client: ``rate`` requests per ``per`` seconds, up to ``burst``
     at once (default: ``rate``, as "10 per second" lets 10 through at once), keyed by
     ``key`` (default: the peer address). ``max_keys`` bounds the clients kept in this
-    process; ``shared`` is a file that every worker of the host opens instead (in
+    process (default 1 000 000, as in the Rust layer); ``shared`` is a file that every worker of the host opens instead (in
     ``/dev/shm`` to stay in memory), with room for ``capacity`` clients (32 bytes each).
     A shared file made for another quota is refused at start-up unless ``on_mismatch`` is
     ``"adopt"`` (use the file's) or ``"replace"`` (set this quota for every process: for a
