@@ -37,11 +37,13 @@ impl KeyAdmission {
     /// The TAT the admission left and its cost, for a limiter of another kind (the shared
     /// keyed limiter) that keeps the same record.
     #[cfg(feature = "shared")]
+    #[cfg_attr(loom, allow(dead_code))] // loom builds leave the shared keyed limiter out
     pub(crate) fn new(tat: u64, cost: u64) -> KeyAdmission {
         KeyAdmission { tat, cost }
     }
 
     #[cfg(feature = "shared")]
+    #[cfg_attr(loom, allow(dead_code))] // as `new`
     pub(crate) fn parts(self) -> (u64, u64) {
         (self.tat, self.cost)
     }

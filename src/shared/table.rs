@@ -128,6 +128,7 @@ impl Slot<'_> {
     /// between the check and the exchange, its word would be at or before now (a slot is
     /// taken only once both words refilled), and a TAT lowered there decides nothing
     /// differently.
+    #[cfg_attr(loom, allow(dead_code))] // the models leave the keyed limiter out
     pub(crate) fn refund(&self, key: Key, lane: usize, tat: u64, cost: u64) {
         if self.holds(key) {
             // AcqRel on success, Acquire on failure: as `spend`'s exchange (module docs);
