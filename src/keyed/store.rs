@@ -47,12 +47,15 @@
 //! pollers do, would otherwise each be forgotten just before its next visit and
 //! re-inserted on it, every visit paying the write lock). So:
 //!
-//! * a stable population of recurring clients costs only the read path: with no new key
-//!   there is no sweep at all, and while the tables grow to hold the population, a client
-//!   seen since the last sweep survives the next one, so the keys that keep coming back
-//!   count as kept and the table grows to hold them instead of forgetting them (a sweep
-//!   of every replenished key would forget every client under its limit and re-insert
-//!   it under the write lock on its next visit);
+//! * a stable population of recurring clients that come back within about a sweep
+//!   interval costs only the read path: with no new key there is no sweep at all, and
+//!   while the tables grow to hold the population, a client seen since the last sweep
+//!   survives the next one, so the keys that keep coming back count as kept and the
+//!   table grows to hold them instead of forgetting them (a sweep of every replenished
+//!   key would forget every client under its limit and re-insert it under the write lock
+//!   on its next visit). Clients whose visits are further apart than the sweeps are
+//!   forgotten between them and stored again on their next visit (BENCHMARKS.md, "Where
+//!   the keyed table loses");
 //! * keys that stopped coming are forgotten at the second sweep after their last
 //!   admission, so memory follows the active population: the table grows only when more
 //!   than three quarters of it was admitted within about one sweep interval (plus the
