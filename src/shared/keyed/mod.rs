@@ -1,7 +1,5 @@
 //! [`SharedKeyedLimiter`]: a quota per key for every process that opens the same file.
 
-use core::future::Future;
-use core::time::Duration;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
@@ -9,24 +7,23 @@ use std::sync::Arc;
 
 use siphasher::sip128::SipHasher13;
 
+mod admission;
+mod waiting;
+
+pub use waiting::OwnedSharedKeyReservation;
+
 use super::error::SharedError;
 use super::file::{self, Flock};
 use super::layout::{self, Kind};
 use super::limiter::Shared;
 use super::table::{Claiming, Key, Moved, Slot};
 use super::OnMismatch;
-use crate::cell::TatWord;
 use crate::clock::{Clock, HostClock};
 use crate::error::{self, Denied, NotUntil};
-use crate::gcra::{self, Params};
+use crate::gcra::Params;
 use crate::quota::Quota;
 use crate::sync::{Mutex, Ordering};
-use crate::wait::{
-    self,
-    block::block_on,
-    future::{Acquire, Target},
-    queue::Waiters,
-};
+use crate::wait::queue::Waiters;
 
 /// Why one cell was not admitted: the key's cell is spent (the wait until it refills
 /// enough), or no slot could take the new key (the wait until one frees).
@@ -442,114 +439,6 @@ impl SharedKeyedLimiter {
         }
     }
 
-    /// [`SharedKeyedLimiter::check_key`], returning what
-    /// [`SharedKeyedLimiter::refund_key`] needs to give the cell back: for taking a cell
-    /// from several limits at once or none ([`KeyedLimiter::check_key_refundable`] across
-    /// processes).
-    ///
-    /// [`KeyedLimiter::check_key_refundable`]: crate::KeyedLimiter::check_key_refundable
-    ///
-    /// # Errors
-    ///
-    /// [`NotUntil`] as [`SharedKeyedLimiter::check_key`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kr-{}", std::process::id()));
-    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(1), 64)?;
-    /// let taken = limiter.check_key_refundable("a")?;
-    /// limiter.refund_key("a", taken); // nothing was done with it
-    /// assert!(limiter.check_key("a").is_ok());
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn check_key_refundable(
-        &self,
-        key: impl AsRef<[u8]>,
-    ) -> Result<crate::KeyAdmission, NotUntil> {
-        self.spend_one(self.key(key.as_ref()))
-            .map(|(tat, cost)| crate::KeyAdmission::new(tat, cost))
-            .map_err(|refusal| NotUntil::from_nanos(refusal.into()))
-    }
-
-    /// Gives back the cell `admission` (from [`SharedKeyedLimiter::check_key_refundable`]
-    /// on this limiter and key) took, if nothing was admitted or booked on `key` since, in
-    /// any process; otherwise it stays spent (the limit only ever errs on the strict side).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kr2-{}", std::process::id()));
-    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(2), 64)?;
-    /// let a = limiter.check_key_refundable("k")?;
-    /// let b = limiter.check_key_refundable("k")?;
-    /// limiter.refund_key("k", a); // not the last admission: stays spent
-    /// limiter.refund_key("k", b); // the last one: given back
-    /// assert_eq!(limiter.remaining_key("k"), 1);
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn refund_key(&self, key: impl AsRef<[u8]>, admission: crate::KeyAdmission) {
-        let key = self.key(key.as_ref());
-        let (tat, cost) = admission.parts();
-        if let Some(slot) = self.find(key) {
-            slot.refund(key, self.lane, tat, cost);
-        }
-    }
-
-    /// `key`'s state now (as [`KeyedLimiter::snapshot_key`]): its quota, the cells a
-    /// check would admit, and the time until the next one and until its whole burst is
-    /// back. For a key that is not stored, its whole burst (or, when no slot could take
-    /// it, nothing until a slot frees).
-    ///
-    /// [`KeyedLimiter::snapshot_key`]: crate::KeyedLimiter::snapshot_key
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-ks-{}", std::process::id()));
-    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_second(10), 64)?;
-    /// limiter.check_key_n("a", 10)?;
-    /// let state = limiter.snapshot_key("a");
-    /// assert_eq!((state.remaining(), state.until_full().as_millis() > 900), (0, true));
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn snapshot_key(&self, key: impl AsRef<[u8]>) -> crate::Snapshot {
-        let params = self.params();
-        let key = self.key(key.as_ref());
-        let now = self.clock.now();
-        match self.find(key) {
-            Some(slot) => crate::Snapshot::of(params, slot.word(self.lane), now),
-            None if self.window(key).any(|slot| slot.claimable(now)) => {
-                crate::Snapshot::of(params, 0, now)
-            }
-            None => crate::Snapshot::refused(params, self.room_wait(key, now)),
-        }
-    }
-
-    /// [`SharedKeyedLimiter::check_key`] answering a refusal with the key's state just
-    /// then, worked out from the refusal (the HTTP layer's 429 fields).
-    #[cfg(feature = "tower")]
-    pub(crate) fn check_key_or_state(&self, key: impl AsRef<[u8]>) -> Result<(), crate::Snapshot> {
-        let params = self.params();
-        match self.spend_one(self.key(key.as_ref())) {
-            Ok(_) => Ok(()),
-            Err(Refusal::Spent(wait)) => Err(crate::Snapshot::after_refusal(params, wait)),
-            Err(Refusal::NoSlot(wait)) => Err(crate::Snapshot::refused(params, wait)),
-        }
-    }
-
-    /// Time now on the host clock (ns; the HTTP layer's metrics schedule by it).
-    #[cfg(feature = "tower")]
-    pub(crate) fn clock_now(&self) -> u64 {
-        self.clock.now()
-    }
-
     /// One cell of `key`: the TAT its admission left and its cost, or why not.
     fn spend_one(&self, key: Key) -> Result<(u64, u64), Refusal> {
         let params = self.params();
@@ -561,71 +450,6 @@ impl SharedKeyedLimiter {
             Ok(Err(wait)) => Err(Refusal::Spent(wait)),
             Err(wait) => Err(Refusal::NoSlot(wait)),
         }
-    }
-
-    /// How many cells `check_key_n` would admit for `key` right now; spends and stores
-    /// nothing (0 for a new key that no slot can take).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-ka-{}", std::process::id()));
-    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(10), 64)?;
-    /// limiter.check_key_n("a", 4)?;
-    /// assert_eq!((limiter.remaining_key("a"), limiter.remaining_key("b")), (6, 10));
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn remaining_key(&self, key: impl AsRef<[u8]>) -> u32 {
-        let params = self.params();
-        let key = self.key(key.as_ref());
-        let now = self.clock.now();
-        match self.find(key) {
-            Some(slot) => gcra::remaining(slot.word(self.lane), now, &params),
-            None if self.window(key).any(|slot| slot.claimable(now)) => params.burst(),
-            None => 0,
-        }
-    }
-
-    /// How long from now until `n` cells of `key` would be admitted (zero: now); spends
-    /// and stores nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`crate::InsufficientCapacity`] when `n` exceeds the burst.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kb-{}", std::process::id()));
-    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(1), 64)?;
-    /// limiter.check_key("a")?;
-    /// assert!(limiter.peek_key_n("a", 1)?.as_secs() > 3500);
-    /// assert!(limiter.peek_key_n("b", 1)?.is_zero());
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn peek_key_n(
-        &self,
-        key: impl AsRef<[u8]>,
-        n: u32,
-    ) -> Result<Duration, crate::InsufficientCapacity> {
-        let params = self.params();
-        let cost = match error::cost(&params, n) {
-            Ok(cost) => cost,
-            Err(Denied::InsufficientCapacity(e)) => return Err(e),
-            Err(Denied::NotUntil(e)) => return Ok(e.wait_time()),
-        };
-        let key = self.key(key.as_ref());
-        let now = self.clock.now();
-        let wait = match self.find(key) {
-            Some(slot) => gcra::admit(slot.word(self.lane), now, cost, params.tau()).err(),
-            None if self.window(key).any(|slot| slot.claimable(now)) => None,
-            None => Some(self.room_wait(key, now)),
-        };
-        Ok(Duration::from_nanos(wait.unwrap_or(0)))
     }
 
     /// How many keys are stored and not yet refilled (indistinguishable from new), in
@@ -664,237 +488,5 @@ impl SharedKeyedLimiter {
     /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Holds every cell of `key` back for `d` from now (as
-    /// [`SharedLimiter::hold_for`](super::SharedLimiter::hold_for) for its one quota),
-    /// storing the key if it is not (a key no slot can take is not held).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # use std::time::Duration;
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-khold-{}", std::process::id()));
-    /// let per_host = SharedKeyedLimiter::open(&path, Quota::per_second(10), 64)?;
-    /// per_host.hold_key_for("api.example.com", Duration::from_secs(1));
-    /// assert!(per_host.check_key("api.example.com").is_err());
-    /// assert!(per_host.check_key("other.example.com").is_ok());
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn hold_key_for(&self, key: impl AsRef<[u8]>, d: Duration) {
-        let target = self.target(key.as_ref());
-        let (waiters, params) = (target.waiters(), target.params());
-        let now = self.clock.now();
-        let until = now.saturating_add(wait::duration_nanos(d));
-        if let Ok(arm) = target.with_word(|cell| waiters.hold(cell, &params, now, until)) {
-            waiters.schedule(arm);
-        }
-    }
-
-    fn target(&self, key: &[u8]) -> KeyTarget<&SharedKeyedLimiter> {
-        KeyTarget {
-            key: self.key(key),
-            limiter: self,
-        }
-    }
-
-    /// Waits its booked turn for one cell of `key`, in every process's FIFO for that key.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-ke-{}", std::process::id()));
-    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_second(1000).with_burst(1), 64)?;
-    /// futures::executor::block_on(async {
-    ///     limiter.until_key_ready("a").await;
-    ///     limiter.until_key_ready("a").await; // ~1 ms later
-    /// });
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn until_key_ready(&self, key: impl AsRef<[u8]>) -> impl Future<Output = ()> + Send + '_ {
-        wait::ready(self.target(key.as_ref()))
-    }
-
-    /// Waits its booked turn for `n` cells of `key` if it comes within `max`; otherwise
-    /// books nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`Denied::NotUntil`] when the turn is further than `max`;
-    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # use std::time::Duration;
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kf-{}", std::process::id()));
-    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(1), 64)?;
-    /// limiter.check_key("a")?;
-    /// let soon = limiter.until_key_n_ready_within("a", 1, Duration::from_secs(1));
-    /// assert!(futures::executor::block_on(soon).is_err());
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn until_key_n_ready_within(
-        &self,
-        key: impl AsRef<[u8]>,
-        n: u32,
-        max: Duration,
-    ) -> impl Future<Output = Result<(), Denied>> + Send + '_ {
-        wait::n_ready_within(self.target(key.as_ref()), n, max)
-    }
-
-    /// Blocks the calling thread for its booked turn for one cell of `key`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kg-{}", std::process::id()));
-    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_second(1000).with_burst(1), 64)?;
-    /// limiter.wait_key("a");
-    /// limiter.wait_key("a");
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn wait_key(&self, key: impl AsRef<[u8]>) {
-        block_on(self.until_key_ready(key));
-    }
-
-    /// Books `n` cells of `key` within `max`, owning the limiter: a value that gives them
-    /// back if dropped before its instant (as
-    /// [`KeyedLimiter::reserve_key_within_owned`](crate::KeyedLimiter::reserve_key_within_owned)).
-    ///
-    /// # Errors
-    ///
-    /// [`Denied::NotUntil`] when the turn is further than `max`, or no slot can take a new
-    /// key (nothing booked); [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
-    /// # use std::{sync::Arc, time::Duration};
-    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kh-{}", std::process::id()));
-    /// let limiter = Arc::new(SharedKeyedLimiter::open(&path, Quota::per_second(100), 64)?);
-    /// let turn = Arc::clone(&limiter).reserve_key_within_owned("a", 1, Duration::MAX)?;
-    /// assert!(turn.is_ready());
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn reserve_key_within_owned(
-        self: Arc<Self>,
-        key: impl AsRef<[u8]>,
-        n: u32,
-        max: Duration,
-    ) -> Result<OwnedSharedKeyReservation, Denied> {
-        let key = self.key(key.as_ref());
-        let target = KeyTarget { key, limiter: self };
-        crate::wait::turn::Turn::book(Acquire::new(target, n, wait::duration_nanos(max)))
-            .map(|turn| OwnedSharedKeyReservation { turn })
-    }
-}
-
-/// One key of a shared keyed limiter, as the waiting path's target.
-#[derive(Debug)]
-pub(crate) struct KeyTarget<L> {
-    limiter: L,
-    key: Key,
-}
-
-impl<L: core::ops::Deref<Target = SharedKeyedLimiter>> Target for KeyTarget<L> {
-    type Clock = HostClock;
-
-    fn params(&self) -> Params {
-        self.limiter.params()
-    }
-
-    fn clock(&self) -> &HostClock {
-        &self.limiter.clock
-    }
-
-    fn waiters(&self) -> Arc<Waiters<HostClock>> {
-        let limiter = &*self.limiter;
-        let mut queues = limiter.waiters.lock();
-        if queues.len() >= 64 {
-            queues.retain(|_, queue| Arc::strong_count(queue) > 1 || !queue.is_empty());
-        }
-        Arc::clone(
-            queues
-                .entry(self.key)
-                .or_insert_with(|| Waiters::new(limiter.clock.clone())),
-        )
-    }
-
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        // A booking runs the queue's code, not a check that looks at the tag between its
-        // loads and its swap: under the claim lock, no claim can take the slot meanwhile.
-        let limiter = &*self.limiter;
-        let now = limiter.clock.now();
-        limiter.with_claim_lock(self.key, now, |token| {
-            let slot = limiter.claim_locked(self.key, now, token)?;
-            Ok(f(TatWord::in_place(slot.words[limiter.lane])))
-        })
-    }
-
-    fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
-        let limiter = &*self.limiter;
-        let slot = limiter.find(self.key)?;
-        Some(f(
-            TatWord::in_place(slot.words[limiter.lane]),
-            limiter.clock.now(),
-        ))
-    }
-}
-
-/// A booked turn for a key of a [`SharedKeyedLimiter`], owning the limiter: made by
-/// [`SharedKeyedLimiter::reserve_key_within_owned`]; the promises of a
-/// [`SharedReservation`](super::SharedReservation).
-///
-/// # Examples
-///
-/// ```
-/// # use paceline::{shared::SharedKeyedLimiter, Quota};
-/// # use std::{sync::Arc, time::Duration};
-/// # let path = std::env::temp_dir().join(format!("paceline-doc-ki-{}", std::process::id()));
-/// let limiter = Arc::new(SharedKeyedLimiter::open(&path, Quota::per_second(100), 64)?);
-/// let turn = Arc::clone(&limiter).reserve_key_within_owned("a", 1, Duration::MAX)?;
-/// std::thread::spawn(move || turn.wait()).join().unwrap();
-/// # std::fs::remove_file(&path)?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[must_use = "dropping a reservation before its instant gives its cells back"]
-pub struct OwnedSharedKeyReservation {
-    turn: crate::wait::turn::Turn<KeyTarget<Arc<SharedKeyedLimiter>>>,
-}
-
-impl OwnedSharedKeyReservation {
-    crate::wait::turn::reservation_methods!(
-        "let path = std::env::temp_dir().join(format!(\"paceline-doc-kj-{}\", std::process::id()));\nlet limiter = std::sync::Arc::new(paceline::shared::SharedKeyedLimiter::open(&path, paceline::Quota::per_second(1000), 64).unwrap());\nlet turn = limiter.reserve_key_within_owned(\"a\", 1, std::time::Duration::MAX).unwrap();"
-    );
-}
-
-impl core::fmt::Debug for OwnedSharedKeyReservation {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("OwnedSharedKeyReservation")
-            .field("ready_in", &self.ready_in())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Future for OwnedSharedKeyReservation {
-    type Output = ();
-
-    /// Ready at the reservation's instant (at once if it has come).
-    fn poll(
-        mut self: core::pin::Pin<&mut Self>,
-        cx: &mut core::task::Context<'_>,
-    ) -> core::task::Poll<()> {
-        self.turn.poll(cx)
     }
 }
