@@ -32,7 +32,7 @@ pub(super) struct Shared {
     pub(super) map: Mapping,
     pub(super) quota: FileQuota,
     pub(super) clock: HostClock,
-    /// Kept for the key claims' lock (`keyed.rs`); unused by direct files.
+    /// Kept for the key claims' lock (`keyed/`); unused by direct files.
     pub(super) file: std::fs::File,
     /// What the file holds, as checked against its length when it was opened (never read
     /// from the header again: see `file.rs`).
