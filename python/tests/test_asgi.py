@@ -262,12 +262,14 @@ def test_custom_refusal_keeps_retry_after_and_the_fields(serve):
     assert refused.headers["content-type"] == "application/json"
 
 
+def paced(rate, per, wait_up_to):
+    """One global limit (burst 1) in wait mode."""
+    limit = {"name": "paced", "rate": rate, "per": per, "burst": 1, "key": ["global"]}
+    return {"limits": [limit], "wait_up_to": wait_up_to}
+
+
 def test_wait_mode_serves_in_turn_at_the_rate(serve):
-    config = {
-        "limits": [{"name": "paced", "rate": 10, "per": 1.0, "burst": 1, "key": ["global"]}],
-        "wait_up_to": 5.0,
-    }
-    server = serve(config)
+    server = serve(paced(rate=10, per=1.0, wait_up_to=5.0))
 
     async def run():
         async with server.client() as http:
@@ -282,11 +284,7 @@ def test_wait_mode_serves_in_turn_at_the_rate(serve):
 
 
 def test_wait_mode_refuses_beyond_wait_up_to(serve):
-    config = {
-        "limits": [{"name": "paced", "rate": 1, "per": 60.0, "burst": 1, "key": ["global"]}],
-        "wait_up_to": 1.0,
-    }
-    server = serve(config)
+    server = serve(paced(rate=1, per=60.0, wait_up_to=1.0))
 
     async def run():
         async with server.client() as http:
@@ -345,11 +343,7 @@ def test_a_client_that_leaves_while_waiting_gives_its_turn_back():
 
 
 def test_a_request_body_read_while_waiting_reaches_the_app(serve):
-    config = {
-        "limits": [{"name": "paced", "rate": 5, "per": 1.0, "burst": 1, "key": ["global"]}],
-        "wait_up_to": 5.0,
-    }
-    server = serve(config)
+    server = serve(paced(rate=5, per=1.0, wait_up_to=5.0))
 
     async def run():
         async with server.client() as http:
