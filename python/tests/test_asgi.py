@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from paceline.asgi import KeySource, Limit, RateLimitMiddleware, RouteLimit
+from paceline.asgi import KeySource, Limit, RateLimitMiddleware
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOUR = 3600.0

@@ -56,9 +56,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _log = logging.getLogger("paceline.asgi")
 
-# The content type the Rust layer gives a refusal that Python answers itself.
-_FOR_PYTHON = b"application/x-paceline-refusal"
-
 
 class KeySource:
     """Which client a request counts against, for one limit."""
