@@ -209,3 +209,97 @@ fn a_turn_the_forking_thread_holds_across_the_fork_comes_at_its_instant_in_the_c
     theirs.join().unwrap();
     result.unwrap();
 }
+
+/// Set by this test's own prepare handler once a fork is under way.
+static FORKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A prepare handler that makes the fork last: it tells the racing thread a fork has begun,
+/// then holds the fork back long enough for that thread to reach the C library's fork
+/// lock (which `pthread_atfork` waits for) before the process is copied.
+extern "C" fn slow_prepare() {
+    FORKING.store(true, std::sync::atomic::Ordering::SeqCst);
+    thread::sleep(Duration::from_millis(200));
+}
+
+/// Runs in a process of its own (see
+/// `a_child_copied_while_paceline_was_first_used_is_served`): another thread's first use
+/// of something paceline runs threads for begins while this thread forks.
+///
+/// * `timer`: a limiter exists; the other thread's first wait asks the default clock's
+///   timer for the first time.
+/// * `coarse`: the other thread makes the first coarse clock.
+fn race_first_use_with_a_fork(which: &str) {
+    // SAFETY: `slow_prepare` is a plain function that never unwinds and lives for the
+    // whole program.
+    let registered = unsafe { libc::pthread_atfork(Some(slow_prepare), None, None) };
+    assert_eq!(registered, 0);
+    let limiter = Arc::new(Limiter::new(Quota::per_second(5).with_burst(1)));
+    limiter.check().unwrap();
+    let racer = {
+        let limiter = Arc::clone(&limiter);
+        let timer = which == "timer";
+        thread::spawn(move || {
+            while !FORKING.load(std::sync::atomic::Ordering::SeqCst) {
+                thread::yield_now();
+            }
+            if timer {
+                // Its turn is 200 ms away: it books and asks the timer, for the first time.
+                limiter.wait();
+            } else {
+                drop(CoarseClock::with_resolution(Duration::from_millis(1)));
+            }
+        })
+    };
+    let result = in_child(|| {
+        let started = Instant::now();
+        if which == "timer" {
+            limiter.wait();
+        } else {
+            let coarse = CoarseClock::with_resolution(Duration::from_millis(1));
+            let paced = Limiter::with_clock(Quota::per_second(50).with_burst(1), coarse);
+            for _ in 0..3 {
+                paced.wait();
+            }
+        }
+        started.elapsed() < Duration::from_secs(4)
+    });
+    racer.join().unwrap();
+    result.unwrap();
+}
+
+/// The first wait on the default clock, or the first coarse clock, may come while another
+/// thread forks (the C library runs only the fork handlers it had when the fork began):
+/// the child must still be served. Each case needs a process in which the timer and the
+/// coarse clocks never ran, so the test runs itself again in a new process.
+#[test]
+fn a_child_copied_while_paceline_was_first_used_is_served() {
+    const MODE: &str = "PACELINE_TEST_FORK_RACE";
+    if let Ok(which) = std::env::var(MODE) {
+        race_first_use_with_a_fork(&which);
+        return;
+    }
+    for which in ["timer", "coarse"] {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_child_copied_while_paceline_was_first_used_is_served",
+                "--test-threads=1",
+            ])
+            .env(MODE, which)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > LIMIT * 2 {
+                child.kill().unwrap();
+                panic!("{which}: the process racing a fork hung");
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        assert!(status.success(), "{which}: {status}");
+    }
+}

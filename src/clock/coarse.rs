@@ -3,7 +3,7 @@
 use core::task::Waker;
 use core::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crossbeam_utils::CachePadded;
 
@@ -76,14 +76,7 @@ impl CoarseClock {
             now: CachePadded::new(AtomicU64::new(DefaultClock::default().now())),
             resolution: resolution.as_nanos() as u64,
         });
-        static REGISTER: Once = Once::new();
-        REGISTER.call_once(|| {
-            fork::at_fork(
-                Some(hold_for_fork),
-                Some(release_after_fork),
-                Some(restart_after_fork),
-            );
-        });
+        fork::register();
         let mut live = live();
         live.retain(|clock| clock.strong_count() > 0);
         live.push(Arc::downgrade(&shared));
@@ -121,17 +114,22 @@ std::thread_local! {
 }
 
 /// Fork's prepare handler: no constructor is half-way through the list at the fork.
-extern "C" fn hold_for_fork() {
-    HELD.with(|held| held.set(Some(live())));
+pub(super) fn hold_for_fork() {
+    HELD.with(|held| {
+        let guard = held.take();
+        // Registered twice (`fork.rs`): the first run holds it already.
+        let guard = guard.unwrap_or_else(live);
+        held.set(Some(guard));
+    });
 }
 
 /// Fork's parent handler.
-extern "C" fn release_after_fork() {
+pub(super) fn release_after_fork() {
     drop(HELD.with(core::cell::Cell::take));
 }
 
 /// Fork's child handler: each clock alive gets a fresh reading and a new upkeep thread.
-extern "C" fn restart_after_fork() {
+pub(super) fn restart_after_fork() {
     let Some(live) = HELD.with(core::cell::Cell::take) else {
         return;
     };

@@ -25,33 +25,117 @@
 //! Handlers run inside `fork`, in C's calling convention: they must not unwind, so they
 //! only lock (poisoning ignored), move values and spawn threads, none of which panics.
 //! A thread that cannot be spawned in the child is spawned by the next wake-up request.
+//!
+//! **Registered once, early, for every module.** One set of handlers serves the timer,
+//! the coarse clocks and the fork count. The C library runs the handlers it had when a
+//! fork began: a set registered while another thread forks does not run for that fork,
+//! and the child inherits the timer exactly as it was copied, server thread recorded and
+//! gone, so its waiters sleep for ever. Registered by the first wait, that window was as
+//! wide as a program that forks soon after it starts waiting makes it. So the set is
+//! registered by the first limiter or clock made in the process (every constructor reads
+//! [`generation`]), holding no lock of paceline's. What remains is a fork in another
+//! thread at the very moment the process's first limiter or clock is made, and used
+//! before the fork copies the process: that child's clock threads are not restarted.
+//!
+//! **Registering never hangs a child.** `pthread_atfork` waits while the C library runs
+//! a fork's handlers, and a child copied while a thread of its parent was registering
+//! would find a `Once` around the registration "running" for ever, and hang. So the
+//! registration is recorded in one atomic word instead: done, or the process id of the
+//! process one of whose threads is registering. A thread of that same process waits for
+//! it (it finishes when the fork does); a thread that finds another process's id (its
+//! parent's, copied mid-registration) registers the handlers itself. The child handler
+//! marks them registered in the child, so that handlers that ran are not registered
+//! again. A claim of this process's own id that lasts longer than any fork (an
+//! ancestor's, whose id this process was given again) is taken over after
+//! [`CLAIM_PATIENCE`]; a prepare handler registered twice finds its lock held by its own
+//! thread and leaves it at that.
 
-use core::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Once;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-/// Forks this process descends through, counted by a child handler.
+use super::{coarse, timer};
+
+/// Forks this process descends through, counted by the child handler.
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
+/// [`REGISTERED`], or the id of the process one of whose threads is registering the
+/// handlers, or 0 before anyone has.
+static REGISTRATION: AtomicU32 = AtomicU32::new(0);
+
+/// `REGISTRATION` once the handlers are registered. No process has this id: Linux caps
+/// ids at 2^22, and the BSDs and macOS lower still.
+const REGISTERED: u32 = u32::MAX;
+
+/// How long a thread waits for a registration claimed in its own process before it
+/// registers the handlers itself: far longer than a fork takes (module docs).
+const CLAIM_PATIENCE: Duration = Duration::from_secs(1);
+
 /// How many forks lie between this process and the one that first asked: 0 in the
-/// process where paceline was first used, 1 in its children, and so on.
+/// process where paceline was first used, 1 in its children, and so on. Registers the
+/// fork handlers on its first call in a process.
 pub(crate) fn generation() -> u64 {
-    static REGISTER: Once = Once::new();
-    REGISTER.call_once(|| at_fork(None, None, Some(count_fork)));
+    register();
     // Relaxed: the counter publishes nothing. The child handler runs before the child
     // has any thread but the forking one, and later threads are spawned after it.
     FORKS.load(Ordering::Relaxed)
 }
 
-extern "C" fn count_fork() {
-    // Relaxed: as in `generation`.
+/// Registers the fork handlers unless they are. Returns once they are registered in this
+/// process, never waiting on a registration that a fork copied half-way (module docs).
+pub(super) fn register() {
+    // Acquire: pairs with the Release below, so whoever sees the handlers registered
+    // sees every effect of registering them.
+    let mut seen = REGISTRATION.load(Ordering::Acquire);
+    let mut waiting_since: Option<Instant> = None;
+    while seen != REGISTERED {
+        let me = std::process::id();
+        let since = *waiting_since.get_or_insert_with(Instant::now);
+        if seen == me && since.elapsed() < CLAIM_PATIENCE {
+            // Another thread of this process is registering: it returns when the fork
+            // that holds it up (if any) is over.
+            std::thread::yield_now();
+            seen = REGISTRATION.load(Ordering::Acquire);
+            continue;
+        }
+        // Nobody has registered, or a fork copied another process's registration
+        // half-way (that process's id): claim it for this process.
+        match REGISTRATION.compare_exchange(seen, me, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => {
+                at_fork(Some(prepare), Some(parent), Some(child));
+                REGISTRATION.store(REGISTERED, Ordering::Release);
+                return;
+            }
+            Err(now) => seen = now,
+        }
+    }
+}
+
+/// Before the fork: no module is half-way through a change when the process is copied.
+extern "C" fn prepare() {
+    timer::hold_for_fork();
+    coarse::hold_for_fork();
+}
+
+/// In the parent after the fork.
+extern "C" fn parent() {
+    coarse::release_after_fork();
+    timer::release_after_fork();
+}
+
+/// In the child: count the fork, and start the threads that did not come along.
+extern "C" fn child() {
+    // Relaxed: the child has no other thread yet; threads spawned later see these.
+    REGISTRATION.store(REGISTERED, Ordering::Relaxed);
     FORKS.fetch_add(1, Ordering::Relaxed);
+    timer::restart_after_fork();
+    coarse::restart_after_fork();
 }
 
 /// Registers the three handlers (see the module docs). Registration failing (out of
 /// memory) leaves forked children without the restart, as they were before; nothing else
 /// depends on it.
 #[cfg(unix)]
-pub(super) fn at_fork(
+fn at_fork(
     prepare: Option<extern "C" fn()>,
     parent: Option<extern "C" fn()>,
     child: Option<extern "C" fn()>,
@@ -64,7 +148,7 @@ pub(super) fn at_fork(
 
 /// Elsewhere there is no `fork`.
 #[cfg(not(unix))]
-pub(super) fn at_fork(
+fn at_fork(
     _prepare: Option<extern "C" fn()>,
     _parent: Option<extern "C" fn()>,
     _child: Option<extern "C" fn()>,

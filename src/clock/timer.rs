@@ -46,6 +46,7 @@ use core::task::Waker;
 use core::time::Duration;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, Thread};
@@ -68,12 +69,12 @@ const WATCHDOG_IDLE: u64 = 1_000_000_000;
 type Key = (u64, u64);
 
 /// Everything under the timer's lock.
-#[derive(Default)]
 struct State {
     entries: BTreeMap<Key, Waker>,
     /// The keys of each waker's entries, by the waker's data address. An address is unique
-    /// while an entry holds a clone of that waker (the clone keeps it alive).
-    by_waker: HashMap<usize, Vec<Key>>,
+    /// while an entry holds a clone of that waker (the clone keeps it alive). Addresses
+    /// are not chosen by anyone who could aim at collisions, so the fixed-key hasher does.
+    by_waker: HashMap<usize, Vec<Key>, BuildHasherDefault<DefaultHasher>>,
     seq: u64,
     /// The generation of the thread that serves the map; older threads exit.
     generation: u64,
@@ -91,6 +92,21 @@ struct State {
 }
 
 impl State {
+    const fn new() -> State {
+        State {
+            entries: BTreeMap::new(),
+            by_waker: HashMap::with_hasher(BuildHasherDefault::new()),
+            seq: 0,
+            generation: 0,
+            alive: 0,
+            server: None,
+            busy_since: 0,
+            watchdog: None,
+            watchdog_parked: false,
+            last_active: 0,
+        }
+    }
+
     fn insert(&mut self, at: u64, waker: Waker) -> bool {
         let key = (at, self.seq);
         self.seq = self.seq.wrapping_add(1);
@@ -156,21 +172,18 @@ impl State {
     }
 }
 
-static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+/// Made at compile time, not on first use: a fork while another thread were making it
+/// would leave it half-made in the child for ever (`fork.rs`).
+static STATE: Mutex<State> = Mutex::new(State::new());
 
+/// The lock, once the fork handlers that hold it across a fork are registered.
 fn lock() -> MutexGuard<'static, State> {
-    lock_state(STATE.get_or_init(|| {
-        fork::at_fork(
-            Some(hold_for_fork),
-            Some(release_after_fork),
-            Some(restart_after_fork),
-        );
-        Mutex::default()
-    }))
+    fork::register();
+    lock_state()
 }
 
-fn lock_state(state: &'static Mutex<State>) -> MutexGuard<'static, State> {
-    state
+fn lock_state() -> MutexGuard<'static, State> {
+    STATE
         .lock()
         // No critical section here runs foreign code, so a poisoned lock (impossible in
         // practice) carries no broken invariant.
@@ -185,14 +198,26 @@ thread_local! {
 
 /// Fork's prepare handler: takes the lock once the server is between wakes (or after
 /// [`STALL`], if a waker keeps it), and holds it across the fork (module docs).
-extern "C" fn hold_for_fork() {
-    let Some(state) = STATE.get() else {
+pub(super) fn hold_for_fork() {
+    if HELD.with(|held| {
+        let guard = held.take();
+        let holding = guard.is_some();
+        held.set(guard);
+        holding
+    }) {
+        // Registered twice (`fork.rs`): the first run holds it already.
         return;
-    };
-    let give_up = now().saturating_add(STALL);
+    }
+    // The clock is read only while the server is in a wake: a process that never used
+    // the timer forks without reading it (or making it).
+    let mut give_up = None;
     let guard = loop {
-        let guard = lock_state(state);
-        if guard.busy_since == 0 || now() >= give_up {
+        let guard = lock_state();
+        if guard.busy_since == 0 {
+            break guard;
+        }
+        let now = now();
+        if now >= *give_up.get_or_insert(now.saturating_add(STALL)) {
             break guard;
         }
         drop(guard);
@@ -202,13 +227,13 @@ extern "C" fn hold_for_fork() {
 }
 
 /// Fork's parent handler: lets the lock go.
-extern "C" fn release_after_fork() {
+pub(super) fn release_after_fork() {
     drop(HELD.with(Cell::take));
 }
 
 /// Fork's child handler: the parent's threads did not come along; serve what the child
 /// inherited with new ones (module docs).
-extern "C" fn restart_after_fork() {
+pub(super) fn restart_after_fork() {
     let Some(mut state) = HELD.with(Cell::take) else {
         return;
     };
@@ -258,9 +283,6 @@ pub(super) fn schedule(at: u64, waker: Waker) {
 
 /// Lets go of every entry for `waker` (see `Clock::forget_waker`).
 pub(super) fn forget(waker: &Waker) {
-    if STATE.get().is_none() {
-        return;
-    }
     let removed = lock().forget(waker);
     // Dropped after the lock: dropping a waker may run foreign code.
     drop(removed);

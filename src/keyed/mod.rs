@@ -123,6 +123,10 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(limiter.check_key(&1u32).is_err());
     /// ```
     pub fn with_clock(quota: Quota, clock: C) -> KeyedLimiter<K, C> {
+        // The fork handlers' first registration may wait out a fork in progress: here,
+        // holding no lock, rather than in the first waiter's queue, made under the map's
+        // lock (`clock/fork.rs`).
+        crate::clock::forks();
         KeyedLimiter {
             store: Store::new(),
             quota: SharedQuota::new(quota),

@@ -405,8 +405,11 @@ impl<C: Clock> Waiters<C> {
     /// The queue lock; in a process forked since the list was last touched, the list is
     /// forgotten first (module docs, "Fork").
     fn lock(&self) -> MutexGuard<'_, State> {
-        let mut state = self.state.lock();
+        // Read before the lock: it changes only in a child being born, and its first read
+        // in a process may wait out a fork in progress (`clock/fork.rs`), which must not
+        // happen holding the lock (the child would inherit it held).
         let generation = crate::clock::forks();
+        let mut state = self.state.lock();
         if state.generation != generation {
             state.generation = generation;
             // Forgotten without reading a node: some are on stacks the child reused.
