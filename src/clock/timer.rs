@@ -54,7 +54,7 @@ use std::thread::{self, Thread};
 use super::{fork, Clock, DefaultClock};
 
 /// The shortest time between two rounds of wake-ups (see the module docs).
-pub(super) const MIN_GAP: u64 = 500_000;
+pub(super) const MIN_GAP: u64 = 1_000_000;
 
 /// How long one wake may run before the map is handed to a successor thread.
 pub(crate) const STALL: u64 = 10_000_000;
