@@ -48,7 +48,7 @@ for path in call refused; do
 done
 
 # The HTTP layers' own cost: each layered call minus the same call without a layer.
-for path in call proxied proxied_returning tonic; do
+for path in call proxied proxied_returning proxied_sparse tonic; do
   for who in paceline governor; do
     call="http_$path"
     [ "$path" = tonic ] && call=tonic_call

@@ -9,7 +9,7 @@ mod http_request;
 
 use axum::body::Body;
 use harness::Op;
-use http_request::{call, governor_layer, paceline_layer, paceline_layer_on, Returning};
+use http_request::{call, governor_layer, paceline_layer, paceline_layer_on, Returning, Sparse};
 use tower_governor::key_extractor::SmartIpKeyExtractor;
 
 fn workload(name: &str) -> Option<Op> {
@@ -25,8 +25,8 @@ fn workload(name: &str) -> Option<Op> {
         ),
         "http_proxied/governor" => call::<_, Body>(governor_layer(SmartIpKeyExtractor), true),
         // The same clients, each back about every 0.8 s (`http_request::Returning`):
-        // tower-governor keeps every key, paceline's table forgets a client between its
-        // visits and stores it again.
+        // tower-governor keeps every key, paceline's table keeps a client seen within the
+        // last second.
         "http_proxied_returning/bare" => call::<_, Body>(tower::layer::util::Identity::new(), true),
         "http_proxied_returning/paceline" => call::<_, Body>(
             paceline_layer_on::<Returning>(paceline::http::KeySource::behind_proxies([
@@ -35,6 +35,18 @@ fn workload(name: &str) -> Option<Op> {
             true,
         ),
         "http_proxied_returning/governor" => {
+            call::<_, Body>(governor_layer(SmartIpKeyExtractor), true)
+        }
+        // Each back about every 3 s (`http_request::Sparse`): paceline's table forgets a
+        // client between its visits and stores it again.
+        "http_proxied_sparse/bare" => call::<_, Body>(tower::layer::util::Identity::new(), true),
+        "http_proxied_sparse/paceline" => call::<_, Body>(
+            paceline_layer_on::<Sparse>(paceline::http::KeySource::behind_proxies([
+                "127.0.0.1/32".parse().expect("a network"),
+            ])),
+            true,
+        ),
+        "http_proxied_sparse/governor" => {
             call::<_, Body>(governor_layer(SmartIpKeyExtractor), true)
         }
         _ => return None,
@@ -51,6 +63,9 @@ fn main() {
             "http_proxied_returning/bare",
             "http_proxied_returning/paceline",
             "http_proxied_returning/governor",
+            "http_proxied_sparse/bare",
+            "http_proxied_sparse/paceline",
+            "http_proxied_sparse/governor",
         ],
         workload,
     );

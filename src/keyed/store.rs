@@ -39,30 +39,31 @@
 //! **Forgetting: sweep instead of growing.** A shard forgets keys only when an insert finds
 //! its table without a free slot, the moment the table would otherwise reallocate. It
 //! then forgets the replenished keys that were *not admitted since the previous such
-//! sweep* (a TAT at or before that sweep's time; every admission leaves the TAT ahead of
-//! its own time), and rebuilds the table: twice as large if more than three quarters of it
+//! sweep, nor within the last second* (a TAT at or before both times; every admission
+//! leaves the TAT ahead of its own time), and rebuilds the table: twice as large if more than three quarters of it
 //! is left, smaller if less than an eighth is, the same size otherwise. A table that is
 //! full again less than 100 ms after its last sweep doubles without sweeping: it is too
 //! small for the clients that keep coming (clients that come back in a fixed order, as
 //! pollers do, would otherwise each be forgotten just before its next visit and
 //! re-inserted on it, every visit paying the write lock). So:
 //!
-//! * a stable population of recurring clients that come back within about a sweep
-//!   interval costs only the read path: with no new key there is no sweep at all, and
-//!   while the tables grow to hold the population, a client seen since the last sweep
-//!   survives the next one, so the keys that keep coming back count as kept and the
-//!   table grows to hold them instead of forgetting them (a sweep of every replenished
-//!   key would forget every client under its limit and re-insert it under the write lock
-//!   on its next visit). Clients whose visits are further apart than the sweeps are
-//!   forgotten between them and stored again on their next visit (BENCHMARKS.md, "Where
-//!   the keyed table loses");
-//! * keys that stopped coming are forgotten at the second sweep after their last
-//!   admission, so memory follows the active population: the table grows only when more
-//!   than three quarters of it was admitted within about one sweep interval (plus the
-//!   burst window), or when new keys fill it within 100 ms (it then holds about twice
-//!   the keys that arrive in 100 ms), and a rotating population settles at a fixed size
-//!   (`tests/keyed.rs` bounds it by 8x the keys admitted within a burst window plus
-//!   200 ms, where a map that never forgets holds every key it ever saw);
+//! * a stable population of recurring clients that come back within a second (or within
+//!   a sweep interval, if the sweeps are further apart) costs only the read path: with no
+//!   new key there is no sweep at all, and while the tables grow to hold the population,
+//!   a client seen within the second survives the next sweep, so the keys that keep
+//!   coming back count as kept and the table grows to hold them instead of forgetting
+//!   them (a sweep of every replenished key would forget every client under its limit
+//!   and re-insert it under the write lock on its next visit). Clients whose visits are
+//!   further apart than that are forgotten between them and stored again on their next
+//!   visit (BENCHMARKS.md, "Where the keyed table loses");
+//! * keys that stopped coming are forgotten at the first sweep that comes a second after
+//!   their last admission and after the next sweep, so memory follows the active
+//!   population: the table grows only when more than three quarters of it was admitted
+//!   within about a second (plus the burst window), or when new keys fill it within
+//!   100 ms (it then holds about twice the keys that arrive in 100 ms), and a rotating
+//!   population settles at a fixed size (`tests/keyed.rs` bounds it by 8x the keys
+//!   admitted within a burst window plus 1.2 s, where a map that never forgets holds
+//!   every key it ever saw);
 //! * a sweep costs O(table) and happens only after at least a quarter of the table was
 //!   inserted since the last one (or the table doubled): amortised O(1) per new key, with
 //!   no background thread; [`KeyedLimiter::retain_recent`] forgets every replenished key
@@ -320,6 +321,11 @@ struct Shard<K> {
 /// again sooner grows instead.
 const SWEEP_INTERVAL: u64 = 100_000_000;
 
+/// A sweep to avoid growing keeps every key admitted within this long (limiter time, ns),
+/// however long ago the previous sweep was: a client that comes back within it stays
+/// stored (module docs, "Forgetting").
+const IDLE_HORIZON: u64 = 1_000_000_000;
+
 /// Tables below this many keys grow without sweeping; smaller ones are not worth it.
 pub(super) const MIN_SWEEP_LEN: usize = 64;
 
@@ -358,7 +364,8 @@ impl<K: Hash> Shard<K> {
 
     /// Before inserting a key into a table with no free slot (the insert would make it
     /// grow), forgets instead the replenished keys that were not admitted since the last
-    /// such sweep (module docs, "Forgetting"), unless that sweep was less than
+    /// such sweep nor within [`IDLE_HORIZON`] (module docs, "Forgetting"), unless that
+    /// sweep was less than
     /// [`SWEEP_INTERVAL`] ago: a table that fills again that fast is too small for the
     /// clients that keep coming (in a fixed order, every one of them would be forgotten
     /// just before its next visit), and it doubles instead. Otherwise the table is
@@ -379,8 +386,9 @@ impl<K: Hash> Shard<K> {
             return;
         }
         // An admission at `t` leaves a TAT above `t`: a TAT at or before the last sweep
-        // means no admission since. `before <= now`, so such a key is replenished too.
-        self.sweep(before);
+        // means no admission since, and one at or before `now - IDLE_HORIZON` none within
+        // the horizon. Both are at most `now`, so such a key is replenished too.
+        self.sweep(before.min(now.saturating_sub(IDLE_HORIZON)));
         let kept = self.table.len();
         let target = if kept * 4 > capacity * 3 {
             // Mostly recent: forgetting would free too little to pay for the sweep.
