@@ -165,33 +165,33 @@ fn answer<B: Default>(_: Request<B>) -> Answer<B> {
 }
 
 /// What any layer pays at least to refuse with the IETF fields: a 429 with the four
-/// header fields paceline's refusal sends, their values made once and cloned, and a body
-/// made once (no limit, no key, no decision).
+/// header fields paceline's refusal sends, the whole field map made once and cloned (the
+/// cheapest way to send them: inserting the four into an empty map costs about twice as
+/// much), and a body made once (no limit, no key, no decision).
 fn refuse_with_fields<B: Default + paceline::http::RefusalBody>(_: Request<B>) -> Answer<B> {
-    use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+    use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
     use std::sync::OnceLock;
-    static FIELDS: OnceLock<[HeaderValue; 4]> = OnceLock::new();
+    static FIELDS: OnceLock<HeaderMap> = OnceLock::new();
     static BODY: OnceLock<bytes::Bytes> = OnceLock::new();
-    let [content_type, retry_after, policy, state] = FIELDS.get_or_init(|| {
-        [
+    let fields = FIELDS.get_or_init(|| {
+        const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+        const STATE: HeaderName = HeaderName::from_static("ratelimit");
+        let mut fields = HeaderMap::with_capacity(4);
+        fields.insert(
+            CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
-            HeaderValue::from(60u64),
-            HeaderValue::from_static("\"per-ip\";q=1;w=60"),
-            HeaderValue::from_static("\"per-ip\";r=0;t=60"),
-        ]
+        );
+        fields.insert(RETRY_AFTER, HeaderValue::from(60u64));
+        fields.insert(POLICY, HeaderValue::from_static("\"per-ip\";q=1;w=60"));
+        fields.insert(STATE, HeaderValue::from_static("\"per-ip\";r=0;t=60"));
+        fields
     });
     let body = BODY.get_or_init(|| {
         bytes::Bytes::from_static(b"Too Many Requests: limit \"per-ip\", retry in 60 s\n")
     });
     let mut response = Response::new(B::from_bytes(body.clone()));
     *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, content_type.clone());
-    headers.insert(RETRY_AFTER, retry_after.clone());
-    const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-    const STATE: HeaderName = HeaderName::from_static("ratelimit");
-    headers.insert(POLICY, policy.clone());
-    headers.insert(STATE, state.clone());
+    *response.headers_mut() = fields.clone();
     std::future::ready(Ok(response))
 }
 

@@ -18,6 +18,14 @@ pub(super) fn policy(quota: Quota) -> (u64, u64) {
     (u64::try_from(q).unwrap_or(u64::MAX), w)
 }
 
+/// The `RateLimit-Policy` field's name (made at compile time: `from_static` checks a name
+/// when it runs).
+pub(super) const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// The `RateLimit` field's name.
+pub(super) const STATE: HeaderName = HeaderName::from_static("ratelimit");
+/// The default refusal body's content type.
+pub(super) const TEXT: &str = "text/plain; charset=utf-8";
+
 /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers) for every
 /// limit that applies to this request, and the legacy `X-RateLimit-*` fields of the
 /// tightest of them when asked for.
@@ -43,9 +51,6 @@ pub(super) fn put_states<'a, C: Clock>(
     mut states: impl Iterator<Item = (&'a Limit<C>, Option<Snapshot>)>,
     headers: &mut http::HeaderMap,
 ) {
-    // Made at compile time: `from_static` checks its name when it runs.
-    const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-    const STATE: HeaderName = HeaderName::from_static("ratelimit");
     if let ([_], false) = (config.limits.as_slice(), config.legacy_headers) {
         // One limit, no legacy fields (the usual case): its two items, as they are.
         if let Some((limit, Some(state))) = states.next() {

@@ -81,6 +81,23 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/grpc"));
+    // The usual refusal (one limit, no cell left, the default body, no legacy fields):
+    // its fields cloned whole from the prebuilt ones.
+    if let ([Some(state)], false, None, false) = (states, grpc, &config.body, config.legacy_headers)
+    {
+        if state.remaining() == 0 {
+            let t = ceil_secs(state.until_full());
+            if let Some(fields) = limit
+                .prebuilt
+                .none_left_fields(state.quota(), retry_after, t)
+            {
+                let mut response = Response::new(R::from_bytes(limit.prebuilt.body(retry_after)));
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                *response.headers_mut() = fields;
+                return response;
+            }
+        }
+    }
     let mut response = if grpc {
         let mut response = Response::new(R::from_text(String::new()));
         let headers = response.headers_mut();
@@ -105,7 +122,7 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
                 (content_type.clone(), R::from_text(body(&info)))
             }
             None => (
-                HeaderValue::from_static("text/plain; charset=utf-8"),
+                HeaderValue::from_static(TEXT),
                 R::from_bytes(limit.prebuilt.body(retry_after)),
             ),
         };
