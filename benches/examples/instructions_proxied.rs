@@ -12,42 +12,33 @@ use harness::Op;
 use http_request::{call, governor_layer, paceline_layer, paceline_layer_on, Returning, Sparse};
 use tower_governor::key_extractor::SmartIpKeyExtractor;
 
+/// paceline's key source: the client the proxy names, the proxy being the peer
+/// (127.0.0.1), as in `benches/http_e2e.rs`.
+fn behind_local_proxy() -> paceline::http::KeySource {
+    paceline::http::KeySource::behind_proxies(["127.0.0.1/32".parse().expect("a network")])
+}
+
 fn workload(name: &str) -> Option<Op> {
-    // The peer is the proxy (127.0.0.1), as in `benches/http_e2e.rs`: paceline trusts its
-    // address; tower-governor's `SmartIpKeyExtractor` reads the header.
+    // paceline trusts the peer's address; tower-governor's `SmartIpKeyExtractor` reads the
+    // header. `_returning`: each client back about every 0.8 s (`http_request::Returning`);
+    // `_sparse`: every 3 s (`http_request::Sparse`). tower-governor keeps every key;
+    // paceline's table keeps a client seen within the last second, and with no new client
+    // it never sweeps at all.
     let op: Op = match name {
-        "http_proxied/bare" => call::<_, Body>(tower::layer::util::Identity::new(), true),
-        "http_proxied/paceline" => call::<_, Body>(
-            paceline_layer(paceline::http::KeySource::behind_proxies(["127.0.0.1/32"
-                .parse()
-                .expect("a network")])),
-            true,
-        ),
-        "http_proxied/governor" => call::<_, Body>(governor_layer(SmartIpKeyExtractor), true),
-        // The same clients, each back about every 0.8 s (`http_request::Returning`):
-        // tower-governor keeps every key, paceline's table keeps a client seen within the
-        // last second.
-        "http_proxied_returning/bare" => call::<_, Body>(tower::layer::util::Identity::new(), true),
-        "http_proxied_returning/paceline" => call::<_, Body>(
-            paceline_layer_on::<Returning>(paceline::http::KeySource::behind_proxies([
-                "127.0.0.1/32".parse().expect("a network"),
-            ])),
-            true,
-        ),
-        "http_proxied_returning/governor" => {
+        "http_proxied/bare" | "http_proxied_returning/bare" | "http_proxied_sparse/bare" => {
+            call::<_, Body>(tower::layer::util::Identity::new(), true)
+        }
+        "http_proxied/governor"
+        | "http_proxied_returning/governor"
+        | "http_proxied_sparse/governor" => {
             call::<_, Body>(governor_layer(SmartIpKeyExtractor), true)
         }
-        // Each back about every 3 s (`http_request::Sparse`): paceline's table forgets a
-        // client between its visits and stores it again.
-        "http_proxied_sparse/bare" => call::<_, Body>(tower::layer::util::Identity::new(), true),
-        "http_proxied_sparse/paceline" => call::<_, Body>(
-            paceline_layer_on::<Sparse>(paceline::http::KeySource::behind_proxies([
-                "127.0.0.1/32".parse().expect("a network"),
-            ])),
-            true,
-        ),
-        "http_proxied_sparse/governor" => {
-            call::<_, Body>(governor_layer(SmartIpKeyExtractor), true)
+        "http_proxied/paceline" => call::<_, Body>(paceline_layer(behind_local_proxy()), true),
+        "http_proxied_returning/paceline" => {
+            call::<_, Body>(paceline_layer_on::<Returning>(behind_local_proxy()), true)
+        }
+        "http_proxied_sparse/paceline" => {
+            call::<_, Body>(paceline_layer_on::<Sparse>(behind_local_proxy()), true)
         }
         _ => return None,
     };
