@@ -40,12 +40,12 @@
 //! its table without a free slot, the moment the table would otherwise reallocate. It
 //! then forgets the replenished keys that were *not admitted since the previous such
 //! sweep, nor within the last second* (a TAT at or before both times; every admission
-//! leaves the TAT ahead of its own time), and rebuilds the table: twice as large if more than three quarters of it
-//! is left, smaller if less than an eighth is, the same size otherwise. A table that is
-//! full again less than 100 ms after its last sweep doubles without sweeping: it is too
-//! small for the clients that keep coming (clients that come back in a fixed order, as
-//! pollers do, would otherwise each be forgotten just before its next visit and
-//! re-inserted on it, every visit paying the write lock). So:
+//! leaves the TAT ahead of its own time), and rebuilds the table: twice as large if more
+//! than three quarters of it is left, smaller if less than an eighth is, the same size
+//! otherwise. A table that is full again less than 100 ms after its last sweep doubles
+//! without sweeping: it is too small for the clients that keep coming (clients that come
+//! back in a fixed order, as pollers do, would otherwise each be forgotten just before
+//! its next visit and re-inserted on it, every visit paying the write lock). So:
 //!
 //! * a stable population of recurring clients that come back within a second (or within
 //!   a sweep interval, if the sweeps are further apart) costs only the read path: with no
@@ -55,7 +55,8 @@
 //!   them (a sweep of every replenished key would forget every client under its limit
 //!   and re-insert it under the write lock on its next visit). Clients whose visits are
 //!   further apart than that are forgotten between them and stored again on their next
-//!   visit (BENCHMARKS.md, "Where the keyed table loses");
+//!   visit (BENCHMARKS.md, "Clients that come back slowly, and where the keyed table
+//!   loses");
 //! * keys that stopped coming are forgotten at the first sweep that comes a second after
 //!   their last admission and after the next sweep, so memory follows the active
 //!   population: the table grows only when more than three quarters of it was admitted
@@ -365,12 +366,12 @@ impl<K: Hash> Shard<K> {
     /// Before inserting a key into a table with no free slot (the insert would make it
     /// grow), forgets instead the replenished keys that were not admitted since the last
     /// such sweep nor within [`IDLE_HORIZON`] (module docs, "Forgetting"), unless that
-    /// sweep was less than
-    /// [`SWEEP_INTERVAL`] ago: a table that fills again that fast is too small for the
-    /// clients that keep coming (in a fixed order, every one of them would be forgotten
-    /// just before its next visit), and it doubles instead. Otherwise the table is
-    /// rebuilt at a size chosen here: twice as large if more than three quarters of it is
-    /// left, four times what is left if less than an eighth is, the same size otherwise.
+    /// sweep was less than [`SWEEP_INTERVAL`] ago: a table that fills again that fast is
+    /// too small for the clients that keep coming (in a fixed order, every one of them
+    /// would be forgotten just before its next visit), and it doubles instead. Otherwise
+    /// the table is rebuilt at a size chosen here: twice as large if more than three
+    /// quarters of it is left, four times what is left if less than an eighth is, the
+    /// same size otherwise.
     ///
     /// Rebuilding (rather than leaving hashbrown's tombstones in place) keeps the size
     /// ours to choose: with tombstones the table reports less capacity than it has, and
