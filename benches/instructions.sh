@@ -3,7 +3,9 @@
 # tower-governor for the HTTP layer, whose own cost is reported as `http_layer`), checked
 # against benches/instructions.baseline: a paceline count more than TOLERANCE percent
 # above its baseline fails (instruction counts do not drift with machine load the way
-# times do). `bash benches/instructions.sh --update` writes the baseline anew.
+# times do), and so does a refusal that costs the HTTP layer more than REFUSAL_RATIO times
+# what an admission costs it. `bash benches/instructions.sh --update` writes the baseline
+# anew.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOLERANCE=${PACELINE_INSTRUCTIONS_TOLERANCE:-5}
@@ -66,8 +68,15 @@ for who in paceline governor; do
     -v b="${count[http_refused/floor]}" 'BEGIN { printf "%.1f", a - b }')
   printf '%-34s %12s\n' "http_refused_layer/$who" "${count[http_refused_layer/$who]}"
 done
-awk -v r="${count[http_refused_layer/paceline]}" -v a="${count[http_call_layer/paceline]}" \
-  'BEGIN { printf "a refusal costs paceline%s layer %.2fx what an admission does\n", "'"'"'s", r / a }'
+# A refusal may cost the layer at most REFUSAL_RATIO times what an admission costs it.
+REFUSAL_RATIO=1.2
+if ! awk -v r="${count[http_refused_layer/paceline]}" -v a="${count[http_call_layer/paceline]}" \
+  -v max="$REFUSAL_RATIO" 'BEGIN {
+    printf "a refusal costs paceline%s layer %.3fx what an admission does (at most %sx)\n", "'"'"'s", r / a, max
+    exit !(r / a <= max) }'; then
+  echo "a refusal costs the layer more than ${REFUSAL_RATIO}x an admission"
+  refusal_too_dear=1
+fi
 
 echo
 echo "paceline over governor, same workload:"
@@ -88,7 +97,7 @@ if [ "${1:-}" = "--update" ]; then
   exit 0
 fi
 
-status=0
+status=${refusal_too_dear:-0}
 while read -r workload expected; do
   case "$workload" in */paceline) ;; *) continue ;; esac
   now="${count[$workload]:-}"
@@ -100,5 +109,5 @@ while read -r workload expected; do
     status=1
   fi
 done < "$baseline"
-[ "$status" = 0 ] && echo "instruction counts within ${TOLERANCE}% of $baseline"
+[ "$status" = 0 ] && echo "instruction counts within ${TOLERANCE}% of $baseline, refusals within ${REFUSAL_RATIO}x"
 exit "$status"

@@ -54,23 +54,6 @@ impl Snapshot {
         }
     }
 
-    /// The state of a cell just after it refused one cell with `wait` nanoseconds to go:
-    /// what [`Snapshot::of`] reads from the cell then, worked out from the refusal alone.
-    /// A one-cell refusal means the TAT is `wait + room_for_one` ahead of now, so less than
-    /// one interval of the burst window is free: nothing is admissible, the next cell is
-    /// `wait` away and the whole burst `wait + room_for_one`. (Written out rather than
-    /// passed to [`Snapshot::of`], whose divisions would find the same; a refusal flood
-    /// runs this for every request.)
-    #[cfg(feature = "tower")]
-    pub(crate) fn after_refusal(params: Params, wait: u64) -> Snapshot {
-        Snapshot {
-            quota: Quota::from_params(params),
-            remaining: 0,
-            until_next: Duration::from_nanos(wait),
-            until_full: Duration::from_nanos(wait.saturating_add(params.room_for_one())),
-        }
-    }
-
     /// The state of a key that a keyed limiter at its key bound would refuse to store for
     /// `wait` nanoseconds: nothing admissible until then, then its whole burst.
     #[cfg(feature = "std")]
@@ -150,6 +133,66 @@ impl Snapshot {
     }
 }
 
+/// A one-cell refusal as the check found it, in the check's own integers: the quota then,
+/// the nanoseconds until the key's next cell, and whether the key's cell refused (its
+/// whole burst is back `room_for_one` after the next cell) or a keyed limiter at its key
+/// bound refused to store a new key (its whole burst is back with the next cell). A
+/// refusal flood makes one for every request: the HTTP layer's usual refusal finds its
+/// cached fields from these alone, and [`OneRefused::snapshot`] converts them otherwise.
+#[cfg(feature = "tower")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OneRefused {
+    pub(crate) params: Params,
+    /// Until the next cell (ns).
+    pub(crate) wait: u64,
+    /// The key's own cell refused (not the key bound).
+    pub(crate) spent: bool,
+}
+
+#[cfg(feature = "tower")]
+impl OneRefused {
+    /// A cell that refused one cell with `wait` nanoseconds to go.
+    #[inline]
+    pub(crate) fn spent(params: Params, wait: u64) -> OneRefused {
+        OneRefused {
+            params,
+            wait,
+            spent: true,
+        }
+    }
+
+    /// A new key that a keyed limiter at its key bound refused to store for `wait`
+    /// nanoseconds ([`Snapshot::refused`]).
+    #[inline]
+    pub(crate) fn no_slot(params: Params, wait: u64) -> OneRefused {
+        OneRefused {
+            params,
+            wait,
+            spent: false,
+        }
+    }
+
+    /// The state it describes. A one-cell refusal means the TAT is `wait + room_for_one`
+    /// ahead of now, so less than one interval of the burst window is free: nothing is
+    /// admissible, the next cell is `wait` away and the whole burst `wait +
+    /// room_for_one`. (Worked out from the refusal rather than by [`Snapshot::of`], whose
+    /// divisions would find the same.) A key the key bound refused has nothing
+    /// admissible until `wait`, then its whole burst.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let full = if self.spent {
+            self.wait.saturating_add(self.params.room_for_one())
+        } else {
+            self.wait
+        };
+        Snapshot {
+            quota: Quota::from_params(self.params),
+            remaining: 0,
+            until_next: Duration::from_nanos(self.wait),
+            until_full: Duration::from_nanos(full),
+        }
+    }
+}
+
 #[cfg(all(test, feature = "tower"))]
 mod tests {
     use super::*;
@@ -175,8 +218,15 @@ mod tests {
             if let Err(wait) = gcra::admit(tat, now, params.interval(), params.tau()) {
                 // The end of representable time refuses for ever whatever the backlog.
                 prop_assume!(tat.checked_add(params.interval()).is_some());
-                prop_assert_eq!(Snapshot::after_refusal(params, wait), Snapshot::of(params, tat, now));
+                prop_assert_eq!(
+                    OneRefused::spent(params, wait).snapshot(),
+                    Snapshot::of(params, tat, now)
+                );
             }
+            prop_assert_eq!(
+                OneRefused::no_slot(params, ahead).snapshot(),
+                Snapshot::refused(params, ahead)
+            );
         }
     }
 }

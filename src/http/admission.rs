@@ -83,7 +83,7 @@ pub(super) enum Refusal {
     Limited(Refused),
     /// The one limit of a layer refused; its key's state then, read by the check (so the
     /// refusal does not look the key up again).
-    LimitedOne(Snapshot),
+    LimitedOne(OneRefused),
 }
 
 /// Takes one cell from every limit, or none (module docs). Allocates only to remember
@@ -136,16 +136,12 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
 /// The one limit of a layer, for `key`: admitted, or refused with the key's state.
 #[inline]
 fn check_one<C: Clock>(limit: &Limit<C>, key: &ClientKey) -> Result<(), Refusal> {
-    match limit.store.check_or_state(key) {
-        Ok(()) => {
-            limit.count_admitted();
-            Ok(())
-        }
-        Err(state) => {
-            limit.count_refused();
-            Err(Refusal::LimitedOne(state))
-        }
+    let checked = limit.store.check_or_state(key);
+    match checked {
+        Ok(()) => limit.count_admitted(),
+        Err(_) => limit.count_refused(),
     }
+    checked
 }
 
 /// Gives back the cells a refused request took from the earlier limits.
@@ -185,6 +181,7 @@ fn book<'a, C: Clock>(
 }
 
 /// Which limit refused, and how long until it would admit.
+#[derive(Clone, Copy)]
 pub(super) struct Refused {
     pub(super) limit: usize,
     pub(super) wait: Duration,

@@ -96,6 +96,7 @@ use http::{Request, Response, StatusCode};
 
 use crate::clock::{Clock, DefaultClock};
 use crate::metrics::LimitMetrics;
+use crate::snapshot::OneRefused;
 use crate::KeyedLimiter;
 use crate::{Denied, NotUntil, Quota, Snapshot};
 use crate::{KeyAdmission, KeyReservation};

@@ -4,12 +4,16 @@
 //!
 //! For the quota a limit was made with, its `RateLimit-Policy` item, its `RateLimit` item
 //! for no cell left and `t` from 0 to [`MAX_SECS`], its `Retry-After` values and its
-//! default refusal body for waits up to `MAX_SECS` seconds are made when the limit is. The
-//! usual refusal (one limit, no cell left, the default body) clones a whole field map,
-//! made the first time its values come up: one clone of a four-field map costs about half
-//! of inserting the four fields into a new one. Other refusals clone the pieces (a
-//! reference count each) into a new map. Anything else (a quota changed since, longer
-//! waits, cells left) is put together per refusal: slower, and the same bytes.
+//! default refusal body for waits up to `MAX_SECS` seconds are made when the limit is.
+//!
+//! The usual refusal (one limit, no cell left, the default body, not gRPC) is cached
+//! whole, its field map and body made the first time its values come up: the check's
+//! wait finds its slot with one division, the refused request's future holds it by a
+//! reference count, and the response is made when polled, one clone of a four-field map
+//! (about half the cost of inserting the four fields into a new one) and one of the body.
+//! Other refusals clone the pieces (a reference count each) into a new map. Anything else
+//! (a quota changed since, longer waits, cells left) is put together per refusal: slower,
+//! and the same bytes.
 
 use std::sync::OnceLock;
 
@@ -35,18 +39,62 @@ pub(super) struct Prebuilt {
     bodies: Vec<Bytes>,
     /// The default body's text before and after the seconds, for longer waits.
     body_start: Bytes,
-    /// `Retry-After: s` for `s` in `0..=MAX_SECS`.
+    /// `Retry-After: s` for `s` in `0..=MAX_SECS`, static (cloned and dropped without a
+    /// reference count).
     retry_after: Vec<HeaderValue>,
-    /// Whole field maps of the default refusal for no cell left, each made on first use
-    /// (a limit's refusals mostly repeat a few): slot `2 * secs + k` holds the fields for
-    /// `Retry-After: secs` and `RateLimit` `t = secs + gap + k`, in the order the
-    /// refusal writes them (`Content-Type`, `Retry-After`, `RateLimit-Policy`,
-    /// `RateLimit`). A refusal clones one, which costs half of inserting four fields.
-    refusals: Box<[OnceLock<http::HeaderMap>]>,
+    /// The default refusals for no cell left, each made on first use (a limit's refusals
+    /// mostly repeat a few): slot `2 * secs + k` holds the fields for `Retry-After: secs`
+    /// and `RateLimit` `t = secs + gap + k`, in the order the slower path writes them
+    /// (`Content-Type`, `Retry-After`, `RateLimit-Policy`, `RateLimit`), and the body for
+    /// `secs`. Empty when the policy item could not be made.
+    refusals: Box<[OnceLock<Arc<Cached>>]>,
     /// The whole seconds, rounded down, between a refused client's next cell and its full
     /// burst, `(burst - 1) T`: `t` rounds up the wait plus that, `Retry-After` the wait
     /// alone, so `t - secs` is `gap` or `gap + 1`.
     gap: u64,
+    /// `(burst - 1) T` in nanoseconds (the quota's room for one cell) is `gap` whole
+    /// seconds and `g` nanoseconds; this is `1 s - g`: a wait `q` whole seconds and `r`
+    /// nanoseconds after a whole second (`r` in `1..=1 s`) has `t = secs + gap + 1` when
+    /// `r + g` passes a second, that is when `r - 1` reaches this.
+    k_from: u64,
+}
+
+/// One usual refusal's header fields and body (`Prebuilt::refusals`). A refused
+/// request's future holds it by its reference count and makes the response only when
+/// polled, straight into the poll's result: a response is several times the size of the
+/// pointer, and moving it through the layer's frames costs a refusal more than the count.
+#[derive(Debug)]
+pub(crate) struct Cached {
+    fields: http::HeaderMap,
+    body: Bytes,
+}
+
+impl Cached {
+    /// The refusal: a 429 with the cached fields and body, each cloned (a reference count
+    /// or a static pointer per value, two allocations for the map).
+    pub(super) fn response<R: RefusalBody>(&self) -> Response<R> {
+        let mut response = Response::new(R::from_bytes(self.body.clone()));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *response.headers_mut() = self.fields.clone();
+        response
+    }
+}
+
+/// The decimal digits of `0..=MAX_SECS`, static: a `Retry-After` value from them is
+/// cloned and dropped without a reference count.
+fn static_secs(secs: u64) -> Option<&'static str> {
+    const DIGITS: &str = "0123456789\
+        1011121314151617181920212223242526272829303132333435\
+        3637383940414243444546474849505152535455565758596061";
+    let secs = usize::try_from(secs)
+        .ok()
+        .filter(|s| *s <= MAX_SECS as usize)?;
+    let (at, len) = if secs < 10 {
+        (secs, 1)
+    } else {
+        (10 + 2 * (secs - 10), 2)
+    };
+    DIGITS.get(at..at + len)
 }
 
 impl Prebuilt {
@@ -59,22 +107,33 @@ impl Prebuilt {
         let none_left: Vec<HeaderValue> = (0..=MAX_SECS)
             .map_while(|t| value(state_item(field_name, 0, t)))
             .collect();
-        let gap = quota
-            .emission_interval()
-            .checked_mul(quota.burst() - 1)
-            .map_or(u64::MAX, |d| d.as_secs());
+        let room = quota.params().room_for_one();
+        let gap = room / NANOS;
         Prebuilt {
             quota,
-            policy,
             none_left,
-            refusals: (0..2 * (MAX_SECS + 1)).map(|_| OnceLock::new()).collect(),
+            // No slots without a policy item: nothing is cached, every refusal takes the
+            // slower path (and `cached` need not check).
+            refusals: (0..if policy.is_empty() {
+                0
+            } else {
+                2 * (MAX_SECS + 1)
+            })
+                .map(|_| OnceLock::new())
+                .collect(),
             gap,
+            k_from: NANOS - room % NANOS,
             state_start: Bytes::from(format!("{field_name};r=")),
             bodies: (0..=MAX_SECS)
                 .map(|s| Bytes::from(default_body(name, s)))
                 .collect(),
             body_start: Bytes::from(format!("Too Many Requests: limit \"{name}\", retry in ")),
-            retry_after: (0..=MAX_SECS).map(HeaderValue::from).collect(),
+            retry_after: (0..=MAX_SECS)
+                .map(|s| {
+                    static_secs(s).map_or_else(|| HeaderValue::from(s), HeaderValue::from_static)
+                })
+                .collect(),
+            policy,
         }
     }
 
@@ -83,38 +142,89 @@ impl Prebuilt {
         (quota == self.quota && !self.policy.is_empty()).then(|| self.policy.clone())
     }
 
-    /// The default refusal's header fields for no cell left, `Retry-After: secs` and
-    /// `t` seconds until full, if they are prebuilt for `quota` and those values.
-    pub(super) fn none_left_fields(
-        &self,
-        quota: Quota,
-        secs: u64,
-        t: u64,
-    ) -> Option<http::HeaderMap> {
-        if quota != self.quota || self.policy.is_empty() {
+    /// The default refusal's header fields and body for a state with no cell left, if
+    /// they are prebuilt for its quota and waits: the usual refusal, to be cloned whole.
+    #[inline]
+    pub(super) fn none_left(&self, state: &Snapshot) -> Option<&Arc<Cached>> {
+        if state.remaining() != 0 {
+            return None;
+        }
+        let secs = ceil_secs(state.until_next()).max(1);
+        self.cached(state.quota(), secs, ceil_secs(state.until_full()))
+    }
+
+    /// [`Prebuilt::none_left`] for a one-cell refusal as its check found it, its slot found
+    /// with one division: a wait of `q` whole seconds and `r` more nanoseconds, `r` in
+    /// `1..=1 s` (`q` and `r - 1` are the wait less a nanosecond, divided by a second),
+    /// is `Retry-After: q + 1`, and the wait plus the room rounded up is `t = q + 1 + gap`,
+    /// plus one if `r` and the room's nanoseconds past its whole seconds add up to more
+    /// than a second.
+    #[inline]
+    pub(super) fn refused(&self, refused: &OneRefused) -> Option<&Arc<Cached>> {
+        // A spent cell's refusal (a new key refused by the key bound is full sooner). A
+        // wait or room too long to add up is over `MAX_SECS`: nothing is cached for it.
+        if !refused.spent || refused.params != *self.quota.params() {
+            return None;
+        }
+        let less = refused.wait.checked_sub(1)?;
+        let (q, r_less) = (less / NANOS, less % NANOS);
+        self.at(q + 1, u64::from(r_less >= self.k_from))
+    }
+
+    /// The cached refusal for no cell left, `Retry-After: secs` and `t` seconds until
+    /// full, if `quota` is the one the pieces were made for and `secs` and `t` are within
+    /// them.
+    fn cached(&self, quota: Quota, secs: u64, t: u64) -> Option<&Arc<Cached>> {
+        if quota != self.quota {
             return None;
         }
         let k = t
             .checked_sub(secs)?
             .checked_sub(self.gap)
             .filter(|k| *k <= 1)?;
+        self.at(secs, k)
+    }
+
+    /// The cached refusal for `Retry-After: secs` (at least 1) and `t = secs + gap + k`
+    /// (`k` 0 or 1), made on first use, if both are within [`MAX_SECS`].
+    #[inline]
+    fn at(&self, secs: u64, k: u64) -> Option<&Arc<Cached>> {
+        if secs == 0 {
+            return None;
+        }
         let slot = self
             .refusals
             .get(usize::try_from(secs.checked_mul(2)?.checked_add(k)?).ok()?)?;
-        if let Some(fields) = slot.get() {
-            return Some(fields.clone());
+        if let Some(cached) = slot.get() {
+            return Some(cached);
         }
-        let retry_after = self.retry_after.get(usize::try_from(secs).ok()?)?;
+        self.make(slot, secs, secs.checked_add(self.gap)?.checked_add(k)?)
+    }
+
+    /// Fills `slot` with the refusal for `secs` and `t` (out of line: once per slot).
+    #[cold]
+    #[inline(never)]
+    fn make<'a>(
+        &self,
+        slot: &'a OnceLock<Arc<Cached>>,
+        secs: u64,
+        t: u64,
+    ) -> Option<&'a Arc<Cached>> {
+        let secs = usize::try_from(secs).ok()?;
+        let retry_after = self.retry_after.get(secs)?;
+        let body = self.bodies.get(secs)?;
         let state = self.none_left.get(usize::try_from(t).ok()?)?;
-        let fields = slot.get_or_init(|| {
+        Some(slot.get_or_init(|| {
             let mut fields = http::HeaderMap::with_capacity(4);
             fields.insert(CONTENT_TYPE, HeaderValue::from_static(TEXT));
             fields.insert(RETRY_AFTER, retry_after.clone());
             fields.insert(POLICY, self.policy.clone());
             fields.insert(STATE, state.clone());
-            fields
-        });
-        Some(fields.clone())
+            Arc::new(Cached {
+                fields,
+                body: body.clone(),
+            })
+        }))
     }
 
     /// The `RateLimit` item for `remaining` cells left and `t` seconds until full: cloned
@@ -154,6 +264,9 @@ impl Prebuilt {
         Bytes::from(bytes)
     }
 }
+
+/// Nanoseconds in a second.
+const NANOS: u64 = 1_000_000_000;
 
 /// Appends `n` in decimal.
 fn digits(n: u64, out: &mut Vec<u8>) {
@@ -217,7 +330,7 @@ mod tests {
             policy_item("\"per-ip\"", q, w).as_bytes()
         );
         assert!(pre.policy(Quota::per_hour(8)).is_none());
-        for secs in [0, 1, 60, 61, 1 << 40] {
+        for secs in (0..=MAX_SECS + 1).chain([1 << 40, u64::MAX]) {
             assert_eq!(pre.retry_after(secs), HeaderValue::from(secs));
         }
     }
@@ -237,10 +350,12 @@ mod tests {
             for round in 0..2 {
                 for secs in (0..=MAX_SECS + 2).rev() {
                     for t in secs..secs.saturating_add(pre.gap).saturating_add(4) {
-                        let Some(fields) = pre.none_left_fields(quota, secs, t) else {
+                        let Some(found) = pre.cached(quota, secs, t) else {
                             continue;
                         };
+                        let Cached { fields, body } = &**found;
                         cached += 1;
+                        assert_eq!(&body[..], default_body("per-ip", secs).as_bytes());
                         let text = |name: &str| fields.get(name).unwrap().to_str().unwrap();
                         assert_eq!(fields.len(), 4, "{round} {secs} {t}");
                         assert_eq!(text("content-type"), TEXT);
@@ -250,9 +365,9 @@ mod tests {
                     }
                 }
             }
-            // Every `secs` and `t = secs + gap + k` (`k` 0 or 1) within `MAX_SECS`, in each
-            // round.
-            let expected = (0..=MAX_SECS)
+            // Every `secs` from 1 and `t = secs + gap + k` (`k` 0 or 1) within `MAX_SECS`,
+            // in each round.
+            let expected = (1..=MAX_SECS)
                 .flat_map(|secs| [0, 1].map(|k| secs + pre.gap + k))
                 .filter(|t| *t <= MAX_SECS)
                 .count();
@@ -260,9 +375,51 @@ mod tests {
             // A per-hour limit with a burst is full more than a minute after its next
             // cell: its `t` is never prebuilt, and its refusals take the slower path.
             assert_eq!(expected == 0, pre.gap >= MAX_SECS, "{quota:?}");
-            assert!(pre
-                .none_left_fields(Quota::per_hour(9), 1, 1 + pre.gap)
-                .is_none());
+            assert!(pre.cached(Quota::per_hour(9), 1, 1 + pre.gap).is_none());
+        }
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A one-cell refusal finds, by its one division, the very refusal its snapshot
+        /// finds by rounding both durations: the same slot, or neither.
+        #[test]
+        fn a_refusal_finds_its_snapshots_refusal(
+            period_ms in 1u64..=90_000,
+            burst in 1u32..=70,
+            wait in prop_oneof![
+                0u64..=70 * NANOS,
+                (0u64..=70).prop_map(|s| s * NANOS),
+                (1u64..=70).prop_map(|s| s * NANOS - 1),
+                (0u64..=70).prop_map(|s| s * NANOS + 1),
+                any::<u64>(),
+            ],
+            table_full in any::<bool>(),
+        ) {
+            let quota = Quota::try_new(1, core::time::Duration::from_millis(period_ms))
+                .and_then(|q| q.try_with_burst(burst))
+                .unwrap();
+            let pre = Prebuilt::new("per-ip", "\"per-ip\"", quota);
+            // Beside `wait`, the waits whose fraction of a second and the room's meet at a
+            // whole second, and their neighbours.
+            let meet = pre.k_from;
+            let waits = (0..3u64)
+                .flat_map(|s| [meet - 1, meet, meet + 1].map(|w| s * NANOS + w))
+                .chain([wait]);
+            for wait in waits {
+                let refused = if table_full {
+                    OneRefused::no_slot(*quota.params(), wait)
+                } else {
+                    OneRefused::spent(*quota.params(), wait)
+                };
+                let by_division = pre.refused(&refused).map(Arc::as_ptr);
+                let by_snapshot = pre.none_left(&refused.snapshot()).map(Arc::as_ptr);
+                // A key-bound refusal takes the slower path, whatever its snapshot finds.
+                if !(table_full && by_division.is_none()) {
+                    prop_assert_eq!(by_division, by_snapshot, "wait {}", wait);
+                }
+            }
         }
     }
 }

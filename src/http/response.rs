@@ -37,12 +37,12 @@ pub(super) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
-pub(super) fn plain_refusal<R: RefusalBody>(why: NoKey) -> Response<R> {
+pub(super) fn plain_refusal<R: RefusalBody>(why: &NoKey) -> Response<R> {
     let (status, text) = match why {
-        NoKey::Refuse(status) => (status, format!("{status}\n")),
+        NoKey::Refuse(status) => (*status, format!("{status}\n")),
         NoKey::NoPeerAddress(limit) => (
             StatusCode::INTERNAL_SERVER_ERROR,
-            no_peer_address_message(&limit),
+            no_peer_address_message(limit),
         ),
     };
     let mut response = Response::new(R::from_text(text));
@@ -63,6 +63,30 @@ pub(super) fn states<C: Clock>(
         .collect()
 }
 
+/// Whether the request speaks gRPC (its refusal is then a `RESOURCE_EXHAUSTED` trailer
+/// set, not a 429).
+#[inline]
+pub(super) fn grpc(head: &Head<'_>) -> bool {
+    head.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// The limit whose cached refusals fit the layer's refusals, if any: its only limit, with
+/// the default body and no legacy fields (and the request not gRPC: [`grpc`]).
+#[inline]
+pub(super) fn usual_limit<C: Clock>(config: &Config<C>) -> Option<&Prebuilt> {
+    match (
+        config.limits.as_slice(),
+        &config.body,
+        config.legacy_headers,
+    ) {
+        ([limit], None, false) => Some(&limit.prebuilt),
+        _ => None,
+    }
+}
+
 /// The 429 (or gRPC `RESOURCE_EXHAUSTED`) for a refused request. Each limit's state is
 /// read once, for the wait and the fields; the headers and the default body come
 /// prebuilt when they fit (`prebuilt.rs`).
@@ -72,32 +96,18 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
     head: &Head<'_>,
     refused: Refused,
 ) -> Response<R> {
+    if let [Some(state)] = states {
+        if let Some(cached) = usual_limit(config).and_then(|p| p.none_left(state)) {
+            if !grpc(head) {
+                return cached.response();
+            }
+        }
+    }
     let refused = longest_wait(states, refused);
     let retry_after = ceil_secs(refused.wait).max(1);
     let limit = &config.limits[refused.limit];
     let name = &limit.name;
-    let grpc = head
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    // The usual refusal (one limit, no cell left, the default body, no legacy fields):
-    // its fields cloned whole from the prebuilt ones.
-    if let ([Some(state)], false, None, false) = (states, grpc, &config.body, config.legacy_headers)
-    {
-        if state.remaining() == 0 {
-            let t = ceil_secs(state.until_full());
-            if let Some(fields) = limit
-                .prebuilt
-                .none_left_fields(state.quota(), retry_after, t)
-            {
-                let mut response = Response::new(R::from_bytes(limit.prebuilt.body(retry_after)));
-                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                *response.headers_mut() = fields;
-                return response;
-            }
-        }
-    }
+    let grpc = grpc(head);
     let mut response = if grpc {
         let mut response = Response::new(R::from_text(String::new()));
         let headers = response.headers_mut();

@@ -96,6 +96,8 @@ pin_project_lite::pin_project! {
         },
         // Refused (or refused for a missing key): the response until it is returned.
         Refused { response: Option<Response<R>> },
+        // The usual refusal, cached: its response is made when polled.
+        Usual { refusal: Option<Arc<Cached>> },
         // Waiting its booked turn, then the inner call.
         Waiting {
             future: Pin<Box<dyn Future<Output = Result<Response<R>, E>> + Send>>,
@@ -123,7 +125,7 @@ impl<F, R, E> fmt::Debug for ResponseFuture<F, R, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self.state {
             State::Admitted { .. } => "ResponseFuture::Admitted",
-            State::Refused { .. } => "ResponseFuture::Refused",
+            State::Refused { .. } | State::Usual { .. } => "ResponseFuture::Refused",
             State::Waiting { .. } => "ResponseFuture::Waiting",
         })
     }
@@ -132,6 +134,7 @@ impl<F, R, E> fmt::Debug for ResponseFuture<F, R, E> {
 impl<F, R, E> Future for ResponseFuture<F, R, E>
 where
     F: Future<Output = Result<Response<R>, E>>,
+    R: RefusalBody,
 {
     type Output = Result<Response<R>, E>;
 
@@ -153,6 +156,10 @@ where
             }
             Projected::Refused { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending, // polled after completion
+            },
+            Projected::Usual { refusal } => match refusal.take() {
+                Some(refusal) => Poll::Ready(Ok(refusal.response())),
                 None => Poll::Pending, // polled after completion
             },
             Projected::Waiting { future } => future.as_mut().poll(cx),
@@ -200,7 +207,7 @@ where
                 });
                 ResponseFuture::admitted(self.inner.call(request), fields)
             }
-            Err(why) => refuse(config, &head, why),
+            Err(why) => refuse(config, &head, &why),
         }
     }
 }
@@ -224,7 +231,7 @@ impl<S, C: Clock> RateLimit<S, C> {
                 future: Box::pin(async move {
                     let keys = match keys(&config, &Head::of(&request)) {
                         Ok(keys) => keys,
-                        Err(why) => return Ok(plain_refusal(why)),
+                        Err(why) => return Ok(plain_refusal(&why)),
                     };
                     if let Err(refused) = admit_waiting(&config, &keys).await {
                         let states = states(&config, &keys);
@@ -251,16 +258,39 @@ impl<S, C: Clock> RateLimit<S, C> {
 pub(super) fn refuse<C: Clock, F, R: RefusalBody, E>(
     config: &Config<C>,
     head: &Head<'_>,
-    why: Refusal,
+    why: &Refusal,
+) -> ResponseFuture<F, R, E> {
+    match why {
+        Refusal::LimitedOne(refused) => {
+            match usual_limit(config).and_then(|p| p.refused(refused)) {
+                Some(cached) if !grpc(head) => ResponseFuture {
+                    state: State::Usual {
+                        refusal: Some(Arc::clone(cached)),
+                    },
+                },
+                _ => refuse_other(config, head, why),
+            }
+        }
+        why => refuse_other(config, head, why),
+    }
+}
+
+/// [`refuse`] for any but the usual refusal (out of line: it keeps `refuse`'s frame small).
+#[inline(never)]
+fn refuse_other<C: Clock, F, R: RefusalBody, E>(
+    config: &Config<C>,
+    head: &Head<'_>,
+    why: &Refusal,
 ) -> ResponseFuture<F, R, E> {
     match why {
         Refusal::MissingKey(why) => ResponseFuture::refused(plain_refusal(why)),
         Refusal::Limited(refused) => {
             let keys = keys(config, head).unwrap_or_default();
             let states = states(config, &keys);
-            ResponseFuture::refused(refusal(config, &states, head, refused))
+            ResponseFuture::refused(refusal(config, &states, head, *refused))
         }
-        Refusal::LimitedOne(state) => {
+        Refusal::LimitedOne(refused) => {
+            let state = refused.snapshot();
             let refused = Refused {
                 limit: 0,
                 wait: state.until_next(),

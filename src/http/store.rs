@@ -104,14 +104,16 @@ impl AsRef<[u8]> for SharedKey {
 }
 
 impl<C: Clock> Store<C> {
-    /// One cell for `key`: admitted, or refused with the key's state then.
+    /// One cell for `key`: admitted, or the layer's refusal with the key's state then
+    /// (made here, in its place: moved out as the refusal, it would be copied twice).
     #[inline]
-    pub(super) fn check_or_state(&self, key: &ClientKey) -> Result<(), Snapshot> {
-        match self {
+    pub(super) fn check_or_state(&self, key: &ClientKey) -> Result<(), Refusal> {
+        let checked = match self {
             Store::Local(limiter) => limiter.check_key_or_state(key),
             #[cfg(feature = "shared")]
             Store::Shared(limiter) => limiter.check_key_or_state(SharedKey::of(key)),
-        }
+        };
+        checked.map_err(Refusal::LimitedOne)
     }
 
     /// One cell for `key`, to give back with [`Store::refund`] if another limit refuses.

@@ -253,12 +253,15 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// [`check_key`](Self::check_key) answering a refusal with the key's state just then
     /// (what a 429's fields tell), worked out from the refusal with no second look-up.
     #[cfg(feature = "tower")]
-    pub(crate) fn check_key_or_state(&self, key: &K) -> Result<(), Snapshot> {
-        let (cost, room) = self.one_cell(key);
+    pub(crate) fn check_key_or_state(&self, key: &K) -> Result<(), crate::snapshot::OneRefused> {
+        use crate::snapshot::OneRefused;
+        // The whole quota, read once: a refusal describes it (one load more than a check).
+        let params = self.params_for(key);
+        let (cost, room) = (params.interval(), params.room_for_one());
         match self.with_word(key, |word, now| word.spend(now, cost, room)) {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(wait)) => Err(Snapshot::after_refusal(self.params_for(key), wait)),
-            Err(wait) => Err(Snapshot::refused(self.params_for(key), wait)),
+            Ok(Err(wait)) => Err(OneRefused::spent(params, wait)),
+            Err(wait) => Err(OneRefused::no_slot(params, wait)),
         }
     }
 

@@ -103,12 +103,16 @@ impl SharedKeyedLimiter {
     /// [`SharedKeyedLimiter::check_key`] answering a refusal with the key's state just
     /// then, worked out from the refusal (the HTTP layer's 429 fields).
     #[cfg(feature = "tower")]
-    pub(crate) fn check_key_or_state(&self, key: impl AsRef<[u8]>) -> Result<(), crate::Snapshot> {
+    pub(crate) fn check_key_or_state(
+        &self,
+        key: impl AsRef<[u8]>,
+    ) -> Result<(), crate::snapshot::OneRefused> {
+        use crate::snapshot::OneRefused;
         let params = self.params();
         match self.spend_one(self.key(key.as_ref())) {
             Ok(_) => Ok(()),
-            Err(super::Refusal::Spent(wait)) => Err(crate::Snapshot::after_refusal(params, wait)),
-            Err(super::Refusal::NoSlot(wait)) => Err(crate::Snapshot::refused(params, wait)),
+            Err(super::Refusal::Spent(wait)) => Err(OneRefused::spent(params, wait)),
+            Err(super::Refusal::NoSlot(wait)) => Err(OneRefused::no_slot(params, wait)),
         }
     }
 
