@@ -34,12 +34,70 @@ async fn refusals_are_429_with_retry_after_rounded_up_and_ratelimit_fields() {
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.header("retry-after"), "1");
     assert_eq!(refused.header("ratelimit"), "\"per-ip\";r=0;t=2");
+    assert_eq!(refused.header("ratelimit-policy"), "\"per-ip\";q=2;w=2");
+    assert_eq!(refused.header("content-type"), "text/plain; charset=utf-8");
+    assert_eq!(
+        refused.body,
+        "Too Many Requests: limit \"per-ip\", retry in 1 s\n"
+    );
     // 0.9 s to wait: rounded up to 1, never down to 0 (the retry would come too early).
     clock.advance(Duration::from_millis(100));
     let refused = get_plain(addr).await;
     assert_eq!(refused.header("retry-after"), "1");
     assert_eq!(refused.header("ratelimit"), "\"per-ip\";r=0;t=2");
     clock.advance(Duration::from_millis(900));
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+}
+
+/// The usual refusal is cached per `Retry-After` and `t`; with a burst window that is not
+/// whole seconds, `t` is sometimes one more than `Retry-After` plus the window's whole
+/// seconds, and each refusal still carries its own values, the same as a snapshot's.
+#[tokio::test]
+async fn cached_refusals_carry_their_own_wait_and_time_until_full() {
+    let clock = ManualClock::new();
+    // 1.5 s an interval, a burst of 2: full 1.5 s after the next cell.
+    let layer =
+        RateLimitLayer::default().limit(per_ip(&clock, Quota::per_minute(40).with_burst(2)));
+    let addr = serve(layer).await;
+    for _ in 0..2 {
+        assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    }
+    // (elapsed ms, Retry-After, t): the next cell at 1.5 s, full at 3 s.
+    let mut now = 0;
+    for (at, retry_after, t) in [
+        (0, 2, 3),
+        (200, 2, 3),
+        (700, 1, 3),
+        (1_400, 1, 2),
+        (1_499, 1, 2),
+    ] {
+        clock.advance(Duration::from_millis(at - now));
+        now = at;
+        for _ in 0..2 {
+            let refused = get_plain(addr).await;
+            assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "at {at} ms");
+            assert_eq!(
+                refused.header("retry-after"),
+                retry_after.to_string(),
+                "at {at} ms"
+            );
+            assert_eq!(
+                refused.header("ratelimit"),
+                format!("\"per-ip\";r=0;t={t}"),
+                "at {at} ms"
+            );
+            assert_eq!(
+                refused.header("ratelimit-policy"),
+                "\"per-ip\";q=2;w=3",
+                "at {at} ms"
+            );
+            assert_eq!(
+                refused.body,
+                format!("Too Many Requests: limit \"per-ip\", retry in {retry_after} s\n")
+            );
+        }
+    }
+    clock.advance(Duration::from_millis(1_500 - now));
     assert_eq!(get_plain(addr).await.status, StatusCode::OK);
 }
 

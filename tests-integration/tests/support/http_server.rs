@@ -47,6 +47,8 @@ pub(crate) fn client() -> Client<HttpConnector, Body> {
 pub(crate) struct Reply {
     pub(crate) status: StatusCode,
     pub(crate) headers: http::HeaderMap,
+    #[allow(dead_code)] // read by some of the test binaries that include this module
+    pub(crate) body: String,
 }
 
 impl Reply {
@@ -68,8 +70,12 @@ pub(crate) async fn send(
     let response = client().request(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
-    let _ = response.into_body().collect().await.unwrap();
-    Reply { status, headers }
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
 }
 
 pub(crate) async fn get_plain(addr: SocketAddr) -> Reply {
