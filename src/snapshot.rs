@@ -143,7 +143,7 @@ impl Snapshot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct OneRefused {
     pub(crate) params: Params,
-    /// Until the next cell (ns).
+    /// Until the next cell (ns), above zero: a check refuses only what it cannot admit now.
     pub(crate) wait: u64,
     /// The key's own cell refused (not the key bound).
     pub(crate) spent: bool,

@@ -109,18 +109,17 @@ impl Prebuilt {
             .collect();
         let room = quota.params().room_for_one();
         let gap = room / NANOS;
+        // No slots without a policy item: nothing is cached, every refusal takes the slower
+        // path (and `at` need not check).
+        let slots = if policy.is_empty() {
+            0
+        } else {
+            2 * (MAX_SECS + 1)
+        };
         Prebuilt {
             quota,
             none_left,
-            // No slots without a policy item: nothing is cached, every refusal takes the
-            // slower path (and `cached` need not check).
-            refusals: (0..if policy.is_empty() {
-                0
-            } else {
-                2 * (MAX_SECS + 1)
-            })
-                .map(|_| OnceLock::new())
-                .collect(),
+            refusals: (0..slots).map(|_| OnceLock::new()).collect(),
             gap,
             k_from: NANOS - room % NANOS,
             state_start: Bytes::from(format!("{field_name};r=")),
@@ -185,13 +184,10 @@ impl Prebuilt {
         self.at(secs, k)
     }
 
-    /// The cached refusal for `Retry-After: secs` (at least 1) and `t = secs + gap + k`
-    /// (`k` 0 or 1), made on first use, if both are within [`MAX_SECS`].
+    /// The cached refusal for `Retry-After: secs` and `t = secs + gap + k` (`k` 0 or 1),
+    /// made on first use, if both are within [`MAX_SECS`].
     #[inline]
     fn at(&self, secs: u64, k: u64) -> Option<&Arc<Cached>> {
-        if secs == 0 {
-            return None;
-        }
         let slot = self
             .refusals
             .get(usize::try_from(secs.checked_mul(2)?.checked_add(k)?).ok()?)?;
@@ -365,9 +361,9 @@ mod tests {
                     }
                 }
             }
-            // Every `secs` from 1 and `t = secs + gap + k` (`k` 0 or 1) within `MAX_SECS`,
-            // in each round.
-            let expected = (1..=MAX_SECS)
+            // Every `secs` and `t = secs + gap + k` (`k` 0 or 1) within `MAX_SECS`, in each
+            // round.
+            let expected = (0..=MAX_SECS)
                 .flat_map(|secs| [0, 1].map(|k| secs + pre.gap + k))
                 .filter(|t| *t <= MAX_SECS)
                 .count();
@@ -390,7 +386,7 @@ mod tests {
             burst in 1u32..=70,
             wait in prop_oneof![
                 0u64..=70 * NANOS,
-                (0u64..=70).prop_map(|s| s * NANOS),
+                (1u64..=70).prop_map(|s| s * NANOS),
                 (1u64..=70).prop_map(|s| s * NANOS - 1),
                 (0u64..=70).prop_map(|s| s * NANOS + 1),
                 any::<u64>(),
@@ -407,7 +403,8 @@ mod tests {
             let waits = (0..3u64)
                 .flat_map(|s| [meet - 1, meet, meet + 1].map(|w| s * NANOS + w))
                 .chain([wait]);
-            for wait in waits {
+            // A check refuses only with a wait above zero (a zero wait would be admitted).
+            for wait in waits.filter(|w| *w > 0) {
                 let refused = if table_full {
                     OneRefused::no_slot(*quota.params(), wait)
                 } else {
