@@ -49,6 +49,30 @@ async fn refusals_are_429_with_retry_after_rounded_up_and_ratelimit_fields() {
     assert_eq!(get_plain(addr).await.status, StatusCode::OK);
 }
 
+/// In wait mode a request that cannot be admitted within the maximum is refused at once,
+/// with the same fields and body as a refusal without waiting (the cached refusal, read
+/// from the key's state after the booking failed).
+#[tokio::test]
+async fn wait_mode_refuses_past_its_maximum_with_the_usual_refusal() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::default()
+        .limit(per_ip(&clock, Quota::per_second(1)))
+        .wait_up_to(Duration::from_millis(500));
+    let addr = serve(layer).await;
+    assert_eq!(get_plain(addr).await.status, StatusCode::OK);
+    // The next cell is 1 s away, past the 0.5 s a request may wait.
+    let refused = get_plain(addr).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), "1");
+    assert_eq!(refused.header("ratelimit"), "\"per-ip\";r=0;t=1");
+    assert_eq!(refused.header("ratelimit-policy"), "\"per-ip\";q=1;w=1");
+    assert_eq!(refused.header("content-type"), "text/plain; charset=utf-8");
+    assert_eq!(
+        refused.body,
+        "Too Many Requests: limit \"per-ip\", retry in 1 s\n"
+    );
+}
+
 /// The usual refusal is cached per `Retry-After` and `t`; with a burst window that is not
 /// whole seconds, `t` is sometimes one more than `Retry-After` plus the window's whole
 /// seconds, and each refusal still carries its own values, the same as a snapshot's.
