@@ -16,7 +16,39 @@ use paceline::Quota;
 
 #[path = "support/http_server.rs"]
 mod http_server;
-use http_server::{client, get_plain, per_ip, send, serve, serve_router};
+use http_server::{client, get_plain, per_ip, send, serve, serve_router, Reply};
+
+/// Asserts that `refused` is the `per-ip` limit's default 429 (no cell left) for
+/// `Retry-After: retry_after` and `t` seconds until full, under the policy item `policy`
+/// (`q=..;w=..`): every field and the body. `at` names the moment in a failure.
+fn assert_default_refusal(refused: &Reply, retry_after: u64, t: u64, policy: &str, at: &str) {
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{at}");
+    assert_eq!(
+        refused.header("retry-after"),
+        retry_after.to_string(),
+        "{at}"
+    );
+    assert_eq!(
+        refused.header("ratelimit"),
+        format!("\"per-ip\";r=0;t={t}"),
+        "{at}"
+    );
+    assert_eq!(
+        refused.header("ratelimit-policy"),
+        format!("\"per-ip\";{policy}"),
+        "{at}"
+    );
+    assert_eq!(
+        refused.header("content-type"),
+        "text/plain; charset=utf-8",
+        "{at}"
+    );
+    assert_eq!(
+        refused.body,
+        format!("Too Many Requests: limit \"per-ip\", retry in {retry_after} s\n"),
+        "{at}"
+    );
+}
 
 #[tokio::test]
 async fn refusals_are_429_with_retry_after_rounded_up_and_ratelimit_fields() {
@@ -30,16 +62,7 @@ async fn refusals_are_429_with_retry_after_rounded_up_and_ratelimit_fields() {
     assert_eq!(first.header("ratelimit-policy"), "\"per-ip\";q=2;w=2");
     assert_eq!(first.header("ratelimit"), "\"per-ip\";r=1;t=1");
     assert_eq!(get_plain(addr).await.status, StatusCode::OK);
-    let refused = get_plain(addr).await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.header("retry-after"), "1");
-    assert_eq!(refused.header("ratelimit"), "\"per-ip\";r=0;t=2");
-    assert_eq!(refused.header("ratelimit-policy"), "\"per-ip\";q=2;w=2");
-    assert_eq!(refused.header("content-type"), "text/plain; charset=utf-8");
-    assert_eq!(
-        refused.body,
-        "Too Many Requests: limit \"per-ip\", retry in 1 s\n"
-    );
+    assert_default_refusal(&get_plain(addr).await, 1, 2, "q=2;w=2", "after the burst");
     // 0.9 s to wait: rounded up to 1, never down to 0 (the retry would come too early).
     clock.advance(Duration::from_millis(100));
     let refused = get_plain(addr).await;
@@ -61,16 +84,7 @@ async fn wait_mode_refuses_past_its_maximum_with_the_usual_refusal() {
     let addr = serve(layer).await;
     assert_eq!(get_plain(addr).await.status, StatusCode::OK);
     // The next cell is 1 s away, past the 0.5 s a request may wait.
-    let refused = get_plain(addr).await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.header("retry-after"), "1");
-    assert_eq!(refused.header("ratelimit"), "\"per-ip\";r=0;t=1");
-    assert_eq!(refused.header("ratelimit-policy"), "\"per-ip\";q=1;w=1");
-    assert_eq!(refused.header("content-type"), "text/plain; charset=utf-8");
-    assert_eq!(
-        refused.body,
-        "Too Many Requests: limit \"per-ip\", retry in 1 s\n"
-    );
+    assert_default_refusal(&get_plain(addr).await, 1, 1, "q=1;w=1", "past the maximum");
 }
 
 /// The usual refusal is cached per `Retry-After` and `t`; with a burst window that is not
@@ -99,26 +113,7 @@ async fn cached_refusals_carry_their_own_wait_and_time_until_full() {
         now = at;
         for _ in 0..2 {
             let refused = get_plain(addr).await;
-            assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "at {at} ms");
-            assert_eq!(
-                refused.header("retry-after"),
-                retry_after.to_string(),
-                "at {at} ms"
-            );
-            assert_eq!(
-                refused.header("ratelimit"),
-                format!("\"per-ip\";r=0;t={t}"),
-                "at {at} ms"
-            );
-            assert_eq!(
-                refused.header("ratelimit-policy"),
-                "\"per-ip\";q=2;w=3",
-                "at {at} ms"
-            );
-            assert_eq!(
-                refused.body,
-                format!("Too Many Requests: limit \"per-ip\", retry in {retry_after} s\n")
-            );
+            assert_default_refusal(&refused, retry_after, t, "q=2;w=3", &format!("{at} ms"));
         }
     }
     clock.advance(Duration::from_millis(1_500 - now));
