@@ -80,49 +80,103 @@ fn contender(name: &str, rt: &tokio::runtime::Runtime) -> Waiter {
     }
 }
 
-/// One run: spawn all waiters, wait for the last; returns (wall, process CPU).
-fn run_once(rt: &tokio::runtime::Runtime, waiter: &Waiter) -> (Duration, Duration) {
+/// How long one run may take before it counts as failed: 50 times leaky-bucket's usual
+/// wall time, so only a contender that stopped waking its waiters reaches it.
+const RUN_LIMIT: Duration = Duration::from_secs(20);
+
+/// One run: spawn all waiters, wait for the last; returns (wall, process CPU), or why the
+/// run failed (a waiter panicked, or not all were done within [`RUN_LIMIT`]).
+fn run_once(rt: &tokio::runtime::Runtime, waiter: &Waiter) -> Result<(Duration, Duration), String> {
     let (cpu0, start) = (cpu_time(), Instant::now());
     rt.block_on(async {
         let tasks: Vec<_> = (0..waiters()).map(|_| tokio::spawn(waiter())).collect();
-        for t in tasks {
-            t.await.unwrap();
+        let all = async {
+            for t in tasks {
+                t.await.map_err(|e| format!("a waiter failed: {e}"))?;
+            }
+            Ok(())
+        };
+        tokio::time::timeout(RUN_LIMIT, all)
+            .await
+            .unwrap_or_else(|_| Err(format!("waiters still waiting after {RUN_LIMIT:?}")))
+    })?;
+    Ok((start.elapsed(), cpu_time() - cpu0))
+}
+
+/// The contenders this run measures. leaky-bucket 1.1.2's waiting is left out of a test
+/// run: on a multi-thread runtime it now and then wakes a task that already finished
+/// (tokio's `ref_count() > 0` assertion fails in `leaky_bucket::drain_wait_queue`, or the
+/// run never ends), about once in a hundred test runs on a loaded 2-core machine, and a
+/// test run must not depend on that. A benchmark run measures it, and reports a failed run.
+fn contenders() -> Vec<&'static str> {
+    let all = ["paceline", "paceline+tokio", "leaky-bucket", "governor"];
+    all.into_iter()
+        .filter(|who| !(common::quick() && *who == "leaky-bucket"))
+        .collect()
+}
+
+/// `run_once` for a contender, which panics when one of paceline's runs fails and reports
+/// a peer's failure, which then leaves that run out.
+fn measured(rt: &tokio::runtime::Runtime, who: &str) -> Option<(Duration, Duration)> {
+    match run_once(rt, &contender(who, rt)) {
+        Ok(run) => Some(run),
+        Err(why) if !who.starts_with("paceline") => {
+            eprintln!("  {who}: run failed, left out: {why}");
+            None
         }
-    });
-    (start.elapsed(), cpu_time() - cpu0)
+        Err(why) => panic!("{who}: {why}"),
+    }
 }
 
 /// Runs paceline (both clocks) and leaky-bucket in turn, round after round, and prints the
 /// distribution of each one's per-round CPU time over leaky-bucket's. On a shared VM the
 /// machine's speed drifts between criterion's back-to-back groups; within a round the
-/// contenders ran a fraction of a second apart. `PACELINE_BENCH_ROUNDS` sets the rounds.
+/// contenders ran a fraction of a second apart. `PACELINE_BENCH_ROUNDS` sets the rounds. A
+/// round where leaky-bucket failed is left out; in a test run, which leaves leaky-bucket
+/// out (see [`contenders`]), only the wall times are printed.
 fn paired(rt: &tokio::runtime::Runtime) {
     let rounds = common::rounds();
-    let who = ["paceline", "paceline+tokio", "leaky-bucket"];
-    let mut cpu_ratios = [Vec::new(), Vec::new()];
-    let mut walls = [Vec::new(), Vec::new(), Vec::new()];
+    let who: Vec<_> = contenders()
+        .into_iter()
+        .filter(|w| *w != "governor")
+        .collect();
+    let base = who.iter().position(|w| *w == "leaky-bucket");
+    let mut cpu_ratios = vec![Vec::new(); 2];
+    let mut walls = vec![Vec::new(); who.len()];
     for _ in 0..rounds {
-        let runs: Vec<_> = who
-            .iter()
-            .map(|name| run_once(rt, &contender(name, rt)))
-            .collect();
-        for (i, ratios) in cpu_ratios.iter_mut().enumerate() {
-            ratios.push(runs[i].1.as_secs_f64() / runs[2].1.as_secs_f64());
+        let runs: Vec<_> = who.iter().map(|name| measured(rt, name)).collect();
+        let Some(runs) = runs.into_iter().collect::<Option<Vec<_>>>() else {
+            continue;
+        };
+        if let Some(base) = base {
+            for (i, ratios) in cpu_ratios.iter_mut().enumerate() {
+                ratios.push(runs[i].1.as_secs_f64() / runs[base].1.as_secs_f64());
+            }
         }
         for (i, wall) in walls.iter_mut().enumerate() {
             wall.push(runs[i].0.as_secs_f64() * 1e3);
         }
     }
-    eprintln!("\npaired rounds ({rounds}), CPU time over leaky-bucket's in the same round:");
-    for (name, ratios) in who.iter().zip(&mut cpu_ratios) {
-        let (med, min, max) = common::spread(ratios);
-        let below = ratios.iter().filter(|r| **r <= 1.0).count();
+    let kept = walls[0].len();
+    if base.is_some() && kept > 0 {
         eprintln!(
-            "  {name:<13} median {med:.2}x (min {min:.2}x, max {max:.2}x), at or below in \
-             {below} of {rounds}"
+            "\npaired rounds ({kept} of {rounds}), CPU time over leaky-bucket's in the same round:"
         );
+        for (name, ratios) in who.iter().zip(&mut cpu_ratios) {
+            let (med, min, max) = common::spread(ratios);
+            let below = ratios.iter().filter(|r| **r <= 1.0).count();
+            eprintln!(
+                "  {name:<13} median {med:.2}x (min {min:.2}x, max {max:.2}x), at or below in \
+                 {below} of {kept}"
+            );
+        }
+    } else {
+        eprintln!("\npaired rounds ({kept} of {rounds}):");
     }
     for (name, wall) in who.iter().zip(&mut walls) {
+        if wall.is_empty() {
+            continue;
+        }
         let (med, min, max) = common::spread(wall);
         eprintln!("  {name:<13} wall median {med:.1} ms (min {min:.1}, max {max:.1})");
     }
@@ -137,13 +191,18 @@ fn bench(c: &mut Criterion) {
     paired(&rt);
     let mut group = c.benchmark_group("waiters/20k-at-100k-per-s");
     let mut summary = Vec::new();
-    for who in ["paceline", "paceline+tokio", "leaky-bucket", "governor"] {
-        let (mut wall, mut cpu, mut runs) = (Duration::ZERO, Duration::ZERO, 0u32);
+    for who in contenders() {
+        let (mut wall, mut cpu, mut runs, mut failed) = (Duration::ZERO, Duration::ZERO, 0u32, 0);
         group.bench_function(BenchmarkId::from_parameter(who), |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    let (w, c) = run_once(&rt, &contender(who, &rt));
+                    // A failed run counts for criterion as the limit it ran into.
+                    let Some((w, c)) = measured(&rt, who) else {
+                        failed += 1;
+                        total += RUN_LIMIT;
+                        continue;
+                    };
                     total += w;
                     wall += w;
                     cpu += c;
@@ -152,6 +211,9 @@ fn bench(c: &mut Criterion) {
                 total
             })
         });
+        if failed > 0 {
+            eprintln!("  {who}: {failed} failed run(s) left out of the summary");
+        }
         // A criterion filter that leaves this contender out runs it zero times.
         if runs > 0 {
             summary.push((who, wall / runs, cpu / runs));
@@ -160,14 +222,20 @@ fn bench(c: &mut Criterion) {
     group.finish();
     let ideal = Duration::from_secs(1) * (waiters() - 1) / RATE;
     eprintln!("\n20k waiters at 100k/s, ideal wall {ideal:?} (mean over all runs):");
-    let paceline_cpu = summary.first().map_or(Duration::ZERO, |s| s.2);
+    // Against paceline's default clock, when a criterion filter left it in.
+    let paceline_cpu = summary.iter().find(|s| s.0 == "paceline").map(|s| s.2);
     for (who, wall, cpu) in &summary {
+        let against = paceline_cpu.map_or(String::new(), |p| {
+            format!(
+                "   CPU vs paceline {:.2}x",
+                cpu.as_secs_f64() / p.as_secs_f64()
+            )
+        });
         eprintln!(
-            "  {who:<13} wall {:>8.1} ms ({:+.1} % vs ideal)   CPU {:>8.1} ms   CPU vs paceline {:.2}x",
+            "  {who:<13} wall {:>8.1} ms ({:+.1} % vs ideal)   CPU {:>8.1} ms{against}",
             wall.as_secs_f64() * 1e3,
             (wall.as_secs_f64() / ideal.as_secs_f64() - 1.0) * 100.0,
             cpu.as_secs_f64() * 1e3,
-            cpu.as_secs_f64() / paceline_cpu.as_secs_f64(),
         );
     }
     timer_lateness();
@@ -232,11 +300,15 @@ fn timer_lateness() {
     static CLOCK: std::sync::OnceLock<StdClock> = std::sync::OnceLock::new();
     let clock: &'static StdClock = CLOCK.get_or_init(StdClock::new);
     let service = Arc::new(TimerService::new(clock));
+    // The driver runs until the last delay has fired, however late the waiters register
+    // on a loaded machine: a driver that stopped at a fixed instant could leave them
+    // waiting forever.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let driver = {
-        let service = service.clone();
+        let (service, done) = (service.clone(), done.clone());
         std::thread::spawn(move || {
-            let deadline = Instant::now() + GAP * N + Duration::from_millis(50);
-            while Instant::now() < deadline {
+            // Relaxed: the flag only ends the loop; nothing is read through it.
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 service.check_expirations();
                 std::thread::sleep(Duration::from_micros(50));
             }
@@ -255,6 +327,7 @@ fn timer_lateness() {
             .collect();
         futures::future::join_all(waits).await
     });
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
     driver.join().unwrap();
     report("futures-intrusive", late);
 }
