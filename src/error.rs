@@ -33,12 +33,49 @@ pub struct NotUntil {
     /// The wait in nanoseconds: turned into a `Duration` only when asked for, so that a
     /// denied check (the path a flood takes) does no division.
     wait: u64,
+    /// A keyed limiter had no room to store a new key (see [`NotUntil::is_table_full`]).
+    table_full: bool,
 }
 
 impl NotUntil {
     #[inline]
     pub(crate) fn from_nanos(wait: u64) -> NotUntil {
-        NotUntil { wait }
+        NotUntil {
+            wait,
+            table_full: false,
+        }
+    }
+
+    /// A new key that a keyed limiter had no room to store, for `wait` nanoseconds.
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // keyed's and waiting's
+    #[inline]
+    pub(crate) fn no_room(wait: u64) -> NotUntil {
+        NotUntil {
+            wait,
+            table_full: true,
+        }
+    }
+
+    /// Whether the refusal came from a keyed limiter with no room to store a new key (its
+    /// key bound reached, or every slot the key may use held by a key still limited), not
+    /// from the key's own quota: the key spent nothing, and [`wait_time`](Self::wait_time)
+    /// is the time until room is expected. An HTTP server answers it as a busy server, not
+    /// as a client over its limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{KeyedLimiter, Quota};
+    ///
+    /// let limiter = KeyedLimiter::new(Quota::per_hour(1)).with_max_keys(1);
+    /// limiter.check_key(&"a").unwrap();
+    /// let spent = limiter.check_key(&"a").unwrap_err();
+    /// assert!(!spent.is_table_full());
+    /// let no_room = limiter.check_key(&"b").unwrap_err();
+    /// assert!(no_room.is_table_full());
+    /// ```
+    pub fn is_table_full(&self) -> bool {
+        self.table_full
     }
 
     /// How long after the check the same request would have been admitted (assuming no one
@@ -59,7 +96,15 @@ impl NotUntil {
 
 impl fmt::Display for NotUntil {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rate limited: try again in {:?}", self.wait_time())
+        if self.table_full {
+            write!(
+                f,
+                "no room to store a new key: try again in {:?}",
+                self.wait_time()
+            )
+        } else {
+            write!(f, "rate limited: try again in {:?}", self.wait_time())
+        }
     }
 }
 

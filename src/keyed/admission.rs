@@ -68,7 +68,6 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn check_key_refundable(&self, key: &K) -> Result<KeyAdmission, NotUntil> {
         self.acquire_one(key)
             .map(|(tat, cost)| KeyAdmission { tat, cost })
-            .map_err(NotUntil::from_nanos)
     }
 
     /// Gives back the cell `admission` took, if nothing was admitted or booked on `key`

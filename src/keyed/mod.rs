@@ -234,7 +234,8 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// # Errors
     ///
     /// [`NotUntil`] with the wait. A new key refused by a full table (see
-    /// [`KeyedLimiter::with_max_keys`]) also gets `NotUntil`: the time until a slot frees.
+    /// [`KeyedLimiter::with_max_keys`]) also gets `NotUntil`, with the time until a slot
+    /// frees, and [`NotUntil::is_table_full`] says so.
     ///
     /// # Examples
     ///
@@ -245,9 +246,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// ```
     #[inline]
     pub fn check_key(&self, key: &K) -> Result<(), NotUntil> {
-        self.acquire_one(key)
-            .map(drop)
-            .map_err(NotUntil::from_nanos)
+        self.acquire_one(key).map(drop)
     }
 
     /// [`check_key`](Self::check_key) answering a refusal with the key's state just then
@@ -265,13 +264,16 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         }
     }
 
-    /// One cell for `key`: the TAT its admission left and its cost, or the wait in
-    /// nanoseconds (also for a new key refused by the key bound).
+    /// One cell for `key`: the TAT its admission left and its cost, or the refusal (the
+    /// key's wait, or the key bound's).
     #[inline]
-    fn acquire_one(&self, key: &K) -> Result<(u64, u64), u64> {
+    fn acquire_one(&self, key: &K) -> Result<(u64, u64), NotUntil> {
         let (cost, room) = self.one_cell(key);
-        self.with_word(key, |word, now| word.spend(now, cost, room))
-            .and_then(|admitted| admitted.map(|tat| (tat, cost)))
+        match self.with_word(key, |word, now| word.spend(now, cost, room)) {
+            Ok(Ok(tat)) => Ok((tat, cost)),
+            Ok(Err(wait)) => Err(NotUntil::from_nanos(wait)),
+            Err(wait) => Err(NotUntil::no_room(wait)),
+        }
     }
 
     /// What one cell for `key` costs, and how far its TAT may be ahead of now for the cell
@@ -308,9 +310,11 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         if cost == 0 {
             return Ok(());
         }
-        self.with_word(key, |cell, now| cell.acquire(now, cost, params.tau()))
-            .and_then(|admitted| admitted.map(drop))
-            .map_err(|wait| NotUntil::from_nanos(wait).into())
+        match self.with_word(key, |cell, now| cell.acquire(now, cost, params.tau())) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(wait)) => Err(NotUntil::from_nanos(wait).into()),
+            Err(wait) => Err(NotUntil::no_room(wait).into()),
+        }
     }
 
     /// How many cells `check_key_n` would admit for `key` right now; spends nothing and
@@ -363,6 +367,23 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
                     Err(wait) => Snapshot::refused(params, wait),
                 }
             })
+    }
+
+    /// Whether `key` is stored, or the key bound leaves room to store it now; stores
+    /// nothing. False exactly when a check of `key` now would be refused as by a full table
+    /// ([`NotUntil::is_table_full`]), whatever its quota.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::new(Quota::per_hour(1)).with_max_keys(1);
+    /// limiter.check_key(&"a").unwrap();
+    /// assert!(limiter.has_room_for(&"a") && !limiter.has_room_for(&"b"));
+    /// ```
+    pub fn has_room_for(&self, key: &K) -> bool {
+        self.with_stored_word(key, |_, _| ()).is_some()
+            || self.store.vacancy(key, self.now()).is_ok()
     }
 
     /// How long from now until `n` cells would be admitted for `key` (zero if they would

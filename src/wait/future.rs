@@ -211,7 +211,7 @@ impl<T: Target> Acquire<T> {
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), Denied>> {
         if room > max_wait {
-            return Poll::Ready(Err(NotUntil::from_nanos(room).into()));
+            return Poll::Ready(Err(NotUntil::no_room(room).into()));
         }
         let until = now.saturating_add(room);
         self.phase = Phase::NoRoom { until };

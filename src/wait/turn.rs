@@ -25,7 +25,7 @@ impl<T: Target> Turn<T> {
             Poll::Pending => match acquire.as_ref().room_wait() {
                 // A new key at a full key table: nothing is booked, so there is nothing
                 // to hold; say when a slot frees (dropping the wait lets go of its timer).
-                Some(wait) => Err(crate::NotUntil::from_nanos(wait).into()),
+                Some(wait) => Err(crate::NotUntil::no_room(wait).into()),
                 None => Ok(Turn { acquire }),
             },
             Poll::Ready(Ok(())) => Ok(Turn { acquire }),
