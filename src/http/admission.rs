@@ -116,6 +116,8 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
             // The last limit's admission never needs giving back.
             Ok(_) if i == last => last_admitted = true,
             Ok(admission) => taken.push((i, key, admission)),
+            // Nothing taken: nothing to give back.
+            Err(e) if e.is_table_full() && limit.admits_when_full() => {}
             Err(e) => {
                 undo_all(config, taken);
                 limit.count_refused();
@@ -137,8 +139,12 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
 #[inline]
 fn check_one<C: Clock>(limit: &Limit<C>, key: &ClientKey) -> Result<(), Refusal> {
     let checked = limit.store.check_or_state(key);
-    match checked {
+    match &checked {
         Ok(()) => limit.count_admitted(),
+        Err(Refusal::LimitedOne(refused)) if !refused.spent && limit.admits_when_full() => {
+            limit.count_admitted();
+            return Ok(());
+        }
         Err(_) => limit.count_refused(),
     }
     checked
@@ -156,6 +162,9 @@ pub(super) fn undo_all<C: Clock>(config: &Config<C>, taken: Vec<(usize, ClientKe
 pub(super) enum Booked<'a, C: Clock> {
     Now(KeyAdmission),
     Later(Turn<'a, C>),
+    /// Admitted without a cell: the limit's key table had no room for a new key, and the
+    /// limit admits such requests ([`TableFull::Admit`]).
+    Untracked,
 }
 
 /// One cell of `key` on `limit` within `max`: admitted now, booked for later, or why not.
@@ -166,11 +175,15 @@ fn book<'a, C: Clock>(
 ) -> Result<Booked<'a, C>, NotUntil> {
     match limit.store.check_refundable(key) {
         Ok(admission) => return Ok(Booked::Now(admission)),
+        Err(e) if e.is_table_full() && limit.admits_when_full() => return Ok(Booked::Untracked),
         Err(e) if e.wait_time() > max => return Err(e),
         Err(_) => {}
     }
     match limit.store.reserve_within(key, max) {
         Ok(turn) => Ok(Booked::Later(turn)),
+        Err(Denied::NotUntil(e)) if e.is_table_full() && limit.admits_when_full() => {
+            Ok(Booked::Untracked)
+        }
         // Too late, or a new key at a full key table (nothing booked, the wait until a
         // slot frees): the request is refused.
         Err(Denied::NotUntil(e)) => Err(e),
@@ -180,11 +193,13 @@ fn book<'a, C: Clock>(
     }
 }
 
-/// Which limit refused, and how long until it would admit.
+/// Which limit refused, how long until it would admit, and whether it refused because its
+/// key table had no room for a new key (not because the key spent its quota).
 #[derive(Clone, Copy)]
 pub(super) struct Refused {
     pub(super) limit: usize,
     pub(super) wait: Duration,
+    pub(super) table_full: bool,
 }
 
 /// Wait mode: books one cell on every limit first (admitted now, or a place in the key's
@@ -267,7 +282,7 @@ impl<C: Clock> Drop for Bookings<'_, C> {
                 }
                 // Dropping a booking cancels it (its cell back if before its instant).
                 Some(Booked::Later(turn)) => turn.cancel(),
-                None => {}
+                Some(Booked::Untracked) | None => {}
             }
         }
     }
@@ -277,5 +292,6 @@ pub(super) fn refused(limit: usize, e: NotUntil) -> Refused {
     Refused {
         limit,
         wait: e.wait_time(),
+        table_full: e.is_table_full(),
     }
 }

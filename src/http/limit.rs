@@ -26,6 +26,8 @@ pub struct Limit<C: Clock = DefaultClock> {
     pub(super) prebuilt: Arc<Prebuilt>,
     /// Its counts, labelled by `name` (feature `metrics`; nothing without it).
     pub(super) metrics: LimitMetrics,
+    /// What a new client gets when the key table has no room for it.
+    pub(super) table_full: TableFull,
 }
 
 impl<C: Clock> fmt::Debug for Limit<C> {
@@ -174,12 +176,38 @@ impl<C: Clock> Limit<C> {
                 KeyedLimiter::with_clock(quota, clock).with_max_keys(DEFAULT_MAX_KEYS),
             )),
             source,
+            table_full: TableFull::default(),
         })
     }
 
+    /// What a new client gets when this limit's key table has no room to store it (the
+    /// bound of [`Limit::with_max_keys`] reached by clients still limited, or a shared
+    /// file's table full): [`TableFull::Unavailable`] by default. Either way the client is
+    /// never told it spent a quota it never touched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{KeySource, Limit, TableFull}, Quota};
+    /// let login = Limit::new("login", Quota::per_minute(5), KeySource::peer_ip())
+    ///     .when_table_full(TableFull::Admit);
+    /// # let _ = login;
+    /// ```
+    pub fn when_table_full(mut self, policy: TableFull) -> Limit<C> {
+        self.table_full = policy;
+        self
+    }
+
+    /// Whether a request this limit has no room to track passes.
+    #[inline]
+    pub(super) fn admits_when_full(&self) -> bool {
+        self.table_full == TableFull::Admit
+    }
+
     /// Bounds the keys this limit stores (default 1 000 000): at the bound, a new client
-    /// is refused (with the time until a slot frees) rather than evicting a limited one;
-    /// keys that refilled are forgotten first. A stored key costs at most about 100 bytes
+    /// is answered as [`Limit::when_table_full`] says (by default `503` with the time until
+    /// a slot frees) rather than evicting a limited one; keys that refilled are forgotten
+    /// first. A stored key costs at most about 100 bytes
     /// (long text keys are stored as a digest), so this bounds the limit's memory. Call it
     /// on a clone too: clones share the limiter, and its bound.
     ///
@@ -260,8 +288,36 @@ impl Limit {
             name: name.into(),
             store: Store::Shared(Arc::new(limiter)),
             source,
+            table_full: TableFull::default(),
         })
     }
+}
+
+/// What a limit answers a new client its key table has no room to store
+/// ([`Limit::when_table_full`]): the table holds as many clients as it was given room for,
+/// every one still limited, and this one is new. It spent nothing, so it is never told it
+/// did (no `429`, no `RateLimit` field saying `r=0`).
+///
+/// # Examples
+///
+/// ```
+/// use paceline::http::TableFull;
+/// assert_eq!(TableFull::default(), TableFull::Unavailable);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TableFull {
+    /// `503 Service Unavailable` with `Retry-After` (the time until the table expects
+    /// room, rounded up), no `RateLimit` field, and a body that says the limit is tracking
+    /// as many clients as it has room for (gRPC: `UNAVAILABLE`). The
+    /// server is busy, as far as that client can tell; a flood of new clients cannot
+    /// push out the ones already limited.
+    #[default]
+    Unavailable,
+    /// Let the request through without limiting it (nothing is stored or spent): the
+    /// limit then protects only the clients it tracks. For limits whose refusal would cost
+    /// more than an unlimited request.
+    Admit,
 }
 
 /// Counting (feature `metrics`; every call empty without it).

@@ -48,7 +48,9 @@
 //!   key table included) refuses it and gives back what the other limits booked. A client that goes away drops the request's future, which gives back every
 //!   booking whose instant has not come.
 //! * **Memory** needs no clean-up task: each limit is a [`KeyedLimiter`] that forgets
-//!   idle clients on its own, with a bound on stored keys (1 000 000 by default).
+//!   idle clients on its own, with a bound on stored keys (1 000 000 by default). A new
+//!   client the bound leaves no room for gets `503` with `Retry-After`, never a `429` that
+//!   would say it spent its quota ([`TableFull`]; or is let through, [`TableFull::Admit`]).
 //! * `OPTIONS` requests (CORS preflights) are not limited by default ([`RateLimitLayer::exempt`]).
 //!
 //! The client side, pacing outgoing requests and following what each upstream answers,
@@ -72,7 +74,7 @@ pub use body::RefusalBody;
 use key::Missing;
 pub use key::{ClientKey, Head, KeySource};
 pub use layer::{RateLimitLayer, RefusalInfo};
-pub use limit::{InvalidLimitName, Limit, MissingKey};
+pub use limit::{InvalidLimitName, Limit, MissingKey, TableFull};
 pub use network::{Network, NetworkError};
 pub use service::{RateLimit, ResponseFuture};
 

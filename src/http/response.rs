@@ -1,5 +1,6 @@
 //! Refusals: `429` (or gRPC `RESOURCE_EXHAUSTED`) with `Retry-After` from the longest
-//! wait, and the `500` of a server that passes no peer address.
+//! wait, the `503` of a key table with no room for a new client, and the `500` of a server
+//! that passes no peer address.
 
 use super::*;
 
@@ -12,6 +13,7 @@ pub(super) fn longest_wait(states: &[Option<Snapshot>], refused: Refused) -> Ref
         return Refused {
             limit: 0,
             wait: state.until_next(),
+            table_full: false,
         };
     }
     states
@@ -21,6 +23,7 @@ pub(super) fn longest_wait(states: &[Option<Snapshot>], refused: Refused) -> Ref
             Some(Refused {
                 limit: i,
                 wait: state.as_ref()?.until_next(),
+                table_full: false,
             })
         })
         .fold(refused, |longest, other| {
@@ -96,6 +99,9 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
     head: &Head<'_>,
     refused: Refused,
 ) -> Response<R> {
+    if refused.table_full {
+        return unavailable(config, head, refused);
+    }
     if let [Some(state)] = states {
         if let Some(cached) = usual_limit(config).and_then(|p| p.none_left(state)) {
             if !grpc(head) {
@@ -149,6 +155,45 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
         config.limits.iter().zip(states.iter().copied()),
         response.headers_mut(),
     );
+    response
+}
+
+/// The answer to a request a limit's key table had no room to track
+/// ([`TableFull::Unavailable`]): `503` (gRPC `UNAVAILABLE`) with `Retry-After`, and no
+/// `RateLimit` field, which would tell the client it spent a quota it never touched.
+fn unavailable<C: Clock, R: RefusalBody>(
+    config: &Config<C>,
+    head: &Head<'_>,
+    refused: Refused,
+) -> Response<R> {
+    let retry_after = ceil_secs(refused.wait).max(1);
+    let name = &config.limits[refused.limit].name;
+    let text = format!(
+        "limit \"{name}\" is tracking as many clients as it has room for: retry in {retry_after} s"
+    );
+    let mut response = if grpc(head) {
+        let mut response = Response::new(R::from_text(String::new()));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            HeaderName::from_static("grpc-status"),
+            HeaderValue::from_static("14"),
+        );
+        if let Ok(message) = HeaderValue::from_str(&text) {
+            headers.insert(HeaderName::from_static("grpc-message"), message);
+        }
+        response
+    } else {
+        let mut response = Response::new(R::from_text(format!("Service Unavailable: {text}\n")));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT));
+        response
+    };
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after));
     response
 }
 

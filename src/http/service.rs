@@ -294,6 +294,7 @@ fn refuse_other<C: Clock, F, R: RefusalBody, E>(
             let refused = Refused {
                 limit: 0,
                 wait: state.until_next(),
+                table_full: !refused.spent,
             };
             ResponseFuture::refused(refusal(config, &[Some(state)], head, refused))
         }
