@@ -1,7 +1,8 @@
 //! A check on a shared file (`paceline::shared`) beside an in-process check and the floor,
-//! in one run: paired rounds on one thread, allowed and denied; then the same checks from
-//! 1, 2 and 4 processes at once on one file, beside as many threads on one in-process
-//! limiter (what contention between processes costs, against contention between threads).
+//! in one run: paired rounds on one thread, allowed and denied; a keyed check of 1000
+//! stored keys beside the in-process `KeyedLimiter`'s; then the same checks from 1, 2 and
+//! 4 processes at once on one file, beside as many threads on one in-process limiter (what
+//! contention between processes costs, against contention between threads).
 //!
 //! `cargo bench --bench shared`
 
@@ -10,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use paceline::shared::SharedLimiter;
-use paceline::{Limiter, Quota};
+use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
+use paceline::{KeyedLimiter, Limiter, Quota};
 
 mod common;
 
@@ -71,6 +72,46 @@ fn one_thread(allowed: bool, rounds: usize, n: u64) {
             "shared {:<7} 1 thread  {name:<12} {m:6.1} ns/check  vs in-process {:.2}x",
             if allowed { "allowed" } else { "denied" },
             m / medians[1],
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// `check_key` on 1000 stored keys, in turn: the shared table's beside the in-process
+/// keyed limiter's (`String` keys, as a server holds them), paired rounds on one thread.
+fn keyed_one_thread(rounds: usize, n: u64) {
+    let path = file("keyed");
+    let _ = std::fs::remove_file(&path);
+    let quota = quota(true);
+    let shared = SharedKeyedLimiter::open(&path, quota, 100_000).unwrap();
+    let local = KeyedLimiter::<String>::new(quota);
+    let keys: Vec<String> = (0..1000).map(|i| format!("203.0.113.{i}")).collect();
+    for key in &keys {
+        shared.check_key(key).unwrap();
+        local.check_key(key).unwrap();
+    }
+    let next = std::cell::Cell::new(0usize);
+    let key = || {
+        let i = next.get();
+        next.set(if i + 1 == keys.len() { 0 } else { i + 1 });
+        &keys[i]
+    };
+    let contenders: [(&str, &dyn Fn() -> bool); 2] = [
+        ("in-process", &|| local.check_key(key()).is_ok()),
+        ("shared file", &|| shared.check_key(key()).is_ok()),
+    ];
+    let mut ns = vec![Vec::new(); contenders.len()];
+    for round in 0..rounds {
+        for k in 0..contenders.len() {
+            let i = (k + round) % contenders.len();
+            ns[i].push(time(n, contenders[i].1));
+        }
+    }
+    let medians: Vec<f64> = ns.iter_mut().map(|v| common::spread(v).0).collect();
+    for ((name, _), m) in contenders.iter().zip(&medians) {
+        println!(
+            "shared keyed   1 thread  {name:<12} {m:6.1} ns/check  vs in-process {:.2}x  (1000 stored keys)",
+            m / medians[0],
         );
     }
     let _ = std::fs::remove_file(&path);
@@ -158,6 +199,7 @@ fn main() {
     let n = common::size(2_000_000, 2_000);
     one_thread(true, rounds, n);
     one_thread(false, rounds, n);
+    keyed_one_thread(rounds, n);
     for count in [1, 2, 4] {
         many(count, common::size(1.0, 0.05));
     }

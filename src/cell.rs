@@ -182,6 +182,15 @@ impl TatWord {
             }
         }
     }
+
+    /// Forgets everything spent and held: the word of a new limiter (an operator's reset
+    /// of a shared file, `SharedLimiter::reset`).
+    #[cfg(all(feature = "shared", unix, not(loom)))]
+    pub(crate) fn clear(&self) {
+        // Relaxed: the single-word argument of the module docs; a reset overrides whatever
+        // raced it, by design.
+        self.tat.store(0, Ordering::Relaxed);
+    }
 }
 
 impl Default for TatWord {

@@ -245,6 +245,12 @@ pub mod __loom {
                 .claim_until(key, now, &crate::shared_table::Claiming(()), stop)
         }
 
+        /// `Slot::sweep` (the caller stands for the bucket's lock): empties the slot if
+        /// its key has refilled.
+        pub fn sweep(&self, now: u64) -> bool {
+            self.slot().sweep(now, &crate::shared_table::Claiming(()))
+        }
+
         /// Whether the slot holds the key `(tag, low)`.
         pub fn holds(&self, key: (u64, u64)) -> bool {
             self.slot()

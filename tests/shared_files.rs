@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use paceline::shared::{OnMismatch, SharedError, SharedKeyedLimiter, SharedLimiter};
+use paceline::shared::{OnMismatch, OpenOptions, SharedError, SharedKeyedLimiter, SharedLimiter};
 use paceline::Quota;
 
 /// A fresh path in a directory of this test's own, removed when dropped.
@@ -158,7 +158,7 @@ fn bad_files_are_errors_that_change_nothing() {
             e,
             SharedError::Version {
                 found: 7,
-                expected: 1,
+                expected: 2,
                 ..
             }
         )
@@ -186,44 +186,215 @@ fn bad_files_are_errors_that_change_nothing() {
             SharedError::NotPaceline { .. } | SharedError::Length { .. }
         )
     });
-    // Paths that are no file to map: a directory, a file's child, a device.
-    let message = |result: Result<SharedLimiter, SharedError>| match result {
-        Err(e @ SharedError::Io { .. }) => e.to_string(),
-        other => panic!("{other:?}"),
-    };
-    let text = message(SharedLimiter::open(&dir.0, Quota::per_second(1)));
-    assert!(text.contains("cannot open or create the file"), "{text}");
-    message(SharedLimiter::open(
-        good.join("child"),
+    // A file paceline did not finish making is someone else's: never made anew (whatever
+    // its length), and the error says what was found.
+    for len in [original.len(), 640, 4096, 2 << 20] {
+        let name = format!("zeros-{len}");
+        expect(&name, vec![0; len], &|e| {
+            let text = e.to_string();
+            matches!(e, SharedError::NotPaceline { .. })
+                && text.contains(&format!("{len} bytes, beginning 00 00"))
+        });
+    }
+    let mut unfinished = original.clone();
+    unfinished[..8].fill(0);
+    expect("unfinished", unfinished, &|e| {
+        matches!(e, SharedError::NotPaceline { .. })
+    });
+    expect(
+        "empty",
+        Vec::new(),
+        &|e| matches!(e, SharedError::NotPaceline { found, .. } if found == "an empty file"),
+    );
+    // Paths that are no file to map: a directory, a device, a file's child.
+    let not_a_file = |path: &std::path::Path, what: &str| match SharedLimiter::open(
+        path,
         Quota::per_second(1),
-    ));
-    let text = message(SharedLimiter::open("/dev/null", Quota::per_second(1)));
-    assert!(text.starts_with("/dev/null: cannot"), "{text}");
+    ) {
+        Err(e @ SharedError::NotAFile { .. }) => {
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        other => panic!("{}: {other:?}", path.display()),
+    };
+    not_a_file(&dir.0, "is a directory");
+    not_a_file(std::path::Path::new("/dev/null"), "is a device");
+    match SharedLimiter::open(good.join("child"), Quota::per_second(1)) {
+        Err(e @ SharedError::Io { .. }) => assert!(e.to_string().contains("cannot")),
+        other => panic!("{other:?}"),
+    }
     assert_eq!(bytes(&good), original);
 }
 
 #[test]
-fn a_file_never_finished_or_from_another_boot_is_made_anew() {
+fn links_fifos_and_files_others_can_write_are_refused_and_left_alone() {
+    use std::os::unix::fs::symlink;
+    let dir = Dir::new("hostile");
+    // A dangling link: never followed, so its target is never made.
+    let target = dir.path("target");
+    let link = dir.path("link");
+    symlink(&target, &link).unwrap();
+    let refused = SharedLimiter::open(&link, Quota::per_second(1)).unwrap_err();
+    assert!(matches!(refused, SharedError::Link { .. }), "{refused}");
+    assert!(refused.to_string().contains("symbolic link"), "{refused}");
+    assert!(!target.exists(), "the link was followed");
+    // A link to a good file is refused too.
+    SharedLimiter::open(&target, Quota::per_second(1)).unwrap();
+    let before = bytes(&target);
+    assert!(matches!(
+        SharedKeyedLimiter::open(&link, Quota::per_second(1), 64),
+        Err(SharedError::Link { .. })
+    ));
+    assert_eq!(bytes(&target), before);
+    // A FIFO planted at the path neither hangs the opener nor is taken.
+    let fifo = dir.path("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let started = Instant::now();
+    assert!(matches!(
+        SharedLimiter::open(&fifo, Quota::per_second(1)),
+        Err(SharedError::NotAFile {
+            found: "a FIFO",
+            ..
+        })
+    ));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Files of our own user that others (or the group) can write: whoever can write them
+    // can spend or break the quota, so they are refused, and left as they are.
+    for (mode, why) in [
+        (0o666, "anyone on the host can write it"),
+        (0o602, "anyone on the host can write it"),
+        (0o620, "its group can write it"),
+    ] {
+        let path = dir.path(&format!("mode-{mode:o}"));
+        SharedLimiter::open(&path, Quota::per_second(1)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+        let before = bytes(&path);
+        match SharedLimiter::open(&path, Quota::per_second(1)) {
+            Err(e @ SharedError::Untrusted { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains(why), "{text}");
+                assert!(text.contains(&format!("mode {mode:04o}")), "{text}");
+                assert!(text.contains("trust_group"), "{text}");
+            }
+            other => panic!("{mode:o}: {other:?}"),
+        }
+        assert_eq!(bytes(&path), before);
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
+            mode
+        );
+    }
+    // Trusting the file's group opens a group-writable one (never a world-writable one).
+    let path = dir.path("mode-620");
+    let group = std::os::unix::fs::MetadataExt::gid(&fs::metadata(&path).unwrap());
+    let options = OpenOptions::new().trust_group(group);
+    assert!(SharedLimiter::open_with(&path, Quota::per_second(1), options.clone()).is_ok());
+    assert!(SharedLimiter::open_with(dir.path("mode-666"), Quota::per_second(1), options).is_err());
+}
+
+#[test]
+fn a_file_made_for_a_trusted_group_is_that_groups_and_writable_by_it() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = Dir::new("group");
+    let path = dir.path("g");
+    // SAFETY: `getegid` has no preconditions.
+    let group = unsafe { libc::getegid() };
+    let options = OpenOptions::new().trust_group(group);
+    SharedKeyedLimiter::open_with(&path, Quota::per_second(1), 64, options.clone()).unwrap();
+    let meta = fs::metadata(&path).unwrap();
+    assert_eq!((meta.gid(), meta.mode() & 0o777), (group, 0o660));
+    // Without trusting the group, a group-writable file is refused.
+    assert!(matches!(
+        SharedKeyedLimiter::open(&path, Quota::per_second(1), 64),
+        Err(SharedError::Untrusted { .. })
+    ));
+    SharedKeyedLimiter::open_with(&path, Quota::per_second(1), 64, options).unwrap();
+}
+
+#[test]
+fn a_file_holds_one_named_limit() {
+    let dir = Dir::new("names");
+    let path = dir.path("n");
+    let quota = Quota::per_minute(2);
+    let named = |name: &str| OpenOptions::new().name(name);
+    let per_ip = SharedKeyedLimiter::open_with(&path, quota, 64, named("per-ip")).unwrap();
+    assert_eq!(per_ip.name(), "per-ip");
+    let before = bytes(&path);
+    match SharedKeyedLimiter::open_with(&path, quota, 64, named("login")) {
+        Err(e @ SharedError::NameMismatch { .. }) => {
+            assert!(e.to_string().contains("\"per-ip\""), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Not even a replace of the quota reaches another limit's file.
+    let replace = named("login").on_mismatch(OnMismatch::Replace);
+    assert!(SharedKeyedLimiter::open_with(&path, Quota::per_hour(99), 64, replace).is_err());
+    assert_eq!(bytes(&path), before);
+    // An opener that names none accepts the file's.
+    assert_eq!(
+        SharedKeyedLimiter::open(&path, quota, 64).unwrap().name(),
+        "per-ip"
+    );
+    let long = "x".repeat(paceline::shared::MAX_NAME_LEN + 1);
+    assert!(matches!(
+        SharedKeyedLimiter::open_with(dir.path("long"), quota, 64, named(&long)),
+        Err(SharedError::NameTooLong { .. })
+    ));
+    assert!(!dir.path("long").exists());
+}
+
+#[test]
+fn a_file_from_an_earlier_boot_is_made_anew_as_a_new_file_never_shrunk_in_place() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
     let dir = Dir::new("anew");
     let path = dir.path("f");
-    {
-        let limiter = SharedLimiter::open(&path, Quota::per_hour(1)).unwrap();
-        limiter.check().unwrap();
-    }
-    // The maker died before writing the magic (the last thing it writes).
-    let mut content = bytes(&path);
-    content[..8].fill(0);
-    fs::write(&path, &content).unwrap();
-    let limiter = SharedLimiter::open(&path, Quota::per_hour(1)).unwrap();
-    assert_eq!(limiter.remaining(), 1, "made anew: a fresh word");
-    limiter.check().unwrap();
-    drop(limiter);
-    // Made in an earlier boot: its instants belong to a clock that has restarted.
-    let mut content = bytes(&path);
-    content[40] ^= 0xff;
-    fs::write(&path, &content).unwrap();
-    let limiter = SharedLimiter::open(&path, Quota::per_hour(1)).unwrap();
-    assert_eq!(limiter.remaining(), 1, "made anew: a fresh word");
+    let old = SharedLimiter::open(&path, Quota::per_hour(2)).unwrap();
+    old.check().unwrap();
+    let old_inode = fs::metadata(&path).unwrap().ino();
+    let len = fs::metadata(&path).unwrap().len();
+    // Made in an earlier boot: its instants belong to a clock that has restarted. The
+    // boot id is changed in place (no truncation: `old` has the file mapped).
+    let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_at(&[0xa5; 8], 40).unwrap();
+    let keep = fs::File::open(&path).unwrap();
+    let fresh = SharedLimiter::open(&path, Quota::per_hour(2)).unwrap();
+    assert_eq!(fresh.remaining(), 2, "made anew: a fresh word");
+    // A new file at the path; the old one is untouched and still works for whoever has
+    // it mapped (a truncation in place would kill them with SIGBUS).
+    assert_ne!(fs::metadata(&path).unwrap().ino(), old_inode);
+    assert_eq!(keep.metadata().unwrap().len(), len);
+    assert_eq!(old.remaining(), 1);
+    old.check().unwrap();
+    assert!(old.check().is_err());
+    assert_eq!(fresh.remaining(), 2);
+    // Opening the new one again finds it as it is.
+    fresh.check().unwrap();
+    assert_eq!(
+        SharedLimiter::open(&path, Quota::per_hour(2))
+            .unwrap()
+            .remaining(),
+        1
+    );
+    let leftovers: Vec<_> = fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers.len(), 1, "temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn a_relative_path_is_kept_absolute() {
+    let dir = Dir::new("relative");
+    let limiter = {
+        let here = std::env::current_dir().unwrap();
+        std::env::set_current_dir(&dir.0).unwrap();
+        let opened = SharedLimiter::open("relative-file", Quota::per_second(1));
+        std::env::set_current_dir(here).unwrap();
+        opened.unwrap()
+    };
+    assert_eq!(limiter.path(), dir.path("relative-file"));
+    assert!(limiter.path().is_absolute());
 }
 
 #[test]
@@ -271,35 +442,127 @@ fn a_file_overwritten_with_random_bytes_never_panics_or_hangs() {
 }
 
 #[test]
-fn the_key_table_refuses_new_keys_when_full_and_reuses_refilled_slots() {
+fn the_key_table_refuses_new_keys_only_when_full_and_says_so_then_reuses_refilled_slots() {
     let dir = Dir::new("table");
     let path = dir.path("t");
-    // 16 slots, one cell per 200 ms each.
+    // Made for 16 keys: one bucket of 128 slots; one cell per 200 ms each.
     let limiter = SharedKeyedLimiter::open(
         &path,
         Quota::try_new(1, Duration::from_millis(200)).unwrap(),
         16,
     )
     .unwrap();
-    let admitted: Vec<String> = (0..64)
-        .map(|i| format!("key-{i}"))
-        .filter(|key| limiter.check_key(key).is_ok())
-        .collect();
-    assert_eq!(admitted.len(), 16, "every slot holds a limited key");
-    assert_eq!(limiter.len(), 16);
-    // A new key is refused with the time until a slot frees; stored keys still work.
-    let refused = limiter.check_key("late").unwrap_err().wait_time();
-    assert!(refused > Duration::from_millis(100) && refused <= Duration::from_millis(200));
+    let mut admitted = Vec::new();
+    let refused = loop {
+        let key = format!("key-{}", admitted.len());
+        match limiter.check_key(&key) {
+            Ok(()) => admitted.push(key),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(admitted.len(), 128, "every slot holds a limited key");
+    assert_eq!(limiter.len(), 128);
+    // The new key is refused as a full table refuses, with the time until a slot frees:
+    // never as a spent quota.
+    assert!(refused.is_table_full(), "{refused}");
+    assert!(refused.to_string().contains("no room"), "{refused}");
+    let wait = refused.wait_time();
+    assert!(wait > Duration::from_millis(100) && wait <= Duration::from_millis(200));
     assert_eq!(limiter.remaining_key("late"), 0);
-    assert!(
-        limiter.check_key(&admitted[0]).is_err(),
-        "still limited, not evicted"
-    );
+    let spent = limiter.check_key(&admitted[0]).unwrap_err();
+    assert!(!spent.is_table_full(), "still limited, not evicted");
     // Once they refilled, their slots go to new keys, and the old keys start afresh.
     std::thread::sleep(Duration::from_millis(250));
     assert!(limiter.check_key("late").is_ok());
-    assert!(limiter.check_key("late").is_err());
+    assert!(!limiter.check_key("late").unwrap_err().is_table_full());
     assert!(limiter.check_key(&admitted[0]).is_ok());
+    // Refilled keys stay counted until their slots are reused or forgotten.
+    std::thread::sleep(Duration::from_millis(250));
+    limiter.retain_recent();
+    assert_eq!(limiter.len(), 0);
+}
+
+/// Offers `capacity` distinct keys, each limited for an hour, to a table made for that
+/// many, then more until one is refused: every one of the first `capacity` is stored.
+fn fill(capacity: u64) {
+    let dir = Dir::new(&format!("fill-{capacity}"));
+    let limiter = SharedKeyedLimiter::open(dir.path("t"), Quota::per_hour(1), capacity).unwrap();
+    let mut stored = 0u64;
+    loop {
+        let key = format!("203.0.{}.{}", stored >> 8, stored & 255);
+        match limiter.check_key(&key) {
+            Ok(()) => stored += 1,
+            Err(e) => {
+                assert!(e.is_table_full(), "{e}");
+                break;
+            }
+        }
+    }
+    assert!(
+        stored >= capacity,
+        "a table made for {capacity} keys refused a new one after {stored}"
+    );
+    assert_eq!(limiter.len() as u64, stored);
+}
+
+#[test]
+fn a_table_made_for_65536_keys_stores_them_all() {
+    fill(65_536);
+}
+
+#[test]
+fn a_table_made_for_a_million_keys_stores_them_all() {
+    fill(1_000_000);
+}
+
+#[test]
+fn a_hostile_quota_slot_gives_wrong_decisions_at_worst_never_a_panic() {
+    use std::os::unix::fs::FileExt;
+    let dir = Dir::new("slot");
+    let quota = Quota::per_second(1000); // burst 1000, 1 ms apart
+    let (direct, keyed) = (dir.path("d"), dir.path("k"));
+    let one = SharedLimiter::open(&direct, quota).unwrap();
+    let per_key = SharedKeyedLimiter::open(&keyed, quota, 64).unwrap();
+    for path in [&direct, &keyed] {
+        // The current quota slot (slot 0 of a new file) gets room 0: inconsistent with
+        // its burst of 1000, so a check of 5 cells would subtract past zero.
+        let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+        file.write_at(&0u64.to_ne_bytes(), 128 + 24).unwrap();
+    }
+    // Debug builds panic on an overflow: these must not.
+    let _ = one.check_n(5);
+    let _ = one.check();
+    let _ = one.peek_n(5);
+    let _ = one.quota();
+    let _ = per_key.check_key_n("k", 5);
+    let _ = per_key.check_key("k");
+    let _ = per_key.peek_key_n("k", 5);
+    let _ = per_key.snapshot_key("k");
+}
+
+#[test]
+fn holds_are_bounded_and_a_reset_ends_them() {
+    let dir = Dir::new("holds");
+    let one = SharedLimiter::open(dir.path("d"), Quota::per_second(10)).unwrap();
+    one.hold_for(Duration::from_secs(1_000_000_000_000));
+    let wait = one.check().unwrap_err().wait_time();
+    assert!(wait <= paceline::shared::MAX_HOLD, "{wait:?}");
+    assert!(
+        wait > paceline::shared::MAX_HOLD - Duration::from_secs(60),
+        "{wait:?}"
+    );
+    // An opener asking for another quota (replacing it) does not end it; a reset does.
+    let replaced =
+        SharedLimiter::open_with(dir.path("d"), Quota::per_second(20), OnMismatch::Replace)
+            .unwrap();
+    assert!(replaced.check().is_err());
+    replaced.reset();
+    assert_eq!(one.remaining(), 20);
+    let per_key = SharedKeyedLimiter::open(dir.path("k"), Quota::per_second(10), 64).unwrap();
+    per_key.hold_key_for("api", Duration::MAX);
+    assert!(per_key.check_key("api").unwrap_err().wait_time() <= paceline::shared::MAX_HOLD);
+    per_key.reset_key("api");
+    assert!(per_key.check_key("api").is_ok());
 }
 
 #[test]

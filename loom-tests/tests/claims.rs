@@ -1,5 +1,5 @@
 //! A shared file's key slots under loom: a key's check racing a claim of its slot by
-//! another key, and claimers killed after each step of a claim. Checked: an admission is
+//! another key or a sweep that empties it, and claimers killed after each step of a claim. Checked: an admission is
 //! never written into a slot that has become another key's (it would be lost to its key,
 //! which would then start afresh: an over-admission), and no state a dead claimer leaves
 //! stops the slot from being used again.
@@ -108,5 +108,28 @@ fn a_check_in_flight_across_a_repair_is_never_lost() {
             assert!(slot.holds(OLD) && matches!(checked, Some(Ok(_))));
         }
         assert_eq!(slot.tag() >> 63, 0);
+    });
+}
+
+#[test]
+fn a_check_racing_a_sweep_of_its_refilled_slot_is_never_lost() {
+    loom::model(|| {
+        let slot = refilled();
+        let checker = {
+            let slot = slot.clone();
+            thread::spawn(move || slot.spend(OLD, 0, NOW, COST, ROOM))
+        };
+        let swept = slot.sweep(NOW);
+        match checker.join().unwrap() {
+            Some(Ok(tat)) => {
+                // Admitted: the key keeps its slot and its admission.
+                assert!(!swept, "an admission lost to a sweep");
+                assert!(slot.holds(OLD));
+                assert_eq!(slot.word(0), tat);
+            }
+            Some(Err(_)) => unreachable!("the refilled key has room"),
+            None => assert!(swept && slot.tag() == 0),
+        }
+        assert_eq!(slot.tag() >> 63, 0, "left claiming");
     });
 }

@@ -24,7 +24,6 @@ use crate::Quota;
 /// }
 /// # std::fs::remove_file(&path).unwrap();
 /// ```
-#[derive(Debug)]
 #[non_exhaustive]
 pub enum SharedError {
     /// The operating system refused: no such directory, no permission, no space, or the
@@ -45,10 +44,71 @@ pub enum SharedError {
         /// The file system's type, as the system reports it.
         filesystem: String,
     },
-    /// The file is not a paceline file (its first bytes are something else).
+    /// The path is a symbolic link. paceline opens only the file itself: a link in a
+    /// shared directory could point it at any file its user can write.
+    Link {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The path is not a regular file (a directory, a FIFO, a device, a socket).
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        found: &'static str,
+    },
+    /// The file is owned by a user this process does not trust, or others can write it:
+    /// whoever can write it can spend or break the quota of every process that uses it.
+    /// Nothing was read from or written to it. Remove it, or name its owner or group with
+    /// [`OpenOptions::trust_user`](super::OpenOptions::trust_user) /
+    /// [`OpenOptions::trust_group`](super::OpenOptions::trust_group) if they are yours.
+    Untrusted {
+        /// The file.
+        path: PathBuf,
+        /// Its owner's user id.
+        owner: u32,
+        /// Its group id.
+        group: u32,
+        /// Its permission bits.
+        mode: u32,
+        /// This process's effective user id.
+        user: u32,
+        /// What is wrong: who else can write it.
+        why: &'static str,
+    },
+    /// The file is not a paceline file. paceline never leaves a half-made file at a path
+    /// (a new file is finished before it is linked there), so this one was made by
+    /// something else; it is left as it is.
     NotPaceline {
         /// The file.
         path: PathBuf,
+        /// What was found: its length and first bytes.
+        found: String,
+    },
+    /// Another process is making the file anew (it was made before the machine last
+    /// booted, so its instants are of a clock that has restarted) and did not finish
+    /// within [`OPEN_PATIENCE`](super::OPEN_PATIENCE); or the path kept changing while
+    /// this process opened it.
+    Busy {
+        /// The file.
+        path: PathBuf,
+        /// The process making it anew (0 if the path kept changing).
+        pid: u64,
+    },
+    /// The file holds a limit of another name than the one asked for
+    /// ([`OpenOptions::name`](super::OpenOptions::name)): one file holds one limit.
+    NameMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The name in the file.
+        file: String,
+        /// The name asked for.
+        asked: String,
+    },
+    /// A name longer than [`MAX_NAME_LEN`](super::MAX_NAME_LEN) bytes.
+    NameTooLong {
+        /// The name asked for.
+        name: String,
     },
     /// A paceline file of another layout version.
     Version {
@@ -97,18 +157,18 @@ pub enum SharedError {
         /// The quota asked for.
         asked: Quota,
     },
-    /// A keyed file with another number of key slots than asked for (the slots are the
+    /// A keyed file made for another number of keys than asked for (its slots are the
     /// file's size, fixed when it was made). [`OnMismatch::Adopt`](super::OnMismatch::Adopt)
     /// takes the file's.
     CapacityMismatch {
         /// The file.
         path: PathBuf,
-        /// Its key slots.
+        /// The keys it was made for.
         file: u64,
-        /// The key slots asked for.
+        /// The keys asked for.
         asked: u64,
     },
-    /// A key capacity of 0, or above [`MAX_CAPACITY`](super::MAX_CAPACITY).
+    /// A capacity of 0 keys, or above [`MAX_CAPACITY`](super::MAX_CAPACITY).
     Capacity {
         /// What was asked for.
         asked: u64,
@@ -138,9 +198,66 @@ impl fmt::Display for SharedError {
                  use a local one such as /dev/shm",
                 path.display()
             ),
-            SharedError::NotPaceline { path } => {
-                write!(f, "{}: not a paceline file", path.display())
+            SharedError::Link { path } => write!(
+                f,
+                "{}: is a symbolic link; paceline opens only the file itself (a link in a \
+                 shared directory could point it at any file): give the file's own path",
+                path.display()
+            ),
+            SharedError::NotAFile { path, found } => {
+                write!(f, "{}: is {found}, not a file", path.display())
             }
+            SharedError::Untrusted {
+                path,
+                owner,
+                group,
+                mode,
+                user,
+                why,
+            } => write!(
+                f,
+                "{}: not opened: owned by {} (group {group}), mode {mode:04o}: {why}. \
+                 Whoever can write the file can spend or break the quota of every process \
+                 using it, so paceline opens only files of its own user ({}) that no one \
+                 else can write. Remove the file (or choose another path), or, if its \
+                 owner or group is yours, open it with OpenOptions::trust_user({owner}) or \
+                 trust_group({group})",
+                path.display(),
+                User(*owner),
+                User(*user),
+            ),
+            SharedError::NotPaceline { path, found } => write!(
+                f,
+                "{}: not a paceline file ({found}); paceline never leaves a half-made file \
+                 at a path, so this one is something else's and is left as it is: remove \
+                 it or choose another path",
+                path.display()
+            ),
+            SharedError::Busy { path, pid: 0 } => write!(
+                f,
+                "{}: the path kept changing while it was opened (another process removing \
+                 or replacing it)",
+                path.display()
+            ),
+            SharedError::Busy { path, pid } => write!(
+                f,
+                "{}: process {pid} is making the file anew (it was made before the machine \
+                 last booted) and did not finish within {:?}",
+                path.display(),
+                super::OPEN_PATIENCE
+            ),
+            SharedError::NameMismatch { path, file, asked } => write!(
+                f,
+                "{}: holds the limit {file:?}, not {asked:?}: one file holds one limit, so \
+                 give each limit a path of its own",
+                path.display()
+            ),
+            SharedError::NameTooLong { name } => write!(
+                f,
+                "a shared file's name is at most {} bytes, not {} ({name:?})",
+                super::MAX_NAME_LEN,
+                name.len()
+            ),
             SharedError::Version {
                 path,
                 found,
@@ -181,12 +298,13 @@ impl fmt::Display for SharedError {
             ),
             SharedError::CapacityMismatch { path, file, asked } => write!(
                 f,
-                "{}: the file has {file} key slots, not the {asked} asked for",
+                "{}: the file was made for {file} keys, not the {asked} asked for (open it \
+                 with OnMismatch::Adopt to use the file's)",
                 path.display()
             ),
             SharedError::Capacity { asked } => write!(
                 f,
-                "a shared keyed limiter needs 1 to {} key slots, not {asked}",
+                "a shared keyed limiter holds 1 to {} keys, not {asked}",
                 super::MAX_CAPACITY
             ),
             SharedError::Clock { path } => write!(
@@ -201,6 +319,44 @@ impl fmt::Display for SharedError {
     }
 }
 
+/// A user id, with its name where the system has one: "uid 65534 (nobody)".
+struct User(u32);
+
+impl fmt::Display for User {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "uid {}", self.0)?;
+        match user_name(self.0) {
+            Some(name) => write!(f, " ({name})"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The name of user `uid` in the system's user database, if it has one.
+fn user_name(uid: u32) -> Option<String> {
+    let mut buffer = vec![0 as libc::c_char; 4096];
+    // SAFETY: an all-zero `passwd` is a valid value of that plain C struct.
+    let mut entry: libc::passwd = unsafe { core::mem::zeroed() };
+    let mut found: *mut libc::passwd = core::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: `entry` and `found` for writes,
+    // `buffer` for `buffer.len()` bytes; the strings `entry` points to live in `buffer`.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() || entry.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: `pw_name` points to a NUL-terminated string inside `buffer`, alive here.
+    let name = unsafe { core::ffi::CStr::from_ptr(entry.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// A quota in words: "1 cell every 10ms, bursts of 5".
 struct Describe(Quota);
 
@@ -212,6 +368,13 @@ impl fmt::Display for Describe {
             self.0.emission_interval(),
             self.0.burst()
         )
+    }
+}
+
+/// The same text as `Display`: what a `main` that returns the error prints.
+impl fmt::Debug for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 

@@ -2,16 +2,31 @@
 //!
 //! # Implementation notes
 //!
-//! **Opening is serialised by `flock`**, held only while a process creates or checks the
-//! file: the kernel lets it go when its holder dies, so a process killed while making the
-//! file leaves nothing held. The magic is written last (`Release`), after every other
-//! field: a file without it was never finished, and the next opener makes it anew.
+//! **A shared directory is hostile ground** (`/dev/shm` and `/tmp` are writable by every
+//! user of the host). So an opener:
 //!
-//! **A file from an earlier boot** holds instants of a clock that has since restarted
-//! (the counter and `CLOCK_MONOTONIC` both count from boot): its words would hold every
-//! cell back for as long as the machine had run. Its header records the boot it was made
-//! in; an opener in another boot makes it anew under the lock, before any process of this
-//! boot can use it.
+//! * opens the path with `O_NOFOLLOW` (a link is an error, never followed) and
+//!   `O_NONBLOCK` (a FIFO planted there cannot hang it), and checks what it opened: a
+//!   regular file, on a local file system, owned by this process's effective user (or a
+//!   user or group the caller trusts, [`OpenOptions`]) and writable by no one else;
+//! * never modifies a file it did not finish making: a new file is made unnamed
+//!   (`O_TMPFILE`, or under a private temporary name where the system has none), sized,
+//!   filled in, its magic written last, and only then linked at the path, where the link
+//!   fails if anything is there already (the opener then opens that instead). So the path
+//!   never holds a half-made paceline file, and a file without the magic is someone
+//!   else's: an error that says what was found, and the file is left as it is;
+//! * never shrinks, truncates or zeroes a file: another process may have it mapped, and
+//!   the system kills a process that touches a mapped page a truncation took away.
+//!
+//! **No opener waits on another** except in one case, for at most [`OPEN_PATIENCE`]: a
+//! file made in an earlier boot holds instants of a clock that has since restarted (the
+//! counter and `CLOCK_MONOTONIC` both count from boot), so its words would hold every cell
+//! back for as long as the machine had run. Such a file is made anew, as a new file renamed
+//! over the old one (never rewritten in place), by one opener: the one that sets the old
+//! file's remaker word to its process id by a compare-and-swap (taking it over from a
+//! process that no longer exists). The others wait until the path holds the new file.
+//! No process of the current boot can be using the old one: each that opened it made it
+//! anew, or waited for the one that did.
 //!
 //! **Nothing read from the file after opening decides a memory access.** The header's
 //! length and key capacity are checked against the file's real length once, and the
@@ -19,19 +34,34 @@
 //! atomics. A writer that fills the file with random bytes afterwards can make decisions
 //! wrong for that file, never an access out of bounds. (Truncating a mapped file is
 //! another matter: the system then kills a process touching the lost pages with
-//! `SIGBUS`. Only whoever can write the file can do that; see the module docs on who can.)
+//! `SIGBUS`. Only whoever can write the file can do that, which the checks above limit to
+//! the users the caller trusts.)
 
 use core::ptr::NonNull;
-use std::fs::{File, OpenOptions};
+use core::time::Duration;
+use std::ffi::CString;
+use std::fs::{File, Metadata};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
+use std::time::Instant;
 
 use super::error::SharedError;
 use super::layout::{self, Kind};
+use super::options::OpenOptions;
+use super::process;
 use crate::clock::{HostClock, HostTime};
 use crate::sync::{AtomicU64, Ordering};
+
+/// The longest an opener waits for another process making a file anew.
+pub const OPEN_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Opens of a path that found it changed under them (removed, or replaced) before one
+/// stuck; past this the path is [`SharedError::Busy`].
+const OPEN_ATTEMPTS: u32 = 64;
 
 /// A shared file, mapped. The memory is only ever reached through [`Mapping::word`].
 #[derive(Debug)]
@@ -67,7 +97,7 @@ impl Mapping {
         unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
     }
 
-    /// The file's path.
+    /// The file's path, absolute (as it was when the file was opened).
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
@@ -101,6 +131,21 @@ impl Mapping {
             path: path.to_owned(),
         })
     }
+
+    /// The name the file holds (at most [`layout::MAX_NAME_LEN`] bytes).
+    pub(crate) fn name(&self) -> String {
+        let len = (self.word(layout::NAME_LEN_AT).load(Ordering::Relaxed) as usize)
+            .min(layout::MAX_NAME_LEN);
+        let bytes: Vec<u8> = (0..layout::MAX_NAME_LEN / 8)
+            .flat_map(|i| {
+                self.word(layout::NAME_AT + 8 * i)
+                    .load(Ordering::Relaxed)
+                    .to_ne_bytes()
+            })
+            .take(len)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
 }
 
 impl Drop for Mapping {
@@ -117,114 +162,326 @@ pub(crate) type Settle = Box<dyn FnOnce(&Mapping, Kind) -> Result<Kind, SharedEr
 /// What an opener asks for.
 pub(crate) struct Want {
     pub(crate) kind: Kind,
-    /// Called under the lock on a file of the right kind and geometry: may adopt, check or
-    /// replace the quota (and, for a keyed file, the capacity), or refuse.
+    /// Called on a file of the right kind and geometry: may adopt, check or replace the
+    /// quota (and, for a keyed file, the capacity), or refuse.
     pub(crate) settle: Settle,
-    /// Writes the quota into a new file.
-    pub(crate) init: Box<dyn FnOnce(&Mapping)>,
+    /// Writes the quota into a new file (not yet linked at its path).
+    pub(crate) init: Box<dyn Fn(&Mapping)>,
 }
 
-/// An opened file: its mapping, its geometry, its time source, and the file itself (kept
-/// for the key claims' lock).
+/// An opened file: its mapping, its geometry and its time source.
 pub(crate) struct Opened {
     pub(crate) mapping: Mapping,
     pub(crate) kind: Kind,
     pub(crate) time: HostTime,
-    pub(crate) file: File,
 }
 
-/// Opens `path`, making it if it does not exist (or was never finished, or was made in an
-/// earlier boot), and checks it is a paceline file of the kind and geometry asked for.
-pub(crate) fn open(path: &Path, want: Want) -> Result<Opened, SharedError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        // Readable and writable by the owner only: whoever can write it can spend it.
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| io_error(path, "open or create the file", e))?;
-    check_local(&file, path)?;
-    let (mapping, kind, time) = {
-        let _lock = Flock::exclusive(&file, path)?;
-        open_locked(&file, path, want)?
-    };
-    Ok(Opened {
-        mapping,
+/// Opens `path`, making it if it does not exist (or made in an earlier boot), and checks
+/// it is a paceline file of the kind and geometry asked for, that the caller trusts.
+pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Opened, SharedError> {
+    if let Some(name) = &options.name {
+        if name.len() > layout::MAX_NAME_LEN {
+            return Err(SharedError::NameTooLong { name: name.clone() });
+        }
+    }
+    let path = std::path::absolute(path).map_err(|e| io_error(path, "resolve the path", e))?;
+    let path = path.as_path();
+    let Want { kind, settle, init } = want;
+    let new = New {
         kind,
-        time,
-        file,
+        init: &*init,
+        options,
+    };
+    let mut settle = Some(settle);
+    for _ in 0..OPEN_ATTEMPTS {
+        let Some(file) = open_existing(path, options)? else {
+            match create(path, &new)? {
+                Some(opened) => return Ok(opened),
+                // Another opener linked its file first: open that.
+                None => continue,
+            }
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| io_error(path, "read the file's owner and length", e))?;
+        check_trusted(&meta, path, options)?;
+        check_local(&file, path)?;
+        match inspect(&file, &meta, path, kind, options)? {
+            Inspected::Made {
+                mapping,
+                kind,
+                time,
+            } => {
+                let settle = settle.take().expect("settled once, then returned");
+                let kind = settle(&mapping, kind)?;
+                return Ok(Opened {
+                    mapping,
+                    kind,
+                    time,
+                });
+            }
+            Inspected::EarlierBoot => remake(&file, path, &new)?,
+        }
+    }
+    Err(SharedError::Busy {
+        path: path.to_owned(),
+        pid: 0,
     })
 }
 
-/// [`open`]'s work, under the lock.
-fn open_locked(
-    file: &File,
-    path: &Path,
-    want: Want,
-) -> Result<(Mapping, Kind, HostTime), SharedError> {
-    let len = file
-        .metadata()
-        .map_err(|e| io_error(path, "read the file's length", e))?
-        .len();
-    let header = if len >= layout::HEADER_LEN as u64 {
-        Some(Mapping::map(file, layout::HEADER_LEN, path)?)
-    } else {
-        None
-    };
-    let finished = header
-        .as_ref()
-        .is_some_and(|h| h.word(layout::MAGIC_AT).load(Ordering::Acquire) != 0);
-    let stale = header.as_ref().is_some_and(|h| {
-        h.word(layout::MAGIC_AT).load(Ordering::Acquire) == layout::MAGIC
-            && read_boot(h) != boot_id()
-    });
-    drop(header);
-    // A file never finished is one whose maker died after sizing it: it has exactly the
-    // length asked for. Any other unfinished file is not ours to overwrite.
-    if len == 0 || (!finished && len == want.kind.file_len()) || stale {
-        return create(file, path, want);
+/// The file at `path`, opened for reading and writing without following a link; `None`
+/// if there is none.
+fn open_existing(path: &Path, options: &OpenOptions) -> Result<Option<File>, SharedError> {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    match opened {
+        Ok(file) => Ok(Some(file)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(SharedError::Link {
+            path: path.to_owned(),
+        }),
+        Err(e) => {
+            // Not ours to open: say whose it is, as for a file we could open.
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                if meta.file_type().is_symlink() {
+                    return Err(SharedError::Link {
+                        path: path.to_owned(),
+                    });
+                }
+                check_trusted(&meta, path, options)?;
+            }
+            Err(io_error(path, "open the file", e))
+        }
     }
-    if !finished {
+}
+
+/// Refuses what is not a regular file, or a file that someone the caller does not trust
+/// owns or can write ([`OpenOptions`]).
+fn check_trusted(meta: &Metadata, path: &Path, options: &OpenOptions) -> Result<(), SharedError> {
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let found = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        return Err(SharedError::NotAFile {
+            path: path.to_owned(),
+            found,
+        });
+    }
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    let user = unsafe { libc::geteuid() };
+    let (owner, group, mode) = (meta.uid(), meta.gid(), meta.mode() & 0o7777);
+    let group_trusted = options.trust_group == Some(group);
+    let owner_trusted = owner == user || options.trust_user == Some(owner) || group_trusted;
+    let why = if mode & 0o002 != 0 {
+        "anyone on the host can write it"
+    } else if mode & 0o020 != 0 && !group_trusted {
+        "its group can write it, and that group is not trusted"
+    } else if !owner_trusted {
+        "another user owns it"
+    } else {
+        return Ok(());
+    };
+    Err(SharedError::Untrusted {
+        path: path.to_owned(),
+        owner,
+        group,
+        mode,
+        user,
+        why,
+    })
+}
+
+/// What an existing file turned out to be.
+enum Inspected {
+    /// A paceline file of the kind asked for, made in this boot, mapped whole.
+    Made {
+        mapping: Mapping,
+        kind: Kind,
+        time: HostTime,
+    },
+    /// A paceline file of this layout made in an earlier boot.
+    EarlierBoot,
+}
+
+/// Reads an existing file's header and checks it against its length and what is asked.
+fn inspect(
+    file: &File,
+    meta: &Metadata,
+    path: &Path,
+    asked: Kind,
+    options: &OpenOptions,
+) -> Result<Inspected, SharedError> {
+    let len = meta.len();
+    let mut start = [0u8; 16];
+    let read = file.read_at(&mut start, 0).unwrap_or(0);
+    if read < 8 || u64::from_ne_bytes(start[..8].try_into().expect("8 bytes")) != layout::MAGIC {
+        let found = if len == 0 {
+            "an empty file".to_owned()
+        } else {
+            let shown: Vec<String> = start[..read].iter().map(|b| format!("{b:02x}")).collect();
+            format!("{len} bytes, beginning {}", shown.join(" "))
+        };
         return Err(SharedError::NotPaceline {
             path: path.to_owned(),
+            found,
         });
     }
     if len < layout::HEADER_LEN as u64 {
         return Err(SharedError::Length {
             path: path.to_owned(),
             found: len,
-            expected: want.kind.file_len(),
+            expected: asked.file_len(),
         });
     }
+    let header = Mapping::map(file, layout::HEADER_LEN, path)?;
+    let kind = check(&header, len, asked)?;
+    if read_boot(&header) != boot_id() {
+        return Ok(Inspected::EarlierBoot);
+    }
+    if let Some(asked) = &options.name {
+        let found = header.name();
+        if found != *asked {
+            return Err(SharedError::NameMismatch {
+                path: path.to_owned(),
+                file: found,
+                asked: asked.clone(),
+            });
+        }
+    }
+    let time = read_time(&header).ok_or_else(|| SharedError::Clock {
+        path: path.to_owned(),
+    })?;
+    drop(header);
     let whole = usize::try_from(len).map_err(|_| SharedError::Length {
         path: path.to_owned(),
         found: len,
-        expected: want.kind.file_len(),
+        expected: kind.file_len(),
     })?;
     let mapping = Mapping::map(file, whole, path)?;
-    let kind = check(&mapping, len, want.kind)?;
-    let time = read_time(&mapping).ok_or_else(|| SharedError::Clock {
-        path: path.to_owned(),
-    })?;
-    let kind = (want.settle)(&mapping, kind)?;
-    Ok((mapping, kind, time))
+    Ok(Inspected::Made {
+        mapping,
+        kind,
+        time,
+    })
 }
 
-/// Makes the file anew (under the lock): its length, every field, the magic last.
-fn create(file: &File, path: &Path, want: Want) -> Result<(Mapping, Kind, HostTime), SharedError> {
-    let len = want.kind.file_len();
-    // Zeroes every byte (a stale file's too): length 0, then the new length.
-    file.set_len(0)
-        .and_then(|()| file.set_len(len))
-        .map_err(|e| io_error(path, "size the file", e))?;
+/// What a new file is made with.
+struct New<'a> {
+    kind: Kind,
+    init: &'a dyn Fn(&Mapping),
+    options: &'a OpenOptions,
+}
+
+/// Makes a new file and links it at `path`; `None` if something got there first.
+fn create(path: &Path, new: &New<'_>) -> Result<Option<Opened>, SharedError> {
+    let (made, opened) = make(path, new)?;
+    if made
+        .link_at(path)
+        .map_err(|e| io_error(path, "link the new file into place", e))?
+    {
+        Ok(Some(opened))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Makes a file anew over one from an earlier boot (module docs): as the one opener that
+/// claims it, or by waiting for that one. Returns once the path no longer holds `old`.
+fn remake(old: &File, path: &Path, new: &New<'_>) -> Result<(), SharedError> {
+    let header = Mapping::map(old, layout::HEADER_LEN, path)?;
+    let remaker = header.word(layout::REMAKER_AT);
+    let me = process::me();
+    let started = Instant::now();
+    loop {
+        if !same_file(path, old) {
+            return Ok(());
+        }
+        // Acquire: pairs with a claimer's release of the word when it gave up.
+        let holder = remaker.load(Ordering::Acquire);
+        let free = holder == 0 || (holder != me && !process::alive(holder));
+        // AcqRel: the claim is ordered with the holder's, whichever wins.
+        if free
+            && remaker
+                .compare_exchange(holder, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            let made = make(path, new).and_then(|(made, _)| {
+                if same_file(path, old) {
+                    made.rename_over(path)
+                        .map_err(|e| io_error(path, "replace the file", e))
+                } else {
+                    Ok(())
+                }
+            });
+            if made.is_err() {
+                // Release: another opener may try.
+                remaker.store(0, Ordering::Release);
+            }
+            return made;
+        }
+        if started.elapsed() >= OPEN_PATIENCE {
+            return Err(SharedError::Busy {
+                path: path.to_owned(),
+                pid: holder,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether `path` (not following a link) is `file`.
+fn same_file(path: &Path, file: &File) -> bool {
+    match (std::fs::symlink_metadata(path), file.metadata()) {
+        (Ok(at_path), Ok(ours)) => at_path.dev() == ours.dev() && at_path.ino() == ours.ino(),
+        _ => false,
+    }
+}
+
+/// Makes a new, finished file for `path`, not yet at that path.
+fn make(path: &Path, new: &New<'_>) -> Result<(NewFile, Opened), SharedError> {
+    let made =
+        NewFile::beside(path).map_err(|e| io_error(path, "make the file in its directory", e))?;
+    let file = &made.file;
+    let (mode, group) = match new.options.trust_group {
+        Some(gid) => (0o660, Some(gid)),
+        None => (0o600, None),
+    };
+    if let Some(gid) = group {
+        // SAFETY: `file` is an open descriptor; -1 keeps the owner.
+        if unsafe { libc::fchown(file.as_raw_fd(), u32::MAX, gid) } != 0 {
+            return Err(io_error(
+                path,
+                "give the new file to the trusted group",
+                io::Error::last_os_error(),
+            ));
+        }
+    }
+    // Exactly this mode, whatever the process's umask.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(|e| io_error(path, "set the new file's permissions", e))?;
+    let len = new.kind.file_len();
+    // A new file no one else has: sizing it from 0 takes no page from any mapping.
+    file.set_len(len)
+        .map_err(|e| io_error(path, "size the new file", e))?;
     let whole = usize::try_from(len).map_err(|_| SharedError::Capacity { asked: len })?;
     let mapping = Mapping::map(file, whole, path)?;
     let time = HostClock::choose();
     // Relaxed: the magic's Release store below publishes every field.
     let store = |at, value| mapping.word(at).store(value, Ordering::Relaxed);
-    store(layout::VERSION_AT, layout::version_field(want.kind));
+    store(layout::VERSION_AT, layout::version_field(new.kind));
     store(layout::LEN_AT, len);
     match time {
         HostTime::Counter { scale } => {
@@ -236,30 +493,168 @@ fn create(file: &File, path: &Path, want: Want) -> Result<(Mapping, Kind, HostTi
     let [boot0, boot1] = boot_id();
     store(layout::BOOT_AT, boot0);
     store(layout::BOOT_AT + 8, boot1);
-    if let Kind::Keyed { capacity } = want.kind {
+    if let Kind::Keyed { capacity } = new.kind {
         store(layout::CAPACITY_AT, capacity);
-        let [s0, s1] = seeds();
-        store(layout::SEEDS_AT, s0);
-        store(layout::SEEDS_AT + 8, s1);
+        store(layout::BUCKETS_AT, layout::buckets(capacity));
+        for (i, seed) in seeds().into_iter().enumerate() {
+            store(layout::SEEDS_AT + 8 * i, seed);
+        }
     }
-    (want.init)(&mapping);
+    if let Some(name) = &new.options.name {
+        let mut bytes = [0u8; layout::MAX_NAME_LEN];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        store(layout::NAME_LEN_AT, name.len() as u64);
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            let word = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
+            store(layout::NAME_AT + 8 * i, word);
+        }
+    }
+    (new.init)(&mapping);
     // Release: an opener that reads the magic sees every field above.
     mapping
         .word(layout::MAGIC_AT)
         .store(layout::MAGIC, Ordering::Release);
-    Ok((mapping, want.kind, time))
+    Ok((
+        made,
+        Opened {
+            mapping,
+            kind: new.kind,
+            time,
+        },
+    ))
+}
+
+/// A new file in the directory of the path it is made for, with no name yet
+/// (`O_TMPFILE`), or a private temporary one, removed when dropped.
+struct NewFile {
+    file: File,
+    /// The temporary name, while it has one.
+    named: Option<PathBuf>,
+}
+
+impl NewFile {
+    fn beside(path: &Path) -> io::Result<NewFile> {
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        #[cfg(target_os = "linux")]
+        {
+            let unnamed = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+                .open(dir);
+            match unnamed {
+                Ok(file) => return Ok(NewFile { file, named: None }),
+                // A file system without unnamed files: a named one below.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let name = temporary_name(dir, path);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(&name)?;
+        Ok(NewFile {
+            file,
+            named: Some(name),
+        })
+    }
+
+    /// Links the file at `path`; `false` if something is there already.
+    fn link_at(mut self, path: &Path) -> io::Result<bool> {
+        let linked = match self.named.take() {
+            Some(name) => {
+                let linked = std::fs::hard_link(&name, path);
+                let _ = std::fs::remove_file(&name);
+                linked
+            }
+            None => self.link_unnamed(path),
+        };
+        match linked {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Puts the file at `path` in place of whatever is there.
+    fn rename_over(mut self, path: &Path) -> io::Result<()> {
+        let name = match self.named.take() {
+            Some(name) => name,
+            None => {
+                let dir = path.parent().unwrap_or(Path::new("."));
+                let name = temporary_name(dir, path);
+                self.link_unnamed(&name)?;
+                name
+            }
+        };
+        let renamed = std::fs::rename(&name, path);
+        if renamed.is_err() {
+            let _ = std::fs::remove_file(&name);
+        }
+        renamed
+    }
+
+    /// Gives the unnamed file the name `path` (failing if it exists).
+    fn link_unnamed(&self, path: &Path) -> io::Result<()> {
+        let from = CString::new(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+            .map_err(io::Error::other)?;
+        let to = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+        // SAFETY: both are NUL-terminated strings alive for the call.
+        let rc = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+impl Drop for NewFile {
+    fn drop(&mut self) {
+        if let Some(name) = &self.named {
+            let _ = std::fs::remove_file(name);
+        }
+    }
+}
+
+/// A name in `dir` no other opener picks: hidden, after the file it is made for, with this
+/// process's id and a count.
+fn temporary_name(dir: &Path, path: &Path) -> PathBuf {
+    static COUNT: StdAtomicU64 = StdAtomicU64::new(0);
+    // Relaxed: a counter that only has to differ between calls.
+    let n = COUNT.fetch_add(1, StdOrdering::Relaxed);
+    let stem = path.file_name().map_or_else(
+        || "paceline".into(),
+        |name| name.to_string_lossy().into_owned(),
+    );
+    dir.join(format!(".{stem}.{}-{n}.paceline-new", std::process::id()))
 }
 
 /// Checks a finished file's header against its length and the kind asked for; returns
 /// the file's kind (with its capacity).
-fn check(mapping: &Mapping, len: u64, asked: Kind) -> Result<Kind, SharedError> {
-    let path = mapping.path();
-    let read = |at| mapping.word(at).load(Ordering::Relaxed);
-    if read(layout::MAGIC_AT) != layout::MAGIC {
-        return Err(SharedError::NotPaceline {
-            path: path.to_owned(),
-        });
-    }
+fn check(header: &Mapping, len: u64, asked: Kind) -> Result<Kind, SharedError> {
+    let path = header.path();
+    let read = |at| header.word(at).load(Ordering::Relaxed);
     let field = read(layout::VERSION_AT);
     let (version, code) = ((field >> 32) as u32, field as u32);
     if version != layout::VERSION {
@@ -273,7 +668,10 @@ fn check(mapping: &Mapping, len: u64, asked: Kind) -> Result<Kind, SharedError> 
         1 => Kind::Direct,
         2 => {
             let capacity = read(layout::CAPACITY_AT);
-            if capacity == 0 || capacity > layout::MAX_CAPACITY {
+            if capacity == 0
+                || capacity > layout::MAX_CAPACITY
+                || read(layout::BUCKETS_AT) != layout::buckets(capacity)
+            {
                 return Err(SharedError::Corrupt {
                     path: path.to_owned(),
                     field: "key capacity",
@@ -368,10 +766,10 @@ fn boot_id() -> [u64; 2] {
 }
 
 /// Seeds for a keyed file's key digests: drawn once, when the file is made.
-fn seeds() -> [u64; 2] {
+fn seeds() -> [u64; layout::SEEDS] {
     use core::hash::BuildHasher;
     let state = std::hash::RandomState::new();
-    [state.hash_one(1u8), state.hash_one(2u8)]
+    core::array::from_fn(|i| state.hash_one(i))
 }
 
 /// Refuses file systems whose mappings are not one memory for every process.
@@ -427,32 +825,6 @@ fn remote_filesystem(stat: &libc::statfs) -> Option<String> {
     ["nfs", "smbfs", "afpfs", "webdav", "osxfuse", "macfuse"]
         .contains(&name.as_str())
         .then_some(name)
-}
-
-/// An exclusive `flock` on a file, released when dropped (or when the process dies).
-pub(crate) struct Flock<'a>(&'a File);
-
-impl<'a> Flock<'a> {
-    pub(crate) fn exclusive(file: &'a File, path: &Path) -> Result<Flock<'a>, SharedError> {
-        loop {
-            // SAFETY: `file` is an open descriptor; `flock` takes no pointers.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Flock(file));
-            }
-            let error = io::Error::last_os_error();
-            if error.kind() != io::ErrorKind::Interrupted {
-                return Err(io_error(path, "lock the file", error));
-            }
-        }
-    }
-}
-
-impl Drop for Flock<'_> {
-    fn drop(&mut self) {
-        // SAFETY: as in `exclusive`; unlocking a lock we hold cannot fail in a way that
-        // leaves it held.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
 }
 
 pub(crate) fn io_error(path: &Path, doing: &'static str, source: io::Error) -> SharedError {

@@ -21,12 +21,32 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! **Who can spend the quota:** whoever can write the file. New files are made readable
-//! and writable by their owner only; give other users access with the file's permissions.
-//! A process that can write the file can also damage it; a damaged file gives wrong
-//! decisions for itself, never a crash or a hang in the processes that use it (except
-//! that truncating a file another process has mapped makes the system kill that process
-//! with `SIGBUS`, which no mapping can prevent).
+//! # Who can use a file
+//!
+//! **Whoever can write the file can spend the quota, and can break it** (set any quota,
+//! hold it for a day, or truncate the file, which the system answers by killing the
+//! processes that have it mapped with `SIGBUS`). So paceline opens a file only if this
+//! process's effective user owns it (or a user or group named with [`OpenOptions`]) and no
+//! one else can write it, never follows a link at the path, makes new files readable and
+//! writable by their owner only (`0600`; `0660` for a trusted group), and never modifies
+//! a file it did not make: another user's file planted at the path, an empty file, or a
+//! file of other content is an error that says whose it is and what to do, and is left as
+//! it is. Anyone who can write the directory can still remove the file, or plant one that
+//! paceline then refuses (a denial of service, not a takeover): keep files in a directory
+//! only trusted users can write, or in `/dev/shm` (sticky: users cannot remove or rename
+//! each other's files).
+//!
+//! **Nothing waits long on another process.** Checks of stored keys and of a direct file
+//! are lock-free. Storing a new key takes its bucket's lock, held for a few hundred
+//! nanoseconds, and waits for another process's claim at most [`CLAIM_PATIENCE`]; after
+//! that the key is refused as by a full table, for a moment. Opening waits for another
+//! process only to make anew a file from an earlier boot, at most [`OPEN_PATIENCE`].
+//!
+//! **Spent is spent, across processes too.** A process killed while its tasks wait leaves
+//! their booked turns spent: the other processes wait as if those calls had been made, for
+//! as long as the bookings reached ahead (at most the wait the killed callers accepted). A
+//! hold lasts at most [`MAX_HOLD`]; an operator ends holds and forgets what was spent with
+//! [`SharedLimiter::reset`] or [`SharedKeyedLimiter::reset_key`].
 //!
 //! # Implementation notes
 //!
@@ -41,48 +61,38 @@
 //!   and a process killed at any instruction has either changed the word or not.
 //! * **The quota** (`quota.rs`): slots with their own sequence words and a word naming the
 //!   current one, so a writer killed half-way never stalls a reader.
-//! * **Opening** (`file.rs`): under `flock`, released by the kernel when its holder dies;
-//!   files never finished, or made in an earlier boot, are made anew.
+//! * **Opening** (`file.rs`): checks, then a finished file linked into place; no locks.
 //! * **Waiting** is the in-process waiting (`crate::wait`) on the shared word: a booking is
 //!   the compare-and-swap, so turns are ordered across processes. A process cancels only
 //!   what it booked, and gives cells back only when the word still holds its own last
 //!   booking and none of its later waiters booked after another process's admission
 //!   (`crate::wait::queue`, "Cancelling is exact").
-//! * **Key slots** (`table.rs`): see there.
+//! * **Key slots** (`table.rs`, `keyed/`): buckets of slots, digests of the keys
+//!   (`digest.rs`), a lock per bucket for storing new keys (`keyed/bucket.rs`).
 
+mod digest;
 mod error;
 mod file;
 mod keyed;
 mod layout;
 mod limiter;
+mod options;
+mod process;
 mod quota;
 mod reservation;
 mod table;
 
+use core::time::Duration;
+
 pub use error::SharedError;
+pub use file::OPEN_PATIENCE;
+pub use keyed::bucket::CLAIM_PATIENCE;
 pub use keyed::{OwnedSharedKeyReservation, SharedKeyedLimiter};
-pub use layout::MAX_CAPACITY;
+pub use layout::{MAX_CAPACITY, MAX_NAME_LEN};
 pub use limiter::SharedLimiter;
+pub use options::{OnMismatch, OpenOptions};
 pub use reservation::{OwnedSharedReservation, SharedReservation};
 
-/// What opening a shared file does when the file already holds another quota (or, for
-/// a keyed file, another number of key slots) than the caller's.
-///
-/// # Examples
-///
-/// ```
-/// use paceline::shared::OnMismatch;
-/// assert_ne!(OnMismatch::Refuse, OnMismatch::Adopt);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum OnMismatch {
-    /// An error that names both ([`SharedError::QuotaMismatch`]): two programs that
-    /// disagree about a quota are usually a mistake.
-    #[default]
-    Refuse,
-    /// Use the file's: this process follows whatever the others set.
-    Adopt,
-    /// Set the caller's, for every process that has the file open (a deploy that changes
-    /// the quota). Key slots cannot be replaced: a keyed file keeps its size.
-    Replace,
-}
+/// The longest a hold lasts in a shared file ([`SharedLimiter::hold_for`]): a hold outlives
+/// the process that set it, so it is bounded, as quotas are.
+pub const MAX_HOLD: Duration = Duration::from_secs(24 * 60 * 60);

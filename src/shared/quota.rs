@@ -23,9 +23,11 @@
 //!
 //! A slot holds the interval, the burst and the room a one-cell check leaves (`tau -
 //! interval`, stored so that a check neither multiplies nor subtracts, as in one process).
-//! A reader checks only what keeps its own arithmetic sound (an interval of at least 1, a
-//! burst of at least 1 that fits a `u32`, a room that does not overflow with the interval);
-//! values a hostile writer made inconsistent otherwise give wrong decisions, no more.
+//! A one-cell check reads only the interval (at least 1) and the room, so any values give
+//! it sound arithmetic; a reading of the whole quota also checks that the three agree (an
+//! interval and a burst of at least 1, the burst within a `u32`, the room the two make),
+//! and treats a slot where they do not as unstable. Values a hostile writer stores give
+//! wrong decisions for that file, never an overflow or a panic.
 //!
 //! Orderings are the sequence lock's (`crate::shared_quota` explains them); the current
 //! word is read `Acquire` and written `Release`, so a reader that sees a slot named sees
@@ -102,9 +104,10 @@ impl Area {
         let (before, (interval, burst, room)) =
             slot.read(|| (slot.interval(), slot.burst(), slot.room()));
         before?;
-        let burst = u32::try_from(burst).ok().filter(|&b| b != 0)?;
-        let tau = room.checked_add(interval)?;
-        (interval != 0).then(|| Params::from_parts(interval, burst, tau))
+        // The room must be the one the interval and burst make (a hostile writer may
+        // store any three words): a check of n cells subtracts its cost from tau.
+        let params = Params::new(interval, u32::try_from(burst).ok()?)?;
+        (params.room_for_one() == room).then_some(params)
     }
 
     #[inline]

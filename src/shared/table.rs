@@ -13,10 +13,11 @@
 //! still holds the key, compare-and-swap; after a failed swap, check the slot again. A
 //! denial writes nothing.
 //!
-//! **Claims take the file's claim lock** (a `flock`, which the kernel releases when its
-//! holder dies, and a mutex between the threads of a process): a new key must not end up in
-//! two slots, and two claimers that scanned the table at different moments could pick
-//! different free slots for it, so claimers take turns, and each scans again under the lock.
+//! **Claims take the key's bucket lock** (`keyed/bucket.rs`: a word in the file, taken over
+//! from a holder that died): a new key must not end up in two slots, and two claimers that
+//! scanned the bucket at different moments could pick different free slots for it, so
+//! claimers of a bucket take turns, and each scans it again under the lock. A key lives
+//! only in its own bucket, so the bucket's lock covers every slot it may use.
 //! A claim takes a slot that is empty or holds a key whose words have both refilled (that key
 //! is indistinguishable from a new one, so forgetting it changes no decision):
 //!
@@ -31,8 +32,9 @@
 //! loaded it after sees (through step 2's `Release`) the flag of step 1 and stops. So an
 //! admission is never written into a slot that has become another key's.
 //!
-//! **A claimer killed half-way** leaves `CLAIMING` set. The next claimer holds the lock,
-//! so the one that set it is gone, and repairs the slot: if a word is still ahead of now,
+//! **A claimer killed half-way** leaves `CLAIMING` set. The next claimer of the bucket
+//! holds its lock (taken over from the dead one), so the one that set it is gone, and
+//! repairs the slot: if a word is still ahead of now,
 //! the old key is live (step 2 never finished, so the low half is still the old key's):
 //! clear the flag; otherwise move the words as in step 2 (so a check still in flight from
 //! before step 1 cannot swap) and empty the slot. Every state a claimer can leave behind
@@ -79,7 +81,7 @@ pub(crate) struct Slot<'a> {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Moved;
 
-/// Proof that the caller holds the file's claim lock (the only way to claim or repair).
+/// Proof that the caller holds the slot's bucket lock (the only way to claim, sweep or repair).
 #[derive(Debug)]
 pub(crate) struct Claiming(pub(crate) ());
 
@@ -212,6 +214,53 @@ impl Slot<'_> {
         }
         self.tag.store(key.tag, Ordering::Release);
         true
+    }
+
+    /// Empties the slot if it holds a key whose words have both refilled (a key
+    /// indistinguishable from a new one), as a claim would take it but leaving it empty;
+    /// repairs it first if a dead claimer left it half-rewritten. Returns whether it was
+    /// emptied.
+    #[cfg_attr(loom, allow(dead_code))] // the models claim through `claim_until`
+    pub(crate) fn sweep(&self, now: u64, _lock: &Claiming) -> bool {
+        // Acquire: after whoever last wrote the tag.
+        let mut tag = self.tag.load(Ordering::Acquire);
+        if tag & CLAIMING != 0 {
+            tag = self.repair(tag, now);
+        }
+        if tag == 0 || self.free_at() > now {
+            return false;
+        }
+        // As a claim's step 1 and steps 2 and 3 (module docs).
+        if self
+            .tag
+            .compare_exchange(tag, tag | CLAIMING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        if !self.move_words(now) {
+            self.tag.store(tag, Ordering::Release);
+            return false;
+        }
+        self.tag.store(0, Ordering::Release);
+        true
+    }
+
+    /// Repairs the slot if a dead claimer left it half-rewritten (module docs); returns
+    /// whether the repair left it empty.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn repair_if_claiming(&self, now: u64, _lock: &Claiming) -> bool {
+        // Acquire: after whoever last wrote the tag.
+        let tag = self.tag.load(Ordering::Acquire);
+        tag & CLAIMING != 0 && self.repair(tag, now) == 0
+    }
+
+    /// Whether the slot is empty (no key, no claim).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn is_empty(&self) -> bool {
+        // Relaxed: a hint read under the bucket's lock, which orders it after the last
+        // claimer's writes.
+        self.tag.load(Ordering::Relaxed) == 0
     }
 
     /// Repairs a slot a dead claimer left with `CLAIMING` set (module docs); returns the

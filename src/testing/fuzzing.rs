@@ -288,7 +288,9 @@ pub fn quota_construction(data: &[u8]) {
 /// limiter on a hostile file answers every call (wrong decisions allowed) without a
 /// panic, an out-of-bounds access or a hang. The first byte picks a direct or a keyed
 /// file and whether the rest overwrites a valid file (so most inputs get past the magic)
-/// or is the whole file.
+/// or is the whole file. Files are opened adopting whatever quota and capacity they hold,
+/// so a changed quota slot reaches the decisions; and the same bytes are written again
+/// into the file while it is open (a hostile writer after the checks at opening).
 #[cfg(all(feature = "shared", unix, not(loom)))]
 pub fn shared_file(data: &[u8]) {
     use crate::shared::{SharedKeyedLimiter, SharedLimiter};
@@ -330,11 +332,21 @@ pub fn shared_file(data: &[u8]) {
         rest.to_vec()
     };
     let path = dir.join("file");
+    let _ = std::fs::remove_file(&path);
     std::fs::write(&path, &content).unwrap();
+    // Written again over the open file, in place (its length stays: no page goes away).
+    let rewrite = || {
+        use std::os::unix::fs::FileExt;
+        if let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) {
+            let _ = file.write_at(&content, 0);
+        }
+    };
     let briefly = Duration::from_millis(1);
+    let adopt = crate::shared::OnMismatch::Adopt;
     if keyed {
-        match SharedKeyedLimiter::open(&path, quota, 64) {
+        match SharedKeyedLimiter::open_with(&path, quota, 64, adopt) {
             Ok(limiter) => {
+                rewrite();
                 for key in ["a", "b", "c"] {
                     let _ = limiter.check_key(key);
                     let _ = limiter.check_key_n(key, 3);
@@ -343,13 +355,19 @@ pub fn shared_file(data: &[u8]) {
                     let _ = poll_once(limiter.until_key_n_ready_within(key, 1, briefly));
                 }
                 let _ = limiter.len();
+                let _ = limiter.has_room_for("d");
+                let _ = limiter.check_key_n_if_stored("a", 2);
                 let _ = limiter.set_quota(Quota::per_second(5));
+                let _ = limiter.check_key_n("a", 4);
+                limiter.retain_recent();
+                limiter.reset_key("a");
             }
             Err(e) => drop(e.to_string()),
         }
     } else {
-        match SharedLimiter::open(&path, quota) {
+        match SharedLimiter::open_with(&path, quota, adopt) {
             Ok(limiter) => {
+                rewrite();
                 let _ = limiter.check();
                 let _ = limiter.check_n(3);
                 let _ = limiter.remaining();
@@ -358,6 +376,9 @@ pub fn shared_file(data: &[u8]) {
                 let _ = limiter.reserve_within(1, briefly);
                 let _ = limiter.set_quota(Quota::per_second(5));
                 let _ = limiter.quota();
+                let _ = limiter.check_n(4);
+                limiter.hold_for(Duration::MAX);
+                limiter.reset();
             }
             Err(e) => drop(e.to_string()),
         }

@@ -39,7 +39,7 @@ impl SharedKeyedLimiter {
     ) -> Result<crate::KeyAdmission, NotUntil> {
         self.spend_one(self.key(key.as_ref()))
             .map(|(tat, cost)| crate::KeyAdmission::new(tat, cost))
-            .map_err(|refusal| NotUntil::from_nanos(refusal.into()))
+            .map_err(NotUntil::from)
     }
 
     /// Gives back the cell `admission` (from [`SharedKeyedLimiter::check_key_refundable`]
@@ -93,9 +93,7 @@ impl SharedKeyedLimiter {
         let now = self.clock.now();
         match self.find(key) {
             Some(slot) => crate::Snapshot::of(params, slot.word(self.lane), now),
-            None if self.window(key).any(|slot| slot.claimable(now)) => {
-                crate::Snapshot::of(params, 0, now)
-            }
+            None if self.has_room(key, now) => crate::Snapshot::of(params, 0, now),
             None => crate::Snapshot::refused(params, self.room_wait(key, now)),
         }
     }
@@ -122,6 +120,25 @@ impl SharedKeyedLimiter {
         self.clock.now()
     }
 
+    /// Whether `key` is stored, or the table has room to store it now; stores nothing.
+    /// False exactly when a check of `key` now would be refused as by a full table
+    /// ([`NotUntil::is_table_full`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-khr-{}", std::process::id()));
+    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(1), 64)?;
+    /// assert!(limiter.has_room_for("a"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn has_room_for(&self, key: impl AsRef<[u8]>) -> bool {
+        let key = self.key(key.as_ref());
+        self.find(key).is_some() || self.has_room(key, self.clock.now())
+    }
+
     /// How many cells `check_key_n` would admit for `key` right now; spends and stores
     /// nothing (0 for a new key that no slot can take).
     ///
@@ -142,7 +159,7 @@ impl SharedKeyedLimiter {
         let now = self.clock.now();
         match self.find(key) {
             Some(slot) => gcra::remaining(slot.word(self.lane), now, &params),
-            None if self.window(key).any(|slot| slot.claimable(now)) => params.burst(),
+            None if self.has_room(key, now) => params.burst(),
             None => 0,
         }
     }
@@ -181,7 +198,7 @@ impl SharedKeyedLimiter {
         let now = self.clock.now();
         let wait = match self.find(key) {
             Some(slot) => gcra::admit(slot.word(self.lane), now, cost, params.tau()).err(),
-            None if self.window(key).any(|slot| slot.claimable(now)) => None,
+            None if self.has_room(key, now) => None,
             None => Some(self.room_wait(key, now)),
         };
         Ok(Duration::from_nanos(wait.unwrap_or(0)))

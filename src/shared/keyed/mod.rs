@@ -1,29 +1,41 @@
 //! [`SharedKeyedLimiter`]: a quota per key for every process that opens the same file.
+//!
+//! # Implementation notes
+//!
+//! A key's digest (`digest.rs`) picks its bucket (by its high half) and its home slot in
+//! the bucket (by the low bits of its other half). A key lives in its bucket only, in the
+//! first slot from its home on (wrapping within the bucket) that was free when it was
+//! stored, so a check finds a stored key in a slot or two: it scans from the home slot,
+//! lock-free. A key not found is stored under its bucket's lock (`bucket.rs`), which the
+//! claimer takes, repairs if it inherited it from a dead claimer, and scans again; the key
+//! takes the first slot from its home on that is empty or holds a key that has refilled (a
+//! key indistinguishable from a new one). A bucket whose every slot holds a limited key
+//! refuses the new key ([`NotUntil::is_table_full`]) with the time until one frees. A
+//! header word counts the slots that hold a key (what `len` reads).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use siphasher::sip128::SipHasher13;
-
 mod admission;
+pub(crate) mod bucket;
 mod waiting;
 
 pub use waiting::OwnedSharedKeyReservation;
 
+use super::digest::Digester;
 use super::error::SharedError;
-use super::file::{self, Flock};
-use super::layout::{self, Kind};
+use super::layout::{self, Kind, BUCKET_SLOTS};
 use super::limiter::Shared;
+use super::options::{OnMismatch, OpenOptions};
 use super::table::{Claiming, Key, Moved, Slot};
-use super::OnMismatch;
 use crate::clock::{Clock, HostClock};
 use crate::error::{self, Denied, NotUntil};
 use crate::gcra::Params;
 use crate::quota::Quota;
 use crate::sync::{Mutex, Ordering};
 use crate::wait::queue::Waiters;
+use bucket::{BucketLock, Held, CLAIM_PATIENCE};
 
 /// Why one cell was not admitted: the key's cell is spent (the wait until it refills
 /// enough), or no slot could take the new key (the wait until one frees).
@@ -32,29 +44,28 @@ enum Refusal {
     NoSlot(u64),
 }
 
-impl From<Refusal> for u64 {
-    fn from(refusal: Refusal) -> u64 {
+impl From<Refusal> for NotUntil {
+    fn from(refusal: Refusal) -> NotUntil {
         match refusal {
-            Refusal::Spent(wait) | Refusal::NoSlot(wait) => wait,
+            Refusal::Spent(wait) => NotUntil::from_nanos(wait),
+            Refusal::NoSlot(wait) => NotUntil::no_room(wait),
         }
     }
 }
 
-/// How many slots a key may sit in, from its home slot on.
-const WINDOW: u64 = 16;
-
 /// Rate limits per key for every process that opens the same file: each key behaves as
-/// its own [`SharedLimiter`](super::SharedLimiter), in a table of `capacity` key slots
-/// fixed when the file is made (32 bytes each).
+/// its own [`SharedLimiter`](super::SharedLimiter), in a table made for `capacity` keys
+/// when the file is made (64 bytes per key of capacity; see [`SharedKeyedLimiter::open`]).
 ///
 /// Keys are bytes (`&str`, `String`, `&[u8]`, ...), so a Python process and a Rust one
 /// find the same key in the same slot. A key whose quota has refilled is
-/// indistinguishable from a new one, and its slot is taken by the next new key that
-/// needs it; a new key that finds every slot it may use held by keys still limited is
-/// refused (denied with the time until one frees), never by evicting a limited key,
-/// exactly as an in-process [`KeyedLimiter`](crate::KeyedLimiter) at its bound. Checks of
-/// stored keys are lock-free; storing a new key takes the file's claim lock for a moment
-/// (a `flock` the system lets go of when its holder dies).
+/// indistinguishable from a new one, and its slot goes to the next new key that needs it.
+/// The table stores at least `capacity` keys still limited before it refuses a new one;
+/// a new key it has no room for is refused with [`NotUntil::is_table_full`] and the time
+/// until room is expected, never by evicting a limited key, and never reported as a spent
+/// quota. Checks of stored keys are lock-free; storing a new key takes its bucket's lock
+/// for a moment, waiting for another process at most
+/// [`CLAIM_PATIENCE`](super::CLAIM_PATIENCE).
 ///
 /// # Examples
 ///
@@ -63,7 +74,7 @@ const WINDOW: u64 = 16;
 /// use paceline::Quota;
 ///
 /// # let path = std::env::temp_dir().join(format!("paceline-doc-k1-{}", std::process::id()));
-/// // Every worker: 10 per second per client, 100 000 clients at most.
+/// // Every worker: 10 per second per client, 100 000 clients at least.
 /// let per_client = SharedKeyedLimiter::open(&path, Quota::per_second(10), 100_000)?;
 /// assert!(per_client.check_key("203.0.113.7").is_ok());
 /// assert_eq!(per_client.remaining_key("203.0.113.7"), 9);
@@ -72,9 +83,11 @@ const WINDOW: u64 = 16;
 /// ```
 pub struct SharedKeyedLimiter {
     shared: Arc<Shared>,
-    claims: Arc<Mutex<ClaimLock>>,
+    /// The keys the file was made for.
     capacity: u64,
-    hasher: SipHasher13,
+    /// Its buckets (checked against its length at open).
+    buckets: u64,
+    digester: Digester,
     /// Which of a slot's two words this limiter uses (see `execution_lane`).
     lane: usize,
     clock: HostClock,
@@ -91,19 +104,15 @@ impl core::fmt::Debug for SharedKeyedLimiter {
     }
 }
 
-/// The claim lock's file: its own open file description, so that its `flock` excludes
-/// every other opener, in this process or another. A forked child shares its parent's
-/// description, so it opens the file again.
-#[derive(Debug)]
-struct ClaimLock {
-    file: File,
-    /// The fork generation `file` was opened in.
-    generation: u64,
-}
-
 impl SharedKeyedLimiter {
-    /// Opens the keyed limiter at `path` with `capacity` key slots, making the file if it
-    /// does not exist (readable and writable by its owner only).
+    /// Opens the keyed limiter at `path`, made for `capacity` keys, making the file if it
+    /// does not exist (readable and writable by its owner only; an existing file is
+    /// opened only if this process's user owns it and no one else can write it).
+    ///
+    /// The table stores at least `capacity` keys that are still limited (keys whose quota
+    /// has refilled make room for new ones); its file takes 64 bytes per key of capacity
+    /// (two 32-byte slots, so that each bucket stays at most half full), plus a header of
+    /// 512 bytes and 8 bytes per 64 keys.
     ///
     /// # Errors
     ///
@@ -133,9 +142,9 @@ impl SharedKeyedLimiter {
         SharedKeyedLimiter::open_with(path, quota, capacity, OnMismatch::Refuse)
     }
 
-    /// [`SharedKeyedLimiter::open`], saying what to do when the file holds another quota
-    /// or capacity ([`OnMismatch::Adopt`] takes both of the file's; `Replace` sets the
-    /// caller's quota, and the capacity must match).
+    /// [`SharedKeyedLimiter::open`] with [`OpenOptions`] (or just an [`OnMismatch`]):
+    /// [`OnMismatch::Adopt`] takes the file's quota and capacity; `Replace` sets the
+    /// caller's quota, and the capacity must match.
     ///
     /// # Errors
     ///
@@ -156,32 +165,22 @@ impl SharedKeyedLimiter {
         path: impl AsRef<Path>,
         quota: Quota,
         capacity: u64,
-        on_mismatch: OnMismatch,
+        options: impl Into<OpenOptions>,
     ) -> Result<SharedKeyedLimiter, SharedError> {
         if capacity == 0 || capacity > layout::MAX_CAPACITY {
             return Err(SharedError::Capacity { asked: capacity });
         }
-        let path = path.as_ref();
-        let shared = Shared::open(path, Kind::Keyed { capacity }, quota, on_mismatch)?;
+        let options = options.into();
+        let shared = Shared::open(path.as_ref(), Kind::Keyed { capacity }, quota, &options)?;
         let capacity = shared.capacity();
         let read = |at| shared.map.word(at).load(Ordering::Relaxed);
-        let hasher = SipHasher13::new_with_keys(read(layout::SEEDS_AT), read(layout::SEEDS_AT + 8));
-        let file = shared
-            .file
-            .try_clone()
-            .map_err(|e| file::io_error(path, "keep the file open", e))?;
-        // `try_clone` shares the description with `shared.file`, which nothing else
-        // locks; each opener's `flock` description is its own `open`'s.
-        let claims = ClaimLock {
-            file,
-            generation: crate::clock::forks(),
-        };
+        let digester = Digester::new(core::array::from_fn(|i| read(layout::SEEDS_AT + 8 * i)));
         Ok(SharedKeyedLimiter {
             clock: shared.clock.clone(),
+            buckets: layout::buckets(capacity),
             shared: Arc::new(shared),
-            claims: Arc::new(Mutex::new(claims)),
             capacity,
-            hasher,
+            digester,
             lane: 0,
             waiters: Mutex::new(HashMap::new()),
         })
@@ -204,16 +203,17 @@ impl SharedKeyedLimiter {
     pub fn execution_lane(&self) -> SharedKeyedLimiter {
         SharedKeyedLimiter {
             shared: Arc::clone(&self.shared),
-            claims: Arc::clone(&self.claims),
             capacity: self.capacity,
-            hasher: self.hasher,
+            buckets: self.buckets,
+            digester: self.digester,
             lane: 1,
             clock: self.clock.clone(),
             waiters: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The number of key slots (fixed when the file was made).
+    /// The keys the file was made for (fixed when it was made): the table stores at least
+    /// that many keys still limited.
     ///
     /// # Examples
     ///
@@ -226,6 +226,39 @@ impl SharedKeyedLimiter {
     /// ```
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// The file's path, absolute (as it was when this process opened the file).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kp-{}", std::process::id()));
+    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_second(1), 64)?;
+    /// assert_eq!(limiter.path(), std::path::absolute(&path)?);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn path(&self) -> &Path {
+        self.shared.map.path()
+    }
+
+    /// The name of the limit the file holds ([`OpenOptions::name`]; empty if it has none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::{OpenOptions, SharedKeyedLimiter}, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kn-{}", std::process::id()));
+    /// let options = OpenOptions::new().name("per-ip");
+    /// let limiter = SharedKeyedLimiter::open_with(&path, Quota::per_second(1), 64, options)?;
+    /// assert_eq!(limiter.name(), "per-ip");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn name(&self) -> String {
+        self.shared.map.name()
     }
 
     /// The quota every key has, as every process sees it.
@@ -272,40 +305,110 @@ impl SharedKeyedLimiter {
         Ok(())
     }
 
+    /// Forgets what `key` spent and any hold on it, for every process (as
+    /// [`SharedLimiter::reset`](super::SharedLimiter::reset) for one key): an operator's
+    /// action, the one exception to "spent is spent".
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kreset-{}", std::process::id()));
+    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(1), 64)?;
+    /// limiter.check_key("a")?;
+    /// limiter.reset_key("a");
+    /// assert!(limiter.check_key("a").is_ok());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset_key(&self, key: impl AsRef<[u8]>) {
+        let key = self.key(key.as_ref());
+        if let Some(slot) = self.find(key) {
+            crate::cell::TatWord::in_place(slot.words[self.lane]).clear();
+        }
+    }
+
     #[inline]
     fn params(&self) -> Params {
         self.shared.quota.load()
     }
 
+    #[inline]
     fn key(&self, key: &[u8]) -> Key {
-        let digest = self.hasher.hash(key);
-        Key::from_digest(digest.h1, digest.h2)
+        let (high, low) = self.digester.digest(key);
+        Key::from_digest(high, low)
     }
 
     fn slot(&self, index: u64) -> Slot<'_> {
         let map = &self.shared.map;
+        let field = |f| map.word(layout::key_field(self.capacity, index, f));
         Slot {
-            tag: map.word(layout::key_field(index, 0)),
-            low: map.word(layout::key_field(index, 1)),
-            words: [
-                map.word(layout::key_field(index, 2)),
-                map.word(layout::key_field(index, 3)),
-            ],
+            tag: field(0),
+            low: field(1),
+            words: [field(2), field(3)],
         }
     }
 
-    /// The slots `key` may sit in, from its home slot on.
-    fn window(&self, key: Key) -> impl Iterator<Item = Slot<'_>> + '_ {
-        let home = ((u128::from(key.low) * u128::from(self.capacity)) >> 64) as u64;
-        (0..WINDOW.min(self.capacity)).map(move |i| self.slot((home + i) % self.capacity))
+    /// `key`'s bucket: from the tag's top bits (bit 63 of a tag is the claiming flag,
+    /// always clear in a key, so the tag is shifted past it).
+    #[inline]
+    fn bucket(&self, key: Key) -> u64 {
+        ((u128::from(key.tag << 1) * u128::from(self.buckets)) >> 64) as u64
     }
 
+    /// `key`'s bucket's lock.
+    fn lock(&self, key: Key) -> BucketLock<'_> {
+        BucketLock(self.shared.map.word(layout::bucket_lock(self.bucket(key))))
+    }
+
+    /// `key`'s slot `i` places from its home slot (wrapping within its bucket).
+    #[inline]
+    fn nth(&self, key: Key, i: u64) -> Slot<'_> {
+        let first = self.bucket(key) * BUCKET_SLOTS;
+        self.slot(first + (key.low.wrapping_add(i) & (BUCKET_SLOTS - 1)))
+    }
+
+    /// The slots of `key`'s bucket, from its home slot on.
+    fn slots(&self, key: Key) -> impl Iterator<Item = Slot<'_>> + '_ {
+        (0..BUCKET_SLOTS).map(move |i| self.nth(key, i))
+    }
+
+    /// `key`'s bucket's reach word (`layout.rs`): a key sits fewer than that many places
+    /// from its home slot.
+    fn reach(&self, key: Key) -> &crate::sync::AtomicU64 {
+        self.shared.map.word(layout::bucket_reach(self.bucket(key)))
+    }
+
+    /// `key`'s slot, if it is stored. The first few places from its home (where nearly
+    /// every key sits) are looked at without reading the bucket's reach; the rest up to
+    /// the reach. Lock-free, so it may miss a key stored this instant (a claim publishes
+    /// the reach before the key): a check that misses it goes on to the claim, which finds
+    /// it under the lock.
+    #[inline]
     fn find(&self, key: Key) -> Option<Slot<'_>> {
-        self.window(key).find(|slot| slot.holds(key))
+        const NEAR: u64 = 4;
+        for i in 0..NEAR {
+            let slot = self.nth(key, i);
+            if slot.holds(key) {
+                return Some(slot);
+            }
+        }
+        // Acquire: pairs with the claimer's Release of the reach, before its key's tag.
+        let reach = self.reach(key).load(Ordering::Acquire).min(BUCKET_SLOTS);
+        (NEAR..reach)
+            .map(|i| self.nth(key, i))
+            .find(|slot| slot.holds(key))
+    }
+
+    /// Whether a new `key` could be stored now (reading only).
+    fn has_room(&self, key: Key, now: u64) -> bool {
+        self.slots(key).any(|slot| slot.claimable(now))
     }
 
     /// Runs `f` on `key`'s slot, claiming one if the key is not stored; `Err` with the time
-    /// until a slot frees when every slot it may use holds a limited key.
+    /// until a slot frees when every slot of its bucket holds a limited key (or another
+    /// process held the bucket's lock for longer than [`CLAIM_PATIENCE`]).
+    #[inline]
     fn with_slot<R>(
         &self,
         key: Key,
@@ -319,61 +422,103 @@ impl SharedKeyedLimiter {
                     Err(Moved) => continue,
                 }
             }
-            // Not stored. A table with no slot to take refuses without the lock.
-            if !self.window(key).any(|slot| slot.claimable(now)) {
-                return Err(self.room_wait(key, now));
+            // Not stored. A bucket with no slot to take refuses without the lock (once a
+            // look at every slot has not found the key either).
+            if !self.has_room(key, now) {
+                match self.slots(key).find(|slot| slot.holds(key)) {
+                    Some(slot) => match f(slot) {
+                        Ok(r) => return Ok(r),
+                        Err(Moved) => continue,
+                    },
+                    None => return Err(self.room_wait(key, now)),
+                }
             }
-            let slot = self.claim(key, now)?;
-            if let Ok(r) = f(slot) {
+            // Claimed and first used under the lock: another claimer of the bucket would
+            // sweep a new key's refilled words.
+            let used = self.with_bucket_lock(key, now, |token| {
+                self.claim_locked(key, now, token).map(&mut f)
+            })?;
+            if let Ok(r) = used {
                 return Ok(r);
             }
         }
     }
 
-    /// Claims a slot for `key` under the claim lock (or finds it already claimed).
-    fn claim(&self, key: Key, now: u64) -> Result<Slot<'_>, u64> {
-        self.with_claim_lock(key, now, |token| self.claim_locked(key, now, token))
-    }
-
-    /// [`SharedKeyedLimiter::claim`] with the lock held.
+    /// Claims a slot for `key` with its bucket's lock held (or finds it already stored):
+    /// the first from its home on that is empty or holds a key that has refilled.
     fn claim_locked(&self, key: Key, now: u64, token: &Claiming) -> Result<Slot<'_>, u64> {
         if let Some(slot) = self.find(key) {
             return Ok(slot);
         }
-        self.window(key)
-            .find(|slot| slot.claim(key, now, token))
-            .ok_or_else(|| self.room_wait(key, now))
+        let reach = self.reach(key);
+        for (i, slot) in self.slots(key).enumerate() {
+            if !slot.claimable(now) {
+                continue;
+            }
+            // The reach first, then the key (`find`). Release: pairs with `find`'s Acquire.
+            // (The reach only grows under the lock; `retain_recent` recounts it there.)
+            if reach.load(Ordering::Relaxed) <= i as u64 {
+                reach.store(i as u64 + 1, Ordering::Release);
+            }
+            let empty = slot.is_empty();
+            if slot.claim(key, now, token) {
+                if empty {
+                    // Relaxed: a count for `len`, read alone.
+                    self.stored().fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(slot);
+            }
+        }
+        Err(self.room_wait(key, now))
     }
 
-    /// Runs `f` holding the file's claim lock: this process's mutex, then the `flock`
-    /// (reopening the file first in a forked child, whose description is its parent's).
-    /// If the system refuses the lock, `Err` with the wait a full table would give.
-    fn with_claim_lock<R>(
+    /// The count of stored keys (`len`).
+    fn stored(&self) -> &crate::sync::AtomicU64 {
+        self.shared.map.word(layout::STORED_AT)
+    }
+
+    /// Takes `n` off the count of stored keys (never below 0).
+    fn unstore(&self, n: u64) {
+        // Relaxed: as in `claim_locked`.
+        let _ = self
+            .stored()
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |stored| {
+                Some(stored.saturating_sub(n))
+            });
+    }
+
+    /// Runs `f` holding `key`'s bucket lock (`bucket.rs`), repairing the bucket first when
+    /// the lock was taken over from a dead claimer. `Err` with a short wait when another
+    /// process held it past [`CLAIM_PATIENCE`].
+    fn with_bucket_lock<R>(
         &self,
         key: Key,
         now: u64,
         f: impl FnOnce(&Claiming) -> Result<R, u64>,
     ) -> Result<R, u64> {
-        let mut claims = self.claims.lock();
-        if claims.generation != crate::clock::forks() {
-            if let Ok(file) = File::options()
-                .read(true)
-                .write(true)
-                .open(self.shared.map.path())
-            {
-                claims.file = file;
-            }
-            claims.generation = crate::clock::forks();
-        }
-        let Ok(_flock) = Flock::exclusive(&claims.file, self.shared.map.path()) else {
-            return Err(self.room_wait(key, now));
+        let Some(held) = self.lock(key).take(CLAIM_PATIENCE) else {
+            return Err(patience_nanos());
         };
-        f(&Claiming(()))
+        let token = Claiming(());
+        if held.inherited {
+            self.repair(key, now, &held, &token);
+        }
+        f(&token)
+    }
+
+    /// Repairs what a dead claimer of `key`'s bucket left half-done: each slot it was
+    /// rewriting (`table.rs`; a slot left empty by the repair is no longer counted).
+    fn repair(&self, key: Key, now: u64, _held: &Held<'_>, token: &Claiming) {
+        let emptied = self
+            .slots(key)
+            .filter(|slot| slot.repair_if_claiming(now, token))
+            .count() as u64;
+        self.unstore(emptied);
     }
 
     /// Nanoseconds until a slot `key` may use frees (at least 1).
     fn room_wait(&self, key: Key, now: u64) -> u64 {
-        self.window(key)
+        self.slots(key)
             .map(|slot| slot.free_at().saturating_sub(now))
             .min()
             .unwrap_or(u64::MAX)
@@ -385,7 +530,8 @@ impl SharedKeyedLimiter {
     ///
     /// # Errors
     ///
-    /// [`NotUntil`] with the wait (for a new key at a full table: until a slot frees).
+    /// [`NotUntil`] with the wait; for a new key the table has no room for,
+    /// [`NotUntil::is_table_full`] says so and the wait is until room is expected.
     ///
     /// # Examples
     ///
@@ -399,19 +545,20 @@ impl SharedKeyedLimiter {
     /// # std::fs::remove_file(&path)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[inline]
     pub fn check_key(&self, key: impl AsRef<[u8]>) -> Result<(), NotUntil> {
-        self.check_key_n(key, 1).map_err(|denied| match denied {
-            Denied::NotUntil(e) => e,
-            Denied::InsufficientCapacity(_) => unreachable!("one cell fits every burst"),
-        })
+        self.spend_one(self.key(key.as_ref()))
+            .map(drop)
+            .map_err(NotUntil::from)
     }
 
     /// Admits `n` cells of `key` at once, or none.
     ///
     /// # Errors
     ///
-    /// [`Denied::NotUntil`] when they fit the burst but not now (or no slot is free);
-    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
+    /// [`Denied::NotUntil`] when they fit the burst but not now (or the table has no room
+    /// for a new key: [`NotUntil::is_table_full`]); [`Denied::InsufficientCapacity`] when
+    /// `n` exceeds the burst.
     ///
     /// # Examples
     ///
@@ -432,18 +579,59 @@ impl SharedKeyedLimiter {
         }
         let key = self.key(key.as_ref());
         let now = self.clock.now();
-        let room = params.tau() - cost;
+        let room = params.tau().saturating_sub(cost);
         match self.with_slot(key, now, |slot| slot.spend(key, self.lane, now, cost, room)) {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(wait)) | Err(wait) => Err(NotUntil::from_nanos(wait).into()),
+            Ok(Err(wait)) => Err(NotUntil::from_nanos(wait).into()),
+            Err(wait) => Err(NotUntil::no_room(wait).into()),
+        }
+    }
+
+    /// [`SharedKeyedLimiter::check_key_n`] for a key already stored; `None` (nothing
+    /// checked) for one that is not. A stored key's check never waits on another process,
+    /// while storing a new one may, for at most [`CLAIM_PATIENCE`]: for a caller that must
+    /// let go of a lock of its own around that (an interpreter's, say).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kifs-{}", std::process::id()));
+    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_second(10), 64)?;
+    /// assert!(limiter.check_key_n_if_stored("a", 1).is_none());
+    /// limiter.check_key_n("a", 1)?; // stores it
+    /// assert!(matches!(limiter.check_key_n_if_stored("a", 1), Some(Ok(()))));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_key_n_if_stored(
+        &self,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Option<Result<(), Denied>> {
+        let params = self.params();
+        let cost = match error::cost(&params, n) {
+            Ok(0) => return Some(Ok(())),
+            Ok(cost) => cost,
+            Err(denied) => return Some(Err(denied)),
+        };
+        let key = self.key(key.as_ref());
+        let now = self.clock.now();
+        let room = params.tau().saturating_sub(cost);
+        loop {
+            let slot = self.find(key)?;
+            match slot.spend(key, self.lane, now, cost, room) {
+                Ok(Ok(_)) => return Some(Ok(())),
+                Ok(Err(wait)) => return Some(Err(NotUntil::from_nanos(wait).into())),
+                Err(Moved) => continue,
+            }
         }
     }
 
     /// One cell of `key`: the TAT its admission left and its cost, or why not.
+    #[inline]
     fn spend_one(&self, key: Key) -> Result<(u64, u64), Refusal> {
-        let params = self.params();
-        let cost = params.interval();
-        let room = params.room_for_one();
+        let (cost, room) = self.shared.quota.one_cell();
         let now = self.clock.now();
         match self.with_slot(key, now, |slot| slot.spend(key, self.lane, now, cost, room)) {
             Ok(Ok(tat)) => Ok((tat, cost)),
@@ -452,8 +640,12 @@ impl SharedKeyedLimiter {
         }
     }
 
-    /// How many keys are stored and not yet refilled (indistinguishable from new), in
-    /// every process; counts the whole table.
+    /// How many keys are stored, in every process: keys still limited, and keys that have
+    /// refilled whose slots no new key has taken yet ([`SharedKeyedLimiter::retain_recent`]
+    /// forgets those), as the in-process [`KeyedLimiter::len`](crate::KeyedLimiter::len)
+    /// counts. One read of a count the claims keep (constant time, for a metrics gauge on
+    /// the request path); a process killed in the middle of storing a key can leave it off
+    /// by one.
     ///
     /// # Examples
     ///
@@ -468,14 +660,16 @@ impl SharedKeyedLimiter {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn len(&self) -> usize {
-        let now = self.clock.now();
-        (0..self.capacity)
-            .map(|i| self.slot(i))
-            .filter(|slot| !slot.claimable(now))
-            .count()
+        // Relaxed: a count read alone.
+        let stored = self
+            .shared
+            .map
+            .word(layout::STORED_AT)
+            .load(Ordering::Relaxed);
+        usize::try_from(stored.min(self.buckets * BUCKET_SLOTS)).unwrap_or(usize::MAX)
     }
 
-    /// Whether no key is stored and limited.
+    /// Whether no key is stored.
     ///
     /// # Examples
     ///
@@ -489,4 +683,59 @@ impl SharedKeyedLimiter {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Forgets every stored key that has refilled (indistinguishable from a new one), in
+    /// every bucket: [`KeyedLimiter::retain_recent`](crate::KeyedLimiter::retain_recent)
+    /// for the file. It visits the whole table (call it off the request path; checks never
+    /// need it: a new key's claim sweeps its own bucket), and skips a bucket whose lock
+    /// another process holds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
+    /// # use std::time::Duration;
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kr-{}", std::process::id()));
+    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_second(1000), 64)?;
+    /// limiter.check_key("a")?;
+    /// std::thread::sleep(Duration::from_millis(5));
+    /// limiter.retain_recent();
+    /// assert_eq!(limiter.len(), 0);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn retain_recent(&self) {
+        let token = Claiming(());
+        for bucket in 0..self.buckets {
+            let word = self.shared.map.word(layout::bucket_lock(bucket));
+            let Some(_held) = BucketLock(word).try_take() else {
+                continue;
+            };
+            let now = self.clock.now();
+            let slot = |i| self.slot(bucket * BUCKET_SLOTS + i);
+            let swept = (0..BUCKET_SLOTS)
+                .filter(|&i| slot(i).sweep(now, &token))
+                .count() as u64;
+            self.unstore(swept);
+            // The keys left may sit nearer their homes than the reach says: recount it
+            // (no claim runs meanwhile: the lock is held). A key's home is its low half's
+            // low bits.
+            let home = |i: u64| slot(i).low.load(Ordering::Relaxed) & (BUCKET_SLOTS - 1);
+            let reach = (0..BUCKET_SLOTS)
+                .filter(|&i| !slot(i).is_empty())
+                .map(|i| (i.wrapping_sub(home(i)) & (BUCKET_SLOTS - 1)) + 1)
+                .max()
+                .unwrap_or(0);
+            // Release: as in `claim_locked`.
+            self.shared
+                .map
+                .word(layout::bucket_reach(bucket))
+                .store(reach, Ordering::Release);
+        }
+    }
+}
+
+/// [`CLAIM_PATIENCE`] in nanoseconds: the wait a claim refused for a busy bucket reports.
+fn patience_nanos() -> u64 {
+    CLAIM_PATIENCE.as_nanos() as u64
 }

@@ -21,7 +21,8 @@ use crate::wait::{
 impl SharedKeyedLimiter {
     /// Holds every cell of `key` back for `d` from now (as
     /// [`SharedLimiter::hold_for`](crate::shared::SharedLimiter::hold_for) for its one quota),
-    /// storing the key if it is not (a key no slot can take is not held).
+    /// storing the key if it is not (a key no slot can take is not held). At most
+    /// [`MAX_HOLD`](crate::shared::MAX_HOLD); [`SharedKeyedLimiter::reset_key`] ends one.
     ///
     /// # Examples
     ///
@@ -40,6 +41,7 @@ impl SharedKeyedLimiter {
         let target = self.target(key.as_ref());
         let (waiters, params) = (target.waiters(), target.params());
         let now = self.clock.now();
+        let d = d.min(crate::shared::MAX_HOLD);
         let until = now.saturating_add(wait::duration_nanos(d));
         if let Ok(arm) = target.with_word(|cell| waiters.hold(cell, &params, now, until)) {
             waiters.schedule(arm);
@@ -186,10 +188,10 @@ impl<L: core::ops::Deref<Target = SharedKeyedLimiter>> Target for KeyTarget<L> {
 
     fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
         // A booking runs the queue's code, not a check that looks at the tag between its
-        // loads and its swap: under the claim lock, no claim can take the slot meanwhile.
+        // loads and its swap: under the bucket's lock, no claim can take the slot meanwhile.
         let limiter = &*self.limiter;
         let now = limiter.clock.now();
-        limiter.with_claim_lock(self.key, now, |token| {
+        limiter.with_bucket_lock(self.key, now, |token| {
             let slot = limiter.claim_locked(self.key, now, token)?;
             Ok(f(TatWord::in_place(slot.words[limiter.lane])))
         })

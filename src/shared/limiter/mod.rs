@@ -10,8 +10,8 @@ use std::sync::Arc;
 use super::error::SharedError;
 use super::file::{self, Mapping, Want};
 use super::layout::{self, Kind};
+use super::options::{OnMismatch, OpenOptions};
 use super::quota::{self, Area, FileQuota};
-use super::OnMismatch;
 use crate::cell::TatWord;
 use crate::clock::{Clock, HostClock};
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
@@ -29,21 +29,20 @@ pub(super) struct Shared {
     pub(super) map: Mapping,
     pub(super) quota: FileQuota,
     pub(super) clock: HostClock,
-    /// Kept for the key claims' lock (`keyed/`); unused by direct files.
-    pub(super) file: std::fs::File,
     /// What the file holds, as checked against its length when it was opened (never read
     /// from the header again: see `file.rs`).
     pub(super) kind: Kind,
 }
 
 impl Shared {
-    /// Opens `path` as `kind` with `quota` (see [`OnMismatch`]).
+    /// Opens `path` as `kind` with `quota` (see [`OpenOptions`]).
     pub(super) fn open(
         path: &Path,
         kind: Kind,
         quota: Quota,
-        on_mismatch: OnMismatch,
+        options: &OpenOptions,
     ) -> Result<Shared, SharedError> {
+        let on_mismatch = options.on_mismatch;
         let settle = move |map: &Mapping, found: Kind| -> Result<Kind, SharedError> {
             let in_file = quota::read(Area::of(map)).ok_or_else(|| SharedError::Corrupt {
                 path: map.path().to_owned(),
@@ -84,6 +83,7 @@ impl Shared {
                 settle: Box::new(settle),
                 init: Box::new(move |map| Area::of(map).init(quota)),
             },
+            options,
         )?;
         // Decisions fall back to the quota in force at opening if a hostile writer keeps
         // the file's quota from ever reading stable (`quota.rs`).
@@ -97,7 +97,6 @@ impl Shared {
             quota,
             clock: HostClock::new(opened.time),
             map,
-            file: opened.file,
             kind: opened.kind,
         })
     }
@@ -166,13 +165,16 @@ impl core::fmt::Debug for SharedLimiter {
 impl SharedLimiter {
     /// Opens the limiter at `path` (any file on a local file system; `/dev/shm/...` on
     /// Linux keeps it in memory), making the file if it does not exist. New files are
-    /// readable and writable by their owner only.
+    /// readable and writable by their owner only; an existing file is opened only if this
+    /// process's user owns it and no one else can write it (see [`OpenOptions`] to trust a
+    /// group or another user).
     ///
     /// # Errors
     ///
     /// [`SharedError::QuotaMismatch`] if the file enforces another quota (see
-    /// [`SharedLimiter::open_with`]); otherwise a [`SharedError`] saying what is wrong with
-    /// the path or the file. A file with an error is left as it was.
+    /// [`SharedLimiter::open_with`]); [`SharedError::Untrusted`] for a file someone else
+    /// owns or can write; otherwise a [`SharedError`] saying what is wrong with the path or
+    /// the file. A file with an error is left as it was.
     ///
     /// # Examples
     ///
@@ -190,7 +192,8 @@ impl SharedLimiter {
         SharedLimiter::open_with(path, quota, OnMismatch::Refuse)
     }
 
-    /// [`SharedLimiter::open`], saying what to do when the file holds another quota.
+    /// [`SharedLimiter::open`] with [`OpenOptions`] (or just an [`OnMismatch`]): what to
+    /// do when the file holds another quota, whom to trust, the limit's name.
     ///
     /// # Errors
     ///
@@ -212,9 +215,10 @@ impl SharedLimiter {
     pub fn open_with(
         path: impl AsRef<Path>,
         quota: Quota,
-        on_mismatch: OnMismatch,
+        options: impl Into<OpenOptions>,
     ) -> Result<SharedLimiter, SharedError> {
-        let shared = Shared::open(path.as_ref(), Kind::Direct, quota, on_mismatch)?;
+        let options = options.into();
+        let shared = Shared::open(path.as_ref(), Kind::Direct, quota, &options)?;
         Ok(SharedLimiter::on(Arc::new(shared), layout::direct_word(0)))
     }
 
@@ -248,7 +252,7 @@ impl SharedLimiter {
         SharedLimiter::on(Arc::clone(&self.shared), layout::direct_word(1))
     }
 
-    /// The file's path.
+    /// The file's path, absolute (as it was when this process opened the file).
     ///
     /// # Examples
     ///
@@ -256,7 +260,7 @@ impl SharedLimiter {
     /// # use paceline::{shared::SharedLimiter, Quota};
     /// # let path = std::env::temp_dir().join(format!("paceline-doc-e-{}", std::process::id()));
     /// let limiter = SharedLimiter::open(&path, Quota::per_second(1))?;
-    /// assert_eq!(limiter.path(), path);
+    /// assert_eq!(limiter.path(), std::path::absolute(&path)?);
     /// # std::fs::remove_file(&path)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -345,7 +349,10 @@ impl SharedLimiter {
         let now = self.clock.now();
         let params = self.params();
         let cost = error::cost(&params, n)?;
-        match self.cell().spend(now, cost, params.tau() - cost) {
+        match self
+            .cell()
+            .spend(now, cost, params.tau().saturating_sub(cost))
+        {
             Ok(_) => Ok(()),
             Err(wait) => Err(NotUntil::from_nanos(wait).into()),
         }
@@ -417,6 +424,30 @@ impl SharedLimiter {
                 Err(wait) => Duration::from_nanos(wait),
             },
         )
+    }
+
+    /// Forgets what was spent and any hold, for every process: the state of a new
+    /// limiter, its whole burst admissible at once. An operator's action (an upstream's
+    /// hold that should end, a test between runs), and the one exception to "spent is
+    /// spent": turns that waiters of any process booked before it keep their instants,
+    /// so up to that many more cells than the quota may pass in the window after it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # use std::time::Duration;
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-reset-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(10))?;
+    /// limiter.hold_for(Duration::from_secs(3600));
+    /// assert!(limiter.check().is_err());
+    /// limiter.reset();
+    /// assert_eq!(limiter.remaining(), 10);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset(&self) {
+        self.cell().clear();
     }
 
     /// Changes the quota for every process that has the file open, keeping what was spent

@@ -25,6 +25,10 @@ impl SharedLimiter {
     /// the hold together. Turns other processes booked before the hold keep their instants
     /// (their queues are theirs); turns booked after it, anywhere, come after it.
     ///
+    /// A hold lives in the file, so it outlives the process that set it: it lasts at most
+    /// [`MAX_HOLD`](crate::shared::MAX_HOLD) (a longer `d` holds that long), and an
+    /// operator ends one with [`SharedLimiter::reset`].
+    ///
     /// # Examples
     ///
     /// ```
@@ -39,6 +43,7 @@ impl SharedLimiter {
     /// ```
     pub fn hold_for(&self, d: Duration) {
         let now = self.clock.now();
+        let d = d.min(crate::shared::MAX_HOLD);
         let until = now.saturating_add(wait::duration_nanos(d));
         let arm = self.waiters.hold(self.cell(), &self.params(), now, until);
         self.waiters.schedule(arm);
