@@ -68,9 +68,8 @@ pub(crate) struct AsgiCore {
 }
 
 /// One limit as Python describes it (`Limit._spec()`): its name, quota (count, per,
-/// burst), key spec, `max_keys`, and store: a shared file's path, key capacity and
-/// `on_mismatch`, or
-/// None for an in-process limit. A key spec is `("peer", prefix)`,
+/// burst), key spec, `max_keys`, and store: a shared file's path, key capacity,
+/// `on_mismatch` and the user and group trusted, or None for an in-process limit. A key spec is `("peer", prefix)`,
 /// `("proxies", [networks], forwarded, prefix)`, `("header", name)`, `("global",)` or
 /// `("callable",)`.
 #[derive(FromPyObject)]
@@ -81,8 +80,11 @@ pub(crate) struct LimitSpec(
     u32,
     Py<PyTuple>,
     Option<usize>,
-    Option<(std::path::PathBuf, u64, String)>,
+    Option<SharedSpec>,
 );
+
+/// A shared limit's file: path, capacity, `on_mismatch`, trusted user and group.
+type SharedSpec = (std::path::PathBuf, u64, String, Option<u32>, Option<u32>);
 
 fn source(spec: &Bound<'_, PyTuple>, index: usize) -> PyResult<KeySource> {
     let kind: String = spec.get_item(0)?.extract()?;
@@ -155,10 +157,13 @@ pub(crate) fn new_asgi_core(
                     None => limit,
                 }
             }
-            Some((path, capacity, mismatch)) => {
-                let mismatch = crate::on_mismatch(mismatch)?;
+            Some((path, capacity, mismatch, trust_user, trust_group)) => {
+                // The file holds this limit, by name: another limit on the same path is an
+                // error, never a second limit sharing its buckets.
+                let options =
+                    crate::open_options(mismatch, *trust_user, *trust_group, Some(name.clone()))?;
                 let opened = py
-                    .detach(|| SharedKeyedLimiter::open_with(path, quota, *capacity, mismatch))
+                    .detach(|| SharedKeyedLimiter::open_with(path, quota, *capacity, options))
                     .map_err(crate::shared_error)?;
                 Limit::shared(name, opened, source)
                     .map_err(|e| PyValueError::new_err(e.to_string()))?

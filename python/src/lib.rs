@@ -20,15 +20,15 @@ use std::thread::{self, Thread};
 use std::time::{Duration, SystemTime};
 
 use paceline::shared::{
-    OnMismatch, OwnedSharedKeyReservation, OwnedSharedReservation, SharedError, SharedKeyedLimiter,
-    SharedLimiter,
+    OnMismatch, OpenOptions, OwnedSharedKeyReservation, OwnedSharedReservation, SharedError,
+    SharedKeyedLimiter, SharedLimiter,
 };
 use paceline::upstream::{Follow, Following, Signal, Steer};
 use paceline::{
     Denied, KeyedLimiter, Limiter, OwnedKeyReservation, OwnedReservation, Quota, QuotaError,
     TextKey,
 };
-use pyo3::exceptions::{PyOSError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyPermissionError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -50,6 +50,13 @@ fn quota(count: u32, per: f64, burst: u32) -> PyResult<Quota> {
             ))
         }
     })?;
+    if period.is_zero() && per > 0.0 {
+        // Positive, but less than a nanosecond: not "0 seconds", as the user wrote more.
+        return Err(PyValueError::new_err(format!(
+            "per / rate = {per:?} s / {count} is below one nanosecond, the finest interval \
+             paceline keeps"
+        )));
+    }
     let invalid = |e: QuotaError| match e {
         QuotaError::ZeroCount => PyValueError::new_err("rate must be at least 1"),
         QuotaError::ZeroPeriod => PyValueError::new_err("per must be more than 0 seconds"),
@@ -218,13 +225,28 @@ trait Cell: Send + Sync + 'static {
     fn fits(&self, key: &Self::Key, n: u32) -> bool {
         self.wait_time(key, n).is_zero()
     }
-    /// Takes `n` cells now, or nothing.
-    fn take(&self, key: &Self::Key, n: u32) -> bool;
+    /// Takes `n` cells now, or nothing (the GIL is released if storing a new key may wait
+    /// for another process).
+    fn take(&self, py: Python<'_>, key: &Self::Key, n: u32) -> Took;
     fn remaining(&self, key: &Self::Key) -> u32;
     fn quota(&self) -> Quota;
     fn set_quota(&self, quota: Quota) -> PyResult<()>;
     /// Holds every cell (of `key`) back for `d`, booked turns included.
     fn hold(&self, key: &Self::Key, d: Duration);
+    /// Whether `key` is stored or could be (false: a check would find the table full).
+    fn has_room(&self, _key: &Self::Key) -> bool {
+        true
+    }
+    /// The longest hold it keeps (a shared file's outlive their process), if bounded.
+    fn max_hold(&self) -> Option<Duration> {
+        None
+    }
+    /// Forgets what was spent and held (a shared file's operator action).
+    fn reset(&self, _key: &Self::Key) -> PyResult<()> {
+        Err(PyTypeError::new_err(
+            "reset() is for shared limiters: an in-process limiter's state ends with it",
+        ))
+    }
 }
 
 impl Cell for Limiter {
@@ -242,8 +264,8 @@ impl Cell for Limiter {
         self.peek_n(n).unwrap_or(Duration::MAX)
     }
 
-    fn take(&self, (): &(), n: u32) -> bool {
-        self.check_n(n).is_ok()
+    fn take(&self, _: Python<'_>, (): &(), n: u32) -> Took {
+        self.check_n(n).into()
     }
 
     fn remaining(&self, (): &()) -> u32 {
@@ -281,8 +303,12 @@ impl Cell for KeyedLimiter<TextKey> {
         self.peek_key_n(key, n).unwrap_or(Duration::MAX)
     }
 
-    fn take(&self, key: &TextKey, n: u32) -> bool {
-        self.check_key_n(key, n).is_ok()
+    fn take(&self, _: Python<'_>, key: &TextKey, n: u32) -> Took {
+        self.check_key_n(key, n).into()
+    }
+
+    fn has_room(&self, key: &TextKey) -> bool {
+        self.has_room_for(key)
     }
 
     fn remaining(&self, key: &TextKey) -> u32 {
@@ -318,8 +344,8 @@ impl Cell for SharedLimiter {
         self.peek_n(n).unwrap_or(Duration::MAX)
     }
 
-    fn take(&self, (): &(), n: u32) -> bool {
-        self.check_n(n).is_ok()
+    fn take(&self, _: Python<'_>, (): &(), n: u32) -> Took {
+        self.check_n(n).into()
     }
 
     fn remaining(&self, (): &()) -> u32 {
@@ -336,6 +362,15 @@ impl Cell for SharedLimiter {
 
     fn hold(&self, (): &(), d: Duration) {
         self.hold_for(d);
+    }
+
+    fn max_hold(&self) -> Option<Duration> {
+        Some(paceline::shared::MAX_HOLD)
+    }
+
+    fn reset(&self, (): &()) -> PyResult<()> {
+        SharedLimiter::reset(self);
+        Ok(())
     }
 }
 
@@ -357,8 +392,13 @@ impl Cell for SharedKeyedLimiter {
         self.peek_key_n(key, n).unwrap_or(Duration::MAX)
     }
 
-    fn take(&self, key: &String, n: u32) -> bool {
-        self.check_key_n(key, n).is_ok()
+    fn take(&self, py: Python<'_>, key: &String, n: u32) -> Took {
+        // A stored key's check never waits; storing a new one may wait (briefly) for
+        // another process's claim, so the GIL is let go for it.
+        match self.check_key_n_if_stored(key, n) {
+            Some(checked) => checked.into(),
+            None => py.detach(|| self.check_key_n(key, n)).into(),
+        }
     }
 
     fn remaining(&self, key: &String) -> u32 {
@@ -376,10 +416,75 @@ impl Cell for SharedKeyedLimiter {
     fn hold(&self, key: &String, d: Duration) {
         self.hold_key_for(key, d);
     }
+
+    fn has_room(&self, key: &String) -> bool {
+        self.has_room_for(key)
+    }
+
+    fn max_hold(&self) -> Option<Duration> {
+        Some(paceline::shared::MAX_HOLD)
+    }
+
+    fn reset(&self, key: &String) -> PyResult<()> {
+        self.reset_key(key);
+        Ok(())
+    }
 }
 
-/// A shared file's error as Python's: the system's refusals as `OSError`, a file that is
-/// not what was asked for (another quota, a damaged or foreign file) as `ValueError`.
+/// What taking cells now came to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Took {
+    Yes,
+    No,
+    /// A new key the keyed limiter had no room to store.
+    TableFull,
+}
+
+impl From<Result<(), Denied>> for Took {
+    fn from(checked: Result<(), Denied>) -> Took {
+        match checked {
+            Ok(()) => Took::Yes,
+            Err(Denied::NotUntil(e)) if e.is_table_full() => Took::TableFull,
+            Err(_) => Took::No,
+        }
+    }
+}
+
+/// `TABLE_FULL`: what a keyed limiter's `try_acquire` returns for a new key it had no
+/// room to store. False in a condition, as a refusal; told apart with `is`.
+#[pyclass(frozen, module = "paceline._paceline", name = "TableFull")]
+struct TableFull;
+
+#[pymethods]
+impl TableFull {
+    fn __bool__(&self) -> bool {
+        false
+    }
+
+    fn __repr__(&self) -> &'static str {
+        "paceline.TABLE_FULL"
+    }
+}
+
+/// The one `TABLE_FULL` object.
+static TABLE_FULL: pyo3::sync::PyOnceLock<Py<TableFull>> = pyo3::sync::PyOnceLock::new();
+
+fn table_full(py: Python<'_>) -> PyResult<&Py<TableFull>> {
+    TABLE_FULL.get_or_try_init(py, || Py::new(py, TableFull))
+}
+
+/// A keyed `try_acquire`'s answer: True, False, or `TABLE_FULL`.
+fn took_object(py: Python<'_>, took: Took) -> PyResult<Py<PyAny>> {
+    Ok(match took {
+        Took::Yes => true.into_pyobject(py)?.to_owned().into_any().unbind(),
+        Took::No => false.into_pyobject(py)?.to_owned().into_any().unbind(),
+        Took::TableFull => table_full(py)?.clone_ref(py).into_any(),
+    })
+}
+
+/// A shared file's error as Python's: the system's refusals as `OSError`, a file someone
+/// else owns or can write as `PermissionError`, a file that is not what was asked for
+/// (another quota, a damaged or foreign file) as `ValueError`; the fixes in Python's words.
 fn shared_error(e: SharedError) -> PyErr {
     let describe = |q: Quota| {
         format!(
@@ -390,6 +495,31 @@ fn shared_error(e: SharedError) -> PyErr {
     };
     match e {
         SharedError::Io { .. } | SharedError::NotLocal { .. } => PyOSError::new_err(e.to_string()),
+        SharedError::Untrusted {
+            path,
+            owner,
+            group,
+            mode,
+            why,
+            ..
+        } => PyPermissionError::new_err(format!(
+            "{}: not opened: owned by uid {owner}{} (group {group}), mode {mode:04o}: {why}. \
+             Whoever can write the file can spend or break the quota of every process using \
+             it, so paceline opens only files of its own user that no one else can write. \
+             Remove the file (or choose another path), or, if its owner or group is yours, \
+             pass trust_user={owner} or trust_group={group}",
+            path.display(),
+            user_name(owner).map_or_else(String::new, |name| format!(" ({name})")),
+        )),
+        SharedError::Capacity { asked } => PyValueError::new_err(format!(
+            "capacity must be between 1 and {} keys, got {asked}",
+            paceline::shared::MAX_CAPACITY
+        )),
+        SharedError::CapacityMismatch { path, file, asked } => PyValueError::new_err(format!(
+            "{}: the file was made for {file} keys, not the {asked} asked for (pass \
+             on_mismatch=\"adopt\" to use the file's)",
+            path.display()
+        )),
         SharedError::QuotaMismatch { path, file, asked } => PyValueError::new_err(format!(
             "{}: the file enforces {}, not the {} asked for (pass on_mismatch=\"adopt\" to \
              use the file's, or on_mismatch=\"replace\" to set yours for every process)",
@@ -399,6 +529,39 @@ fn shared_error(e: SharedError) -> PyErr {
         )),
         _ => PyValueError::new_err(e.to_string()),
     }
+}
+
+/// The name of user `uid`, if the system's user database has one (for messages).
+fn user_name(uid: u32) -> Option<String> {
+    // std has no lookup; the `id` of a user is what every message shows anyway, so the
+    // name comes from `getent`-style files only where /etc/passwd says.
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let id = fields.nth(1)?.parse::<u32>().ok()?;
+        (id == uid).then(|| name.to_owned())
+    })
+}
+
+/// The options a shared file is opened with, from Python's arguments.
+pub(crate) fn open_options(
+    mismatch: &str,
+    trust_user: Option<u32>,
+    trust_group: Option<u32>,
+    name: Option<String>,
+) -> PyResult<OpenOptions> {
+    let mut options = OpenOptions::new().on_mismatch(on_mismatch(mismatch)?);
+    if let Some(uid) = trust_user {
+        options = options.trust_user(uid);
+    }
+    if let Some(gid) = trust_group {
+        options = options.trust_group(gid);
+    }
+    if let Some(name) = name {
+        options = options.name(name);
+    }
+    Ok(options)
 }
 
 /// What to do with a file holding another quota: "refuse", "adopt" or "replace".
@@ -478,9 +641,9 @@ impl<L: Cell> Pair<L> {
     }
 
     /// [`Pair::take_now`], counted as admitted or refused.
-    fn try_acquire(&self, key: &L::Key, n: u32) -> PyResult<bool> {
-        let taken = self.take_now(key, n)?;
-        if taken {
+    fn try_acquire(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
+        let taken = self.take_now(py, key, n)?;
+        if taken == Took::Yes {
             self.stats.admitted();
         } else {
             self.stats.refused();
@@ -490,26 +653,37 @@ impl<L: Cell> Pair<L> {
 
     /// `acquire`'s first step: [`Pair::take_now`], counted only when admitted (otherwise
     /// the booking that follows is what counts).
-    fn acquire_now(&self, key: &L::Key, n: u32) -> PyResult<bool> {
-        let taken = self.take_now(key, n)?;
+    fn acquire_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<bool> {
+        let taken = self.take_now(py, key, n)? == Took::Yes;
         if taken {
             self.stats.admitted();
         }
         Ok(taken)
     }
 
-    /// Takes `n` cells now if nobody waits ahead and they fit; never waits.
-    fn take_now(&self, key: &L::Key, n: u32) -> PyResult<bool> {
+    /// Takes `n` cells now if nobody waits ahead and they fit; never waits (but for
+    /// another process's claim of a new key's bucket, at most
+    /// `paceline::shared::CLAIM_PATIENCE`, the GIL let go).
+    fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
         check_n(n, self.burst())?;
         if self.exec.as_ref().is_some_and(|exec| !exec.fits(key, n)) {
-            return Ok(false);
+            // Not now; a new key with no room to store it is told so.
+            return Ok(if self.booked.has_room(key) {
+                Took::No
+            } else {
+                Took::TableFull
+            });
         }
-        if !self.booked.take(key, n) {
-            return Ok(false);
+        let took = self.booked.take(py, key, n);
+        if took != Took::Yes {
+            return Ok(took);
         }
         // The execution cell had room a moment ago; a racing caller may have taken it,
         // and then these cells stay spent (the strict side).
-        Ok(self.exec.as_ref().is_none_or(|exec| exec.take(key, n)))
+        Ok(self
+            .exec
+            .as_ref()
+            .map_or(Took::Yes, |exec| exec.take(py, key, n)))
     }
 
     /// Seconds until `n` cells would be admitted (0.0: now); spends nothing.
@@ -598,9 +772,25 @@ impl<L: Cell> Pair<L> {
                 "seconds must be a finite number >= 0, got {seconds}"
             ))
         })?;
+        if let Some(max) = self.booked.max_hold().filter(|max| d > *max) {
+            return Err(PyValueError::new_err(format!(
+                "a shared limiter holds at most {} seconds (a hold lives in the file, past \
+                 the process that set it), got {seconds}",
+                max.as_secs()
+            )));
+        }
         self.booked.hold(key, d);
         if let Some(exec) = &self.exec {
             exec.hold(key, d);
+        }
+        Ok(())
+    }
+
+    /// Forgets what was spent and held, in both cells.
+    fn reset(&self, key: &L::Key) -> PyResult<()> {
+        self.booked.reset(key)?;
+        if let Some(exec) = &self.exec {
+            exec.reset(key)?;
         }
         Ok(())
     }
@@ -771,12 +961,12 @@ macro_rules! core_methods {
                 self.0.quota().1
             }
 
-            fn try_acquire(&self, n: u32) -> PyResult<bool> {
-                self.0.try_acquire(&(), n)
+            fn try_acquire(&self, py: Python<'_>, n: u32) -> PyResult<bool> {
+                Ok(self.0.try_acquire(py, &(), n)? == Took::Yes)
             }
 
-            fn acquire_now(&self, n: u32) -> PyResult<bool> {
-                self.0.acquire_now(&(), n)
+            fn acquire_now(&self, py: Python<'_>, n: u32) -> PyResult<bool> {
+                self.0.acquire_now(py, &(), n)
             }
 
             fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -817,6 +1007,10 @@ macro_rules! core_methods {
             fn hold(&self, seconds: f64) -> PyResult<()> {
                 self.0.hold(&(), seconds)
             }
+
+            fn reset(&self) -> PyResult<()> {
+                self.0.reset(&())
+            }
         }
     };
     ($core:ident, keyed) => {
@@ -826,12 +1020,14 @@ macro_rules! core_methods {
                 self.0.burst()
             }
 
-            fn try_acquire(&self, key: String, n: u32) -> PyResult<bool> {
-                self.0.try_acquire(&self.0.key(key), n)
+            /// True, False, or `TABLE_FULL` (a new key with no room to store it).
+            fn try_acquire(&self, py: Python<'_>, key: String, n: u32) -> PyResult<Py<PyAny>> {
+                let took = self.0.try_acquire(py, &self.0.key(key), n)?;
+                took_object(py, took)
             }
 
-            fn acquire_now(&self, key: String, n: u32) -> PyResult<bool> {
-                self.0.acquire_now(&self.0.key(key), n)
+            fn acquire_now(&self, py: Python<'_>, key: String, n: u32) -> PyResult<bool> {
+                self.0.acquire_now(py, &self.0.key(key), n)
             }
 
             fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -874,6 +1070,10 @@ macro_rules! core_methods {
 
             fn hold(&self, key: String, seconds: f64) -> PyResult<()> {
                 self.0.hold(&self.0.key(key), seconds)
+            }
+
+            fn reset(&self, key: String) -> PyResult<()> {
+                self.0.reset(&self.0.key(key))
             }
 
             fn __len__(&self) -> usize {
@@ -954,6 +1154,8 @@ fn new_keyed_core(
 /// Opens (or makes) the shared file at `path`; the execution cell is the file's second
 /// lane, so the bound at the moment work runs holds across the processes too.
 #[pyfunction]
+#[pyo3(signature = (path, count, per, burst, execution_bound, mismatch, trust_user=None, trust_group=None))]
+#[allow(clippy::too_many_arguments)]
 fn new_shared_core(
     py: Python<'_>,
     path: std::path::PathBuf,
@@ -962,11 +1164,13 @@ fn new_shared_core(
     burst: u32,
     execution_bound: bool,
     mismatch: &str,
+    trust_user: Option<u32>,
+    trust_group: Option<u32>,
 ) -> PyResult<SharedCore> {
     let quota = quota(count, per, burst)?;
-    let mismatch = on_mismatch(mismatch)?;
+    let options = open_options(mismatch, trust_user, trust_group, None)?;
     let booked = py
-        .detach(|| SharedLimiter::open_with(&path, quota, mismatch))
+        .detach(|| SharedLimiter::open_with(&path, quota, options))
         .map_err(shared_error)?;
     let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
     Ok(SharedCore(Pair {
@@ -977,6 +1181,7 @@ fn new_shared_core(
 }
 
 #[pyfunction]
+#[pyo3(signature = (path, count, per, burst, execution_bound, capacity, mismatch, trust_user=None, trust_group=None))]
 #[allow(clippy::too_many_arguments)]
 fn new_shared_keyed_core(
     py: Python<'_>,
@@ -987,11 +1192,13 @@ fn new_shared_keyed_core(
     execution_bound: bool,
     capacity: u64,
     mismatch: &str,
+    trust_user: Option<u32>,
+    trust_group: Option<u32>,
 ) -> PyResult<SharedKeyedCore> {
     let quota = quota(count, per, burst)?;
-    let mismatch = on_mismatch(mismatch)?;
+    let options = open_options(mismatch, trust_user, trust_group, None)?;
     let booked = py
-        .detach(|| SharedKeyedLimiter::open_with(&path, quota, capacity, mismatch))
+        .detach(|| SharedKeyedLimiter::open_with(&path, quota, capacity, options))
         .map_err(shared_error)?;
     let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
     Ok(SharedKeyedCore(Pair {
@@ -1010,6 +1217,10 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SharedCore>()?;
     m.add_class::<SharedKeyedCore>()?;
     m.add_class::<Ticket>()?;
+    m.add_class::<TableFull>()?;
+    m.add("TABLE_FULL", table_full(m.py())?.clone_ref(m.py()))?;
+    m.add("MAX_CAPACITY", paceline::shared::MAX_CAPACITY)?;
+    m.add("MAX_HOLD", paceline::shared::MAX_HOLD.as_secs_f64())?;
     m.add_class::<Follower>()?;
     m.add_class::<asgi::AsgiCore>()?;
     m.add_class::<asgi::Waiting>()?;

@@ -208,7 +208,7 @@ def test_another_quota_in_the_file_is_refused_adopted_or_replaced(path):
 
 
 def test_bad_paths_and_files_raise_clear_errors(tmp_path):
-    with pytest.raises(OSError, match="cannot open or create"):
+    with pytest.raises(OSError, match="cannot make the file in its directory"):
         paceline.Limiter.shared(str(tmp_path / "no" / "such" / "dir"), 10)
     foreign = tmp_path / "foreign"
     foreign.write_bytes(b"not a limiter at all\n" * 100)
@@ -301,3 +301,178 @@ def test_uvicorn_workers_enforce_one_quota(tmp_path):
     # 20/s with bursts of 5 across all four workers (a limiter per worker: 4 times that).
     assert len(admitted) <= 5 + 20 * elapsed + SLACK, (len(admitted), elapsed)
     assert len(admitted) >= 5, len(admitted)
+
+
+def test_paths_are_absolute_and_may_be_bytes_or_pathlike(tmp_path, monkeypatch):
+    import pathlib
+
+    monkeypatch.chdir(tmp_path)
+    relative = paceline.Limiter.shared("relative", 10, per=3600.0, burst=2)
+    assert relative.path == str(tmp_path / "relative")
+    assert relative.try_acquire()
+    # Unpickled under another working directory, it is still the same file.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    monkeypatch.chdir(other)
+    copy = pickle.loads(pickle.dumps(relative))
+    assert copy.path == str(tmp_path / "relative") and copy.remaining() == 1
+    assert not (other / "relative").exists()
+    as_bytes = paceline.KeyedLimiter.shared(os.fsencode(tmp_path / "b"), 5, capacity=64)
+    as_path = paceline.KeyedLimiter.shared(pathlib.Path(tmp_path / "b"), 5, capacity=64)
+    assert as_bytes.path == as_path.path == str(tmp_path / "b")
+    with pytest.raises(TypeError, match="path must be a str, bytes or os.PathLike, got int"):
+        paceline.Limiter.shared(3, 10)
+
+
+def test_messages_name_the_real_bounds(tmp_path):
+    with pytest.raises(ValueError, match="below one nanosecond"):
+        paceline.Limiter.shared(str(tmp_path / "p"), 10, per=1e-12)
+    with pytest.raises(ValueError, match=f"capacity must be between 1 and {paceline.MAX_CAPACITY} keys, got 0"):
+        paceline.KeyedLimiter.shared(str(tmp_path / "c"), 10, capacity=0)
+    with pytest.raises(ValueError, match="between 1 and 33554432"):
+        paceline.KeyedLimiter.shared(str(tmp_path / "c"), 10, capacity=2**40)
+    assert paceline.MAX_CAPACITY == 2**25
+    assert not (tmp_path / "p").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_full_table_is_its_own_outcome_never_a_spent_quota(tmp_path):
+    # In process: the key bound (kept per shard, so a few keys past it may be stored).
+    keyed = paceline.KeyedLimiter(1, per=3600.0, max_keys=1)
+    assert keyed.try_acquire("a") is True
+    assert keyed.try_acquire("a") is False  # spent
+    for i in range(10_000):
+        full = keyed.try_acquire(f"b-{i}")
+        if not full:
+            break
+    assert full is paceline.TABLE_FULL and not full
+    assert repr(full) == "paceline.TABLE_FULL"
+    assert keyed.try_acquire("a") is False
+    # Shared: a table made for 16 keys holds one bucket of 128 slots.
+    shared = paceline.KeyedLimiter.shared(str(tmp_path / "t"), 1, per=3600.0, capacity=16)
+    stored = 0
+    while True:
+        took = shared.try_acquire(f"client-{stored}")
+        if not took:
+            break
+        stored += 1
+    assert took is paceline.TABLE_FULL, took
+    assert stored >= 16 and len(shared) == stored
+    assert shared.try_acquire("client-0") is False  # a stored key: its quota is spent
+    assert shared.stats()["refused"] == 2
+
+
+def test_holds_are_bounded_and_reset_ends_them(tmp_path):
+    limiter = paceline.Limiter.shared(str(tmp_path / "h"), 10, burst=10)
+    with pytest.raises(ValueError, match="at most 86400 seconds"):
+        limiter.hold(1e12)
+    assert limiter.try_acquire()
+    limiter.hold(3600)
+    assert not limiter.try_acquire()
+    limiter.reset()
+    assert limiter.remaining() == 10
+    keyed = paceline.KeyedLimiter.shared(str(tmp_path / "k"), 1, per=3600.0, capacity=64)
+    assert keyed.try_acquire("api")
+    keyed.reset("api")
+    assert keyed.try_acquire("api")
+    with pytest.raises(TypeError, match="shared limiters"):
+        paceline.Limiter(10).reset()
+
+
+def test_a_new_key_waiting_for_another_processs_claim_lets_other_threads_run(tmp_path):
+    import threading
+
+    path = str(tmp_path / "keys")
+    limiter = paceline.KeyedLimiter.shared(path, 10, capacity=64)  # one bucket
+    assert limiter.try_acquire("stored")
+    # A live process holds the bucket's lock and never lets go (a stopped worker): its id
+    # in the bucket's lock word, at offset 512.
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        with open(path, "r+b") as f:
+            f.seek(512)
+            f.write(holder.pid.to_bytes(8, sys.byteorder))
+        ticks = 0
+        running = threading.Event()
+
+        def spin():
+            nonlocal ticks
+            running.set()
+            while not done.is_set():
+                ticks += 1
+
+        done = threading.Event()
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        running.wait()
+        before = ticks
+        started = time.monotonic()
+        took = limiter.try_acquire("brand-new-client")
+        waited = time.monotonic() - started
+        during = ticks - before
+        done.set()
+        spinner.join()
+        assert took is paceline.TABLE_FULL
+        assert waited < 1.0, waited
+        assert during > 0, "the GIL was held while waiting for another process"
+        assert limiter.try_acquire("stored") is False  # stored keys never wait
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder is gone: its lock is taken over at once.
+    assert limiter.try_acquire("brand-new-client") is True
+
+
+def _as_nobody(code, *args):
+    """Runs Python `code` as the user nobody (root and setpriv needed); returns stdout."""
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+         sys.executable, "-c", code, *args],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _can_switch_user():
+    import shutil
+
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        return True
+    assert not os.environ.get("PACELINE_REQUIRE_OTHER_USER"), "needs root and setpriv"
+    return False
+
+
+def test_another_users_planted_file_is_refused_and_a_trusted_one_opened(request):
+    request_cleanup = request.addfinalizer
+    if not _can_switch_user():
+        pytest.skip("needs root and setpriv to act as another user")
+    import pathlib
+    import shutil
+    import tempfile
+
+    # A directory like /dev/shm (pytest's own is private to its user).
+    shm = pathlib.Path(tempfile.mkdtemp(prefix="paceline-shm-"))
+    request_cleanup(lambda: shutil.rmtree(shm, ignore_errors=True))
+    os.chmod(shm, 0o1777)
+    planted = shm / "api"
+    _as_nobody(
+        "import os, sys; open(sys.argv[1], 'w').close(); os.chmod(sys.argv[1], 0o666)",
+        str(planted),
+    )
+    with pytest.raises(PermissionError, match=r"uid 65534.*mode 0666.*trust_user=65534"):
+        paceline.Limiter.shared(str(planted), 10)
+    assert planted.stat().st_size == 0 and planted.stat().st_uid == 65534
+    # The service's own file: nobody can neither open it nor take it over.
+    ours = shm / "ours"
+    service = paceline.Limiter.shared(str(ours), 10, burst=10)
+    said = _as_nobody(
+        "import sys, paceline\n"
+        "try:\n"
+        "    paceline.Limiter.shared(sys.argv[1], 10**9, on_mismatch='replace')\n"
+        "    print('opened')\n"
+        "except PermissionError as e:\n"
+        "    print('refused', e)\n",
+        str(ours),
+    )
+    assert said.startswith("refused"), said
+    assert sum(service.try_acquire() for _ in range(100)) == 10

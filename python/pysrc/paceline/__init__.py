@@ -32,6 +32,9 @@ import weakref
 from typing import Dict, List, Optional, Tuple, Union
 
 from ._paceline import (
+    MAX_CAPACITY,
+    MAX_HOLD,
+    TABLE_FULL,
     Ticket,
     new_core,
     new_keyed_core,
@@ -39,7 +42,7 @@ from ._paceline import (
     new_shared_keyed_core,
 )
 
-__all__ = ["Limiter", "KeyedLimiter"]
+__all__ = ["Limiter", "KeyedLimiter", "TABLE_FULL", "MAX_CAPACITY", "MAX_HOLD"]
 
 _PICKLE_HINT = (
     "cannot pickle an in-process paceline.{0}: a copy in another process would be a "
@@ -83,6 +86,54 @@ def _hold_seconds(value: object) -> float:
     value = float(value)
     if not 0.0 <= value < float("inf"):
         raise ValueError(f"seconds must be a finite number >= 0, got {value}")
+    return value
+
+
+def _path(path: object) -> str:
+    """A shared file's path as the Rust side opens it, made absolute now: a limiter
+    unpickled under another working directory opens the same file."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"path must be a str, bytes or os.PathLike, got {type(path).__name__}"
+        )
+    return os.path.abspath(os.fsdecode(os.fspath(path)))
+
+
+def _trusted(name: str, value: object, lookup) -> Optional[int]:  # type: ignore[no-untyped-def]
+    """A user or group the caller trusts, by id (int) or name (str)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int id or a str name, got bool")
+    if isinstance(value, int):
+        if not 0 <= value <= _MAX_COUNT:
+            raise ValueError(f"{name} must be an id between 0 and {_MAX_COUNT}, got {value}")
+        return value
+    if isinstance(value, str):
+        try:
+            return lookup(value)
+        except KeyError:
+            raise ValueError(f"{name}: no such {name.split('_')[1]} {value!r}") from None
+    raise TypeError(f"{name} must be an int id or a str name, got {type(value).__name__}")
+
+
+def _uid(name: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(name).pw_uid
+
+
+def _gid(name: str) -> int:
+    import grp
+
+    return grp.getgrnam(name).gr_gid
+
+
+def _capacity(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"capacity must be an int, got {type(value).__name__}")
+    if not 1 <= value <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY} keys, got {value}")
     return value
 
 
@@ -264,26 +315,37 @@ class Limiter:
         *,
         execution_bound: bool = True,
         on_mismatch: str = "refuse",
+        trust_user: "int | str | None" = None,
+        trust_group: "int | str | None" = None,
     ) -> "Limiter":
-        """One limiter for every process of the host that opens ``path``: gunicorn and
-        uvicorn workers, ``multiprocessing`` pools (fork or spawn), scripts started
-        separately. Its state lives in that file (``/dev/shm/...`` keeps it in memory on
-        Linux), made readable and writable by its owner only; whoever can write it can
-        spend the quota. Every method works as for an in-process limiter, and turns are
-        first come, first served across the processes.
+        """One limiter for every process of the host that opens ``path`` (a ``str``,
+        ``bytes`` or ``os.PathLike``): gunicorn and uvicorn workers, ``multiprocessing``
+        pools (fork or spawn), scripts started separately. Its state lives in that file
+        (``/dev/shm/...`` keeps it in memory on Linux). Every method works as for an
+        in-process limiter, and turns are first come, first served across the processes.
+
+        Whoever can write the file can spend the quota or break it, so a file is opened
+        only if this process's user owns it and no one else can write it (or its owner is
+        ``trust_user`` / its group ``trust_group``, each an id or a name), never through a
+        symbolic link, and new files are private to their owner (``0600``; ``0660`` and
+        the trusted group's with ``trust_group``). Anything else at the path raises
+        ``PermissionError`` or ``ValueError`` saying whose it is and what to do, and is
+        left as it is.
 
         A file that already holds another quota raises ``ValueError`` naming both, unless
         ``on_mismatch`` is ``"adopt"`` (use the file's) or ``"replace"`` (set this one for
-        every process). A shared limiter pickles as its path and quota: unpickled in
-        another process, it opens the same file (adopting its quota)."""
+        every process). A shared limiter pickles as its absolute path and quota:
+        unpickled in another process, it opens the same file (adopting its quota)."""
         rate, per, burst = _quota(rate, per, burst)
-        path = os.fspath(path)
+        path = _path(path)
+        uid = _trusted("trust_user", trust_user, _uid)
+        gid = _trusted("trust_group", trust_group, _gid)
         self = cls.__new__(cls)
         self._core = new_shared_core(
-            path, rate, per, burst, bool(execution_bound), on_mismatch
+            path, rate, per, burst, bool(execution_bound), on_mismatch, uid, gid
         )
         self._waiting = _Waiting()
-        self._shared = (path, rate, per, burst, bool(execution_bound))
+        self._shared = (path, rate, per, burst, bool(execution_bound), uid, gid)
         return self
 
     @property
@@ -373,8 +435,17 @@ class Limiter:
     def hold(self, seconds: float) -> None:
         """Holds every turn back for ``seconds`` (what an upstream's ``Retry-After``
         asks): nothing is admitted before then, booked turns included; they move to the
-        end of the hold together, in their order and spaced, never as one burst."""
+        end of the hold together, in their order and spaced, never as one burst. A shared
+        limiter's hold lives in its file, past the process that set it: at most
+        ``MAX_HOLD`` seconds (``ValueError`` beyond), and ``reset()`` ends it."""
         self._core.hold(_hold_seconds(seconds))
+        self._waiting.moved()
+
+    def reset(self) -> None:
+        """A shared limiter's operator action: forgets what was spent and any hold, for
+        every process (turns already booked keep their instants). ``TypeError`` for an
+        in-process limiter, whose state ends with it."""
+        self._core.reset()
         self._waiting.moved()
 
     async def __aenter__(self) -> "Limiter":
@@ -425,22 +496,29 @@ class KeyedLimiter:
         capacity: int = 65_536,
         execution_bound: bool = True,
         on_mismatch: str = "refuse",
+        trust_user: "int | str | None" = None,
+        trust_group: "int | str | None" = None,
     ) -> "KeyedLimiter":
         """A quota per key for every process of the host that opens ``path`` (see
-        ``Limiter.shared``), in a table of ``capacity`` key slots fixed when the file is
-        made (32 bytes each). A key whose quota has refilled gives its slot to the next
-        new key; a new key that finds no free slot is refused (``try_acquire`` returns
-        False, ``acquire`` waits until a slot frees), never by evicting a limited key.
-        Keys are stored as a 128-bit digest, so they cost the same whatever their length."""
+        ``Limiter.shared``, whose rules on whom a file is opened for apply), in a table
+        made for ``capacity`` keys when the file is made (1 to ``MAX_CAPACITY``; 64 bytes
+        per key of capacity). The table stores at least ``capacity`` keys still limited;
+        a key whose quota has refilled gives its slot to the next new key. A new key the
+        table has no room for is never reported as a spent quota: ``try_acquire`` returns
+        ``TABLE_FULL`` (false in a condition, ``is paceline.TABLE_FULL`` to tell), and
+        ``acquire`` waits until room frees; no limited key is evicted. Keys are stored as
+        a 128-bit digest, so they cost the same whatever their length."""
         rate, per, burst = _quota(rate, per, burst)
-        capacity = _count("capacity", capacity, 1)
-        path = os.fspath(path)
+        capacity = _capacity(capacity)
+        path = _path(path)
+        uid = _trusted("trust_user", trust_user, _uid)
+        gid = _trusted("trust_group", trust_group, _gid)
         self = cls.__new__(cls)
         self._core = new_shared_keyed_core(
-            path, rate, per, burst, bool(execution_bound), capacity, on_mismatch
+            path, rate, per, burst, bool(execution_bound), capacity, on_mismatch, uid, gid
         )
         self._waiting = _Waiting()
-        self._shared = (path, rate, per, burst, capacity, bool(execution_bound))
+        self._shared = (path, rate, per, burst, capacity, bool(execution_bound), uid, gid)
         return self
 
     @property
@@ -472,7 +550,10 @@ class KeyedLimiter:
         return self._core.stats()
 
     def try_acquire(self, key: str, n: int = 1) -> bool:
-        """Takes ``n`` cells of ``key`` now if they fit and nobody waits ahead."""
+        """Takes ``n`` cells of ``key`` now if they fit and nobody waits ahead: True, or
+        a false value: False, or ``TABLE_FULL`` when ``key`` is new and the limiter has no
+        room to store it (``max_keys`` reached, or a shared table full of limited keys):
+        the key spent nothing."""
         return self._core.try_acquire(self._key(key), _count("n", n, 0))
 
     def remaining(self, key: str) -> int:
@@ -517,15 +598,30 @@ class KeyedLimiter:
         self._core.hold(self._key(key), _hold_seconds(seconds))
         self._waiting.moved()
 
+    def reset(self, key: str) -> None:
+        """A shared limiter's operator action: forgets what ``key`` spent and any hold
+        on it (see ``Limiter.reset``)."""
+        self._core.reset(self._key(key))
+        self._waiting.moved()
 
-def _attach_limiter(path, rate, per, burst, execution_bound):  # type: ignore[no-untyped-def]
+
+def _attach_limiter(path, rate, per, burst, execution_bound, uid=None, gid=None):  # type: ignore[no-untyped-def]
     """Unpickles a shared limiter: the same file, whatever quota it holds now."""
     return Limiter.shared(
-        path, rate, per, burst, execution_bound=execution_bound, on_mismatch="adopt"
+        path,
+        rate,
+        per,
+        burst,
+        execution_bound=execution_bound,
+        on_mismatch="adopt",
+        trust_user=uid,
+        trust_group=gid,
     )
 
 
-def _attach_keyed_limiter(path, rate, per, burst, capacity, execution_bound):  # type: ignore[no-untyped-def]
+def _attach_keyed_limiter(  # type: ignore[no-untyped-def]
+    path, rate, per, burst, capacity, execution_bound, uid=None, gid=None
+):
     return KeyedLimiter.shared(
         path,
         rate,
@@ -534,4 +630,6 @@ def _attach_keyed_limiter(path, rate, per, burst, capacity, execution_bound):  #
         capacity=capacity,
         execution_bound=execution_bound,
         on_mismatch="adopt",
+        trust_user=uid,
+        trust_group=gid,
     )

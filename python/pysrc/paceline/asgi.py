@@ -43,7 +43,7 @@ from typing import (
     Union,
 )
 
-from . import _quota, _count
+from . import _capacity, _count, _gid, _path, _quota, _trusted, _uid
 from ._paceline import new_asgi_core
 
 __all__ = ["KeySource", "Limit", "RateLimitMiddleware", "RouteLimit", "RefusalInfo"]
@@ -135,15 +135,29 @@ class Limit:
     """One named quota per client: ``rate`` requests per ``per`` seconds, up to ``burst``
     at once (default: ``rate``, as "10 per second" lets 10 through at once), keyed by
     ``key`` (default: the peer address). ``max_keys`` bounds the clients kept in this
-    process (default 1 000 000, as in the Rust layer); ``shared`` is a file that every worker of the host opens instead (in
-    ``/dev/shm`` to stay in memory), with room for ``capacity`` clients (32 bytes each).
-    A shared file made for another quota is refused at start-up unless ``on_mismatch`` is
-    ``"adopt"`` (use the file's) or ``"replace"`` (set this quota for every process: for a
-    deploy that changes it). ``name`` is the limit's name in the ``RateLimit`` fields (1 to
-    64 printable ASCII characters)."""
+    process (default 1 000 000, as in the Rust layer); ``shared`` is a file that every
+    worker of the host opens instead (in ``/dev/shm`` to stay in memory), with room for at
+    least ``capacity`` clients still limited (64 bytes each); the file holds this one
+    limit, by name, and is opened under ``Limiter.shared``'s rules (``trust_user``,
+    ``trust_group``). A new client the table has no room for gets ``503`` with
+    ``Retry-After``, never a ``429``: it spent nothing. A shared file made for another
+    quota is refused at start-up unless ``on_mismatch`` is ``"adopt"`` (use the file's) or
+    ``"replace"`` (set this quota for every process: for a deploy that changes it).
+    ``name`` is the limit's name in the ``RateLimit`` fields (1 to 64 printable ASCII
+    characters)."""
 
     __slots__ = (
-        "name", "rate", "per", "burst", "key", "max_keys", "shared", "capacity", "on_mismatch"
+        "name",
+        "rate",
+        "per",
+        "burst",
+        "key",
+        "max_keys",
+        "shared",
+        "capacity",
+        "on_mismatch",
+        "trust_user",
+        "trust_group",
     )
 
     def __init__(
@@ -158,6 +172,8 @@ class Limit:
         shared: "os.PathLike[str] | str | None" = None,
         capacity: int = 65_536,
         on_mismatch: str = "refuse",
+        trust_user: "int | str | None" = None,
+        trust_group: "int | str | None" = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a limit's name must be a non-empty str, got {name!r}")
@@ -169,10 +185,12 @@ class Limit:
             key = KeySource.callable(key)
         self.key = key
         self.max_keys = None if max_keys is None else _count("max_keys", max_keys, 1)
-        self.shared = None if shared is None else os.fspath(shared)
+        self.shared = None if shared is None else _path(shared)
         if self.shared is not None and max_keys is not None:
             raise ValueError("a shared limit's keys are bounded by capacity, not max_keys")
-        self.capacity = _count("capacity", capacity, 1)
+        self.capacity = _capacity(capacity)
+        self.trust_user = _trusted("trust_user", trust_user, _uid)
+        self.trust_group = _trusted("trust_group", trust_group, _gid)
         if on_mismatch not in ("refuse", "adopt", "replace"):
             raise ValueError(
                 f'on_mismatch must be "refuse", "adopt" or "replace", got {on_mismatch!r}'
@@ -193,7 +211,15 @@ class Limit:
             self.burst,
             self.key._spec,
             self.max_keys,
-            None if self.shared is None else (self.shared, self.capacity, self.on_mismatch),
+            None
+            if self.shared is None
+            else (
+                self.shared,
+                self.capacity,
+                self.on_mismatch,
+                self.trust_user,
+                self.trust_group,
+            ),
         )
 
 
