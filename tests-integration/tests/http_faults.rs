@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use paceline::clock::ManualClock;
-use paceline::http::{ClientKey, KeySource, Limit, MissingKey, RateLimitLayer};
+use paceline::http::{ClientKey, KeySource, Limit, MissingKey, RateLimitLayer, TableFull};
 use paceline::Quota;
 
 #[path = "support/http_server.rs"]
@@ -197,15 +197,53 @@ async fn a_refusal_tells_the_keys_state_when_it_is_spent_and_when_the_table_is_f
         assert_eq!(refused.header("retry-after"), retry_after, "{step} ms on");
     }
 
-    // A newcomer refused because the table is full of spent keys: its wait is the time
-    // until a slot frees, and then its whole burst is there.
+    // A newcomer refused because the table is full of spent keys spent nothing: it is told
+    // the server is busy (503) until a slot frees, with no RateLimit field saying it has
+    // nothing left.
     for i in 0..200 {
         let filler = ClientKey::Text(format!("filler-{i}").into());
         let _ = limit.limiter().unwrap().check_key_n(&filler, 2);
     }
     let refused = get("newcomer").await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-    let (state, retry_after) = fields_of(&limit, "newcomer");
-    assert_eq!(refused.header("ratelimit"), state);
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    let (_, retry_after) = fields_of(&limit, "newcomer");
     assert_eq!(refused.header("retry-after"), retry_after);
+    assert_eq!(refused.header("ratelimit"), "<none>", "a spent quota it never touched");
+    assert!(refused.body.contains("as many clients as it has room for"), "{}", refused.body);
+}
+
+#[tokio::test]
+async fn a_full_key_table_answers_503_or_lets_newcomers_through_as_configured() {
+    let clock = ManualClock::new();
+    let fill = |limit: &Limit<ManualClock>| {
+        for i in 0..200 {
+            let filler = ClientKey::Text(format!("filler-{i}").into());
+            let _ = limit.limiter().unwrap().check_key(&filler);
+        }
+    };
+    let quota = Quota::per_hour(1);
+    let unavailable = Limit::with_clock("per-key", quota, api_key(), clock.clone()).with_max_keys(2);
+    fill(&unavailable);
+    let admit = Limit::with_clock("per-key", quota, api_key(), clock.clone())
+        .with_max_keys(2)
+        .when_table_full(TableFull::Admit);
+    fill(&admit);
+    for (limit, expected) in [
+        (unavailable, StatusCode::SERVICE_UNAVAILABLE),
+        (admit, StatusCode::OK),
+    ] {
+        for wait in [None, Some(Duration::from_millis(50))] {
+            let mut layer = RateLimitLayer::default().limit(limit.clone());
+            if let Some(wait) = wait {
+                layer = layer.wait_up_to(wait);
+            }
+            let addr = serve(layer).await;
+            let reply = send(addr, with_key("newcomer".into())).await;
+            assert_eq!(reply.status, expected, "wait mode {wait:?}");
+            assert_eq!(reply.header("ratelimit"), "<none>");
+            // A stored key is still limited, whatever the policy.
+            let spent = send(addr, with_key("filler-0".into())).await;
+            assert_ne!(spent.status, StatusCode::OK);
+        }
+    }
 }
