@@ -491,3 +491,60 @@ def test_keys_from_a_callable_and_a_header(tmp_path):
     assert b == [200, 200, 429]  # b's tenant: 2 (the api key k9 had 3)
     assert missing == 401
     assert skipped == [200] * 5
+
+
+def test_a_full_shared_table_answers_503_and_one_file_holds_one_limit(tmp_path):
+    """A client the shared table has no room for spent nothing: 503 with Retry-After and no
+    RateLimit field. And two limits can never share one file's buckets."""
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    path = str(tmp_path / "per-key")
+    middleware = RateLimitMiddleware(
+        app,
+        limits=[
+            Limit("per-key", rate=1, per=HOUR, key=KeySource.header("x-api-key"),
+                  shared=path, capacity=1)
+        ],
+    )
+
+    async def call(key):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b""}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/", "client": ("192.0.2.1", 1),
+                 "headers": [(b"x-api-key", key.encode())]}
+        await middleware(scope, receive, send)
+        start = sent[0]
+        return start["status"], dict(start.get("headers", [])), b"".join(
+            m.get("body", b"") for m in sent[1:]
+        )
+
+    async def run():
+        answers = []
+        for i in range(1000):
+            answer = await call(f"client-{i}")
+            answers.append(answer)
+            if answer[0] != 200:
+                break
+        again = await call("client-0")
+        return answers, again
+
+    answers, again = asyncio.run(run())
+    status, headers, body = answers[-1]
+    assert status == 503, (len(answers), status)
+    assert len(answers) - 1 >= 1  # at least the capacity asked for
+    assert b"ratelimit" not in headers and int(headers[b"retry-after"]) > 3000
+    assert b"as many clients as it has room for" in body
+    assert again[0] == 429  # a stored client that spent its quota: 429 as usual
+    # Another limit on the same file is an error at start-up, even replacing the quota.
+    with pytest.raises(ValueError, match="holds the limit \"per-key\""):
+        RateLimitMiddleware(app, limits=[Limit("login", rate=1, per=HOUR, shared=path,
+                                               capacity=1, on_mismatch="replace")])
