@@ -139,14 +139,27 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
 #[inline]
 fn check_one<C: Clock>(limit: &Limit<C>, key: &ClientKey) -> Result<(), Refusal> {
     let checked = limit.store.check_or_state(key);
-    match &checked {
+    match checked {
         Ok(()) => limit.count_admitted(),
-        Err(Refusal::LimitedOne(refused)) if !refused.spent && limit.admits_when_full() => {
-            limit.count_admitted();
-            return Ok(());
+        Err(Refusal::LimitedOne(ref refused)) if !refused.spent => {
+            return untracked(limit, checked)
         }
         Err(_) => limit.count_refused(),
     }
+    checked
+}
+
+/// [`check_one`] for a key the limit's table had no room for: let through untracked if the
+/// limit says so ([`TableFull::Admit`]), else refused (out of line: rare, and it keeps the
+/// refusals' usual path short).
+#[cold]
+#[inline(never)]
+fn untracked<C: Clock>(limit: &Limit<C>, checked: Result<(), Refusal>) -> Result<(), Refusal> {
+    if limit.admits_when_full() {
+        limit.count_admitted();
+        return Ok(());
+    }
+    limit.count_refused();
     checked
 }
 
