@@ -161,37 +161,106 @@ impl TatWord {
 }
 
 impl TatWord {
-    /// Holds the word back for a hold (`Limiter::hold_for`): moves it `shift` later, and at
-    /// least to `floor`, in one compare-and-swap loop (a plain admission may race it).
+    /// [`TatWord::acquire`] on a word that may stop being the caller's between two reads
+    /// (a shared key's slot word, which a claim can give to another key): `ours` is
+    /// checked after each read of the word and before the swap that would write it, and
+    /// `None` says the word was no longer ours (nothing written).
+    ///
+    /// Acquire on the reads and AcqRel on the swap: they pair with a claimer's flag and
+    /// word moves, as the shared table's own check does (`crate::shared::table`, "Checks
+    /// are lock-free"): a swap that succeeds read a value the claimer had not moved yet,
+    /// and `ours` checked after that read saw no claim begun.
     #[cfg(feature = "std")]
-    pub(crate) fn hold(&self, shift: u64, floor: u64) {
-        // Relaxed: the single-word argument of the module docs; the queue's lock orders
-        // this with bookings and refunds.
-        let mut seen = self.tat.load(Ordering::Relaxed);
+    pub(crate) fn acquire_if(
+        &self,
+        now: u64,
+        cost: u64,
+        tolerance: u64,
+        ours: Ours<'_>,
+    ) -> Option<Result<u64, u64>> {
+        let Some(room) = tolerance.checked_sub(cost) else {
+            return Some(Err(u64::MAX));
+        };
+        let mut current = self.tat.load(Ordering::Acquire);
         loop {
-            let held = seen.saturating_add(shift).max(floor);
-            if held == seen {
-                return;
+            if !ours() {
+                return None;
+            }
+            let next = match gcra::admit_in_room(current, now, cost, room) {
+                Ok(next) => next,
+                Err(wait) => return Some(Err(wait)),
+            };
+            if cost == 0 {
+                return Some(Ok(next));
             }
             match self
                 .tat
-                .compare_exchange_weak(seen, held, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
+                Ok(_) => return Some(Ok(next)),
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// Holds the word back for a hold (`Limiter::hold_for`): moves it `shift` later, and at
+    /// least to `floor`, in one compare-and-swap loop (a plain admission may race it), on a
+    /// word that may stop being the caller's (as [`TatWord::acquire_if`]); false if it was
+    /// no longer ours (nothing written).
+    #[cfg(feature = "std")]
+    pub(crate) fn hold_if(&self, shift: u64, floor: u64, ours: Ours<'_>) -> bool {
+        // Acquire and AcqRel: as in `acquire_if`.
+        let mut seen = self.tat.load(Ordering::Acquire);
+        loop {
+            if !ours() {
+                return false;
+            }
+            let held = seen.saturating_add(shift).max(floor);
+            if held == seen {
+                return true;
+            }
+            match self
+                .tat
+                .compare_exchange_weak(seen, held, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
                 Err(now) => seen = now,
             }
         }
     }
 
-    /// Forgets everything spent and held: the word of a new limiter (an operator's reset
-    /// of a shared file, `SharedLimiter::reset`).
+    /// Sets the word to `tat` (an operator's reset of a shared file, where waiting
+    /// turns keep their order: `Waiters::reset`), while it is the caller's (as
+    /// [`TatWord::acquire_if`]); false if it was no longer ours (nothing written). A reset
+    /// overrides whatever admission raced it, by design.
     #[cfg(all(feature = "shared", unix, not(loom)))]
-    pub(crate) fn clear(&self) {
-        // Relaxed: the single-word argument of the module docs; a reset overrides whatever
-        // raced it, by design.
-        self.tat.store(0, Ordering::Relaxed);
+    pub(crate) fn set_if(&self, tat: u64, ours: Ours<'_>) -> bool {
+        // Acquire and AcqRel: as in `acquire_if`.
+        let mut seen = self.tat.load(Ordering::Acquire);
+        loop {
+            if !ours() {
+                return false;
+            }
+            match self
+                .tat
+                .compare_exchange_weak(seen, tat, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => seen = now,
+            }
+        }
     }
 }
+
+/// Whether a word is still the one a caller works on, checked between reading it and
+/// swapping it ([`TatWord::acquire_if`]): a limiter's own word always is; a shared key's
+/// slot word can become another key's.
+#[cfg(feature = "std")]
+pub(crate) type Ours<'a> = &'a dyn Fn() -> bool;
+
+/// [`Ours`] for a word that is always the caller's.
+#[cfg(feature = "std")]
+pub(crate) const ALWAYS_OURS: Ours<'static> = &|| true;
 
 impl Default for TatWord {
     fn default() -> Self {

@@ -91,7 +91,7 @@ impl<C: Clock> Target for Handle<'_, C> {
         Target::waiters(&self.get())
     }
 
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord, crate::cell::Ours<'_>) -> R) -> Result<R, u64> {
         Target::with_word(&self.get(), f)
     }
 

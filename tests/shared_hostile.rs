@@ -236,7 +236,7 @@ fn another_user_can_neither_take_over_nor_truncate_the_services_file() {
     let service = SharedLimiter::open(&path, Quota::per_second(10)).unwrap();
     let said = as_nobody(&shm, "take-over", &[("PACELINE_PATH", &path)], "");
     assert!(said.starts_with("refused: "), "{said}");
-    assert!(said.contains("another user owns it"), "{said}");
+    assert!(said.contains("Permission denied"), "{said}");
     let said = as_nobody(&shm, "truncate", &[("PACELINE_PATH", &path)], "");
     assert!(said.starts_with("refused: "), "{said}");
     // The service still holds its own quota: 10 at once, then no more.
@@ -316,12 +316,20 @@ fn a_lock_someone_holds_on_the_file_delays_no_one() {
     }
 }
 
-/// Writes `value` into the first bucket's lock word of a keyed file (offset 512): as a
-/// claimer with that process id would, while it holds the bucket.
-fn hold_first_bucket(path: &Path, value: u64) {
+/// Writes a claim of process `pid`, taken now, into the first bucket's lock word of a
+/// keyed file (offset 512: the process id, then the second on `CLOCK_MONOTONIC`): as that
+/// process would while it holds the bucket.
+fn hold_first_bucket(path: &Path, pid: u32) {
     use std::os::unix::fs::FileExt;
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable `timespec`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let claim = u64::from(pid) << 32 | (now.tv_sec as u64 & 0xffff_ffff);
     let file = fs::OpenOptions::new().write(true).open(path).unwrap();
-    file.write_at(&value.to_ne_bytes(), 512).unwrap();
+    file.write_at(&claim.to_ne_bytes(), 512).unwrap();
 }
 
 #[test]
@@ -334,7 +342,7 @@ fn a_claimer_that_stops_holding_a_bucket_delays_new_keys_at_most_the_patience_an
     limiter.check_key("stored").unwrap();
     // A live process that holds the bucket and never lets go (stopped, say).
     let mut holder: Child = Command::new("sleep").arg("30").spawn().unwrap();
-    hold_first_bucket(&path, u64::from(holder.id()));
+    hold_first_bucket(&path, holder.id());
     let started = Instant::now();
     let refused = limiter.check_key("new").unwrap_err();
     let took = started.elapsed();
@@ -406,4 +414,266 @@ fn a_claimer_stopped_at_random_points_never_blocks_another_processs_new_keys() {
         slowest < CLAIM_PATIENCE + Duration::from_millis(500),
         "a new key waited {slowest:?} for a stopped claimer"
     );
+}
+
+/// Writes `value` at byte `at` of the file at `path`, in place.
+fn write_word(path: &Path, at: u64, value: u64) {
+    use std::os::unix::fs::FileExt;
+    let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_at(&value.to_ne_bytes(), at).unwrap();
+}
+
+/// Whole seconds on `CLOCK_MONOTONIC`, as the file's claims record them.
+fn seconds() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable `timespec`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 & 0xffff_ffff
+}
+
+#[test]
+fn a_stored_keys_booking_never_waits_for_a_busy_bucket_or_is_refused_as_full() {
+    let shm = Shm::new("stored-booking");
+    let path = shm.path("keys");
+    let limiter =
+        std::sync::Arc::new(SharedKeyedLimiter::open(&path, Quota::per_second(10), 64).unwrap());
+    limiter.check_key("stored").unwrap(); // stored, 9 cells left
+    let mut holder = Command::new("sleep").arg("30").spawn().unwrap();
+    hold_first_bucket(&path, holder.id()); // the only bucket's lock, held and never let go
+    let started = Instant::now();
+    let booked = std::sync::Arc::clone(&limiter).reserve_key_within_owned(
+        "stored",
+        1,
+        Duration::from_secs(5),
+    );
+    let took = started.elapsed();
+    limiter.hold_key_for("stored", Duration::from_millis(1));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(
+        booked.is_ok(),
+        "a stored key with cells left was refused: {:?}",
+        booked.err()
+    );
+    assert!(took < CLAIM_PATIENCE, "{took:?}");
+}
+
+#[test]
+fn a_reset_moves_this_processs_waiters_up_and_ends_their_hold() {
+    let shm = Shm::new("reset");
+    let limiter =
+        std::sync::Arc::new(SharedLimiter::open(shm.path("d"), Quota::per_second(10)).unwrap());
+    limiter.hold_for(Duration::from_secs(8));
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let limiter = std::sync::Arc::clone(&limiter);
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                limiter.wait();
+                started.elapsed()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    limiter.reset();
+    for waiter in waiters {
+        let waited = waiter.join().unwrap();
+        assert!(
+            waited < Duration::from_secs(3),
+            "waited {waited:?} after a reset"
+        );
+    }
+}
+
+#[test]
+fn an_earlier_boots_file_of_another_limit_is_not_made_anew_under_a_new_name() {
+    let shm = Shm::new("stale-name");
+    let path = shm.path("limit");
+    let quota = Quota::per_minute(5);
+    SharedKeyedLimiter::open_with(&path, quota, 64, OpenOptions::new().name("login")).unwrap();
+    write_word(&path, 40, 0x1234); // the boot id: made in another boot
+    let before = fs::read(&path).unwrap();
+    let other = SharedKeyedLimiter::open_with(&path, quota, 64, OpenOptions::new().name("per-ip"));
+    assert!(
+        matches!(other, Err(SharedError::NameMismatch { .. })),
+        "{other:?}"
+    );
+    assert_eq!(fs::read(&path).unwrap(), before);
+    let login = SharedKeyedLimiter::open_with(&path, quota, 64, OpenOptions::new().name("login"));
+    assert_eq!(login.unwrap().name(), "login");
+}
+
+#[test]
+fn an_earlier_boots_file_claimed_long_ago_by_a_live_process_id_is_made_anew() {
+    let shm = Shm::new("stale-remaker");
+    let path = shm.path("direct");
+    SharedLimiter::open(&path, Quota::per_second(10)).unwrap();
+    write_word(&path, 40, 0x1234); // made in another boot
+                                   // Claimed for remaking by a process id that is alive (this one; a container's pid 1
+                                   // killed while remaking, restarted), a minute ago.
+    let claim = u64::from(std::process::id()) << 32 | seconds().saturating_sub(60).max(1);
+    write_word(&path, 80, claim);
+    let reopened = SharedLimiter::open(&path, Quota::per_second(10));
+    assert!(reopened.is_ok(), "{:?}", reopened.err());
+}
+
+#[test]
+fn a_file_system_out_of_room_is_an_error_at_opening_never_a_sigbus_later() {
+    // A 1 MiB tmpfs of our own (root only; elsewhere there is nothing to mount).
+    // SAFETY: `geteuid` has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    }
+    let shm = Shm::new("small");
+    let mount = shm.path("tmpfs");
+    fs::create_dir(&mount).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&mount)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: this machine does not let the tests mount a tmpfs");
+        return;
+    }
+    // A table of 65 536 keys takes 4 MiB: refused when made, not killed when filled.
+    let opened = SharedKeyedLimiter::open(mount.join("keys"), Quota::per_hour(1), 65_536);
+    let full_file = fs::metadata(mount.join("keys")).is_ok();
+    let _ = Command::new("umount").arg(&mount).status();
+    match opened {
+        Err(e @ SharedError::Io { .. }) => {
+            assert!(e.to_string().contains("allocate"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!full_file, "a half-made file was left at the path");
+}
+
+#[test]
+fn a_directory_another_user_owns_or_anyone_can_swap_files_in_is_refused() {
+    let shm = Shm::new("dirs");
+    // Anyone can write it and it is not sticky: anyone could replace the file.
+    let open_dir = shm.path("open");
+    fs::create_dir(&open_dir).unwrap();
+    fs::set_permissions(&open_dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let refused = SharedLimiter::open(open_dir.join("f"), Quota::per_second(1)).unwrap_err();
+    assert!(
+        refused.to_string().contains("others can remove or replace"),
+        "{refused}"
+    );
+    assert!(!open_dir.join("f").exists());
+    if !can_switch_user() {
+        return;
+    }
+    // A directory of `nobody`'s, reached through a link it planted where the service
+    // expected its own directory.
+    let theirs = shm.path("theirs");
+    let planted = shm.path("app");
+    let code = format!(
+        "mkdir {0} && ln -s {0} {1}",
+        theirs.display(),
+        planted.display()
+    );
+    let made = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            &code,
+        ])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let refused = SharedLimiter::open(planted.join("f"), Quota::per_second(1)).unwrap_err();
+    assert!(
+        refused.to_string().contains("another user owns it"),
+        "{refused}"
+    );
+    assert!(
+        !theirs.join("f").exists(),
+        "a file was made in nobody's directory"
+    );
+}
+
+#[test]
+fn a_trusted_group_does_not_trust_a_file_its_non_member_made_in_a_setgid_directory() {
+    if !can_switch_user() {
+        return;
+    }
+    let shm = Shm::new("setgid");
+    // A sticky, set-group-id directory of group root (0), which nobody is not in.
+    let dir = shm.path("team");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o3777)).unwrap();
+    let planted = dir.join("limit");
+    as_nobody(&shm, "make", &[("PACELINE_PATH", &planted)], "");
+    assert_eq!(
+        fs::metadata(&planted).unwrap().gid(),
+        0,
+        "the directory's group"
+    );
+    let options = OpenOptions::new().trust_group(0);
+    let refused = SharedLimiter::open_with(&planted, Quota::per_second(10), options).unwrap_err();
+    assert!(
+        refused.to_string().contains("another user owns it"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn a_default_acl_gives_no_one_else_a_new_file_and_a_file_with_an_acl_is_refused() {
+    let has_setfacl = Command::new("setfacl")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_setfacl || !can_switch_user() {
+        eprintln!("skipped: needs setfacl, root and setpriv");
+        assert!(
+            std::env::var_os("PACELINE_REQUIRE_OTHER_USER").is_none() || has_setfacl,
+            "needs setfacl (the acl package)"
+        );
+        return;
+    }
+    let shm = Shm::new("acl");
+    let dir = shm.path("team");
+    fs::create_dir(&dir).unwrap();
+    // The directory gives every new file an entry for nobody, read and write.
+    let set = |args: &[&str], path: &Path| {
+        let ok = Command::new("setfacl")
+            .args(args)
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    set(&["-d", "-m", "u:65534:rw"], &dir);
+    // SAFETY: `getegid` has no preconditions.
+    let group = unsafe { libc::getegid() };
+    let path = dir.join("limit");
+    SharedLimiter::open_with(
+        &path,
+        Quota::per_second(10),
+        OpenOptions::new().trust_group(group),
+    )
+    .unwrap();
+    let said = as_nobody(&shm, "truncate", &[("PACELINE_PATH", &path)], "");
+    assert!(
+        said.starts_with("refused: "),
+        "nobody could write the new file: {said}"
+    );
+    // A file someone gave an ACL entry is refused: its mode does not say who can write it.
+    set(&["-m", "u:65534:rw"], &path);
+    let refused = SharedLimiter::open_with(
+        &path,
+        Quota::per_second(10),
+        OpenOptions::new().trust_group(group),
+    )
+    .unwrap_err();
+    assert!(refused.to_string().contains("access ACL"), "{refused}");
 }

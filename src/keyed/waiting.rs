@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::store::MIN_SWEEP_LEN;
 use super::KeyedLimiter;
-use crate::cell::TatWord;
+use crate::cell::{Ours, TatWord, ALWAYS_OURS};
 use crate::clock::Clock;
 use crate::error::{Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::Params;
@@ -180,9 +180,9 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         let (waiters, params) = (target.waiters(), target.params());
         let held = self.with_word(key, |cell, now| {
             let until = now.saturating_add(wait::duration_nanos(d));
-            waiters.hold(cell, &params, now, until)
+            waiters.hold(cell, ALWAYS_OURS, &params, now, until)
         });
-        if let Ok(arm) = held {
+        if let Ok(Some(arm)) = held {
             waiters.schedule(arm);
         }
     }
@@ -487,8 +487,10 @@ where
         )
     }
 
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        self.limiter.with_word(&self.key, |cell, _| f(cell))
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord, Ours<'_>) -> R) -> Result<R, u64> {
+        // The cell stays the key's while the shard's read lock is held around `f`.
+        self.limiter
+            .with_word(&self.key, |cell, _| f(cell, ALWAYS_OURS))
     }
 
     fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {

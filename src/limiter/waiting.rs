@@ -6,7 +6,7 @@ use core::time::Duration;
 use std::sync::Arc;
 
 use super::Limiter;
-use crate::cell::TatWord;
+use crate::cell::{Ours, TatWord, ALWAYS_OURS};
 use crate::clock::Clock;
 use crate::error::{Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::Params;
@@ -360,8 +360,12 @@ impl<C: Clock> Limiter<C> {
         let now = self.now();
         let until = now.saturating_add(wait::duration_nanos(d));
         let params = self.quota.load();
-        let arm = self.waiters.hold(&self.cell, &params, now, until);
-        self.waiters.schedule(arm);
+        if let Some(arm) = self
+            .waiters
+            .hold(&self.cell, ALWAYS_OURS, &params, now, until)
+        {
+            self.waiters.schedule(arm);
+        }
     }
 
     /// How long until the next waiter is due, by this limiter's clock (zero if it is due
@@ -427,8 +431,8 @@ impl<C: Clock> Target for Limiter<C> {
         Arc::clone(&self.waiters)
     }
 
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        Ok(f(&self.cell))
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord, Ours<'_>) -> R) -> Result<R, u64> {
+        Ok(f(&self.cell, ALWAYS_OURS))
     }
 
     fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {

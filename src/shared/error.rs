@@ -217,14 +217,21 @@ impl fmt::Display for SharedError {
             } => write!(
                 f,
                 "{}: not opened: owned by {} (group {group}), mode {mode:04o}: {why}. \
-                 Whoever can write the file can spend or break the quota of every process \
-                 using it, so paceline opens only files of its own user ({}) that no one \
-                 else can write. Remove the file (or choose another path), or, if its \
-                 owner or group is yours, open it with OpenOptions::trust_user({owner}) or \
-                 trust_group({group})",
+                 Whoever can write the file (or its directory) can spend or break the quota \
+                 of every process using it, so paceline opens only files of its own user \
+                 ({}) that no one else can write, in a directory no one else can swap them \
+                 in. {}",
                 path.display(),
                 User(*owner),
                 User(*user),
+                fix(
+                    why,
+                    *owner,
+                    *group,
+                    "OpenOptions::trust_user(",
+                    "OpenOptions::trust_group(",
+                    ")"
+                ),
             ),
             SharedError::NotPaceline { path, found } => write!(
                 f,
@@ -282,7 +289,8 @@ impl fmt::Display for SharedError {
                 expected,
             } => write!(
                 f,
-                "{}: {found} bytes long where its header says {expected}",
+                "{}: {found} bytes long, where a paceline file of its kind is {expected} (a \
+                 file cut short, or grown by something else)",
                 path.display()
             ),
             SharedError::Corrupt { path, field } => {
@@ -316,6 +324,37 @@ impl fmt::Display for SharedError {
                 "every spare quota slot is held by a change whose process died; make the file anew",
             ),
         }
+    }
+}
+
+/// What to do about an untrusted file or directory, for each reason `trust.rs` gives, with
+/// the trust options as the caller's language writes them (`user(` ... `)`).
+fn fix(why: &str, owner: u32, group: u32, user_opt: &str, group_opt: &str, close: &str) -> String {
+    if why.starts_with("anyone on the host") {
+        "Remove the file (or choose another path); if it is yours, make it writable by its \
+         owner only (chmod o-w): trusting a user or group does not open a file anyone can \
+         write"
+            .to_owned()
+    } else if why.starts_with("its group can write") {
+        format!(
+            "Remove the file, or make it writable by its owner only (chmod g-w), or, if group \
+             {group} is yours, open it with {group_opt}{group}{close}"
+        )
+    } else if why.starts_with("another user owns") {
+        format!(
+            "Remove the file (or choose another path), or, if uid {owner} is yours, open it with \
+             {user_opt}{owner}{close}"
+        )
+    } else if why.starts_with("an access ACL") {
+        "Remove the file, or its ACL (setfacl -b) if it is yours".to_owned()
+    } else if why.contains("another user owns it") {
+        format!(
+            "Choose a directory of your own (or /dev/shm), or, if uid {owner} is yours, open it \
+             with {user_opt}{owner}{close}"
+        )
+    } else {
+        "Choose a directory only trusted users can write, or a sticky one such as /dev/shm"
+            .to_owned()
     }
 }
 

@@ -43,16 +43,16 @@ use std::ffi::CString;
 use std::fs::{File, Metadata};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 use std::time::Instant;
 
+use super::dir::Dir;
 use super::error::SharedError;
 use super::layout::{self, Kind};
 use super::options::OpenOptions;
-use super::process;
+use super::{process, trust};
 use crate::clock::{HostClock, HostTime};
 use crate::sync::{AtomicU64, Ordering};
 
@@ -177,7 +177,8 @@ pub(crate) struct Opened {
 }
 
 /// Opens `path`, making it if it does not exist (or made in an earlier boot), and checks
-/// it is a paceline file of the kind and geometry asked for, that the caller trusts.
+/// it is a paceline file of the kind and geometry asked for, that the caller trusts, in a
+/// directory the caller trusts.
 pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Opened, SharedError> {
     if let Some(name) = &options.name {
         if name.len() > layout::MAX_NAME_LEN {
@@ -186,6 +187,8 @@ pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Ope
     }
     let path = std::path::absolute(path).map_err(|e| io_error(path, "resolve the path", e))?;
     let path = path.as_path();
+    let dir = Dir::of(path).map_err(|e| io_error(path, "open the file's directory", e))?;
+    trust::check_dir(dir.file(), dir.path(), options)?;
     let Want { kind, settle, init } = want;
     let new = New {
         kind,
@@ -194,8 +197,8 @@ pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Ope
     };
     let mut settle = Some(settle);
     for _ in 0..OPEN_ATTEMPTS {
-        let Some(file) = open_existing(path, options)? else {
-            match create(path, &new)? {
+        let Some(file) = open_existing(&dir, path, options)? else {
+            match create(&dir, path, &new)? {
                 Some(opened) => return Ok(opened),
                 // Another opener linked its file first: open that.
                 None => continue,
@@ -204,7 +207,7 @@ pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Ope
         let meta = file
             .metadata()
             .map_err(|e| io_error(path, "read the file's owner and length", e))?;
-        check_trusted(&meta, path, options)?;
+        trust::check_file(Some(&file), &meta, path, options)?;
         check_local(&file, path)?;
         match inspect(&file, &meta, path, kind, options)? {
             Inspected::Made {
@@ -220,7 +223,7 @@ pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Ope
                     time,
                 });
             }
-            Inspected::EarlierBoot => remake(&file, path, &new)?,
+            Inspected::EarlierBoot => remake(&dir, &file, path, &new)?,
         }
     }
     Err(SharedError::Busy {
@@ -229,15 +232,14 @@ pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Ope
     })
 }
 
-/// The file at `path`, opened for reading and writing without following a link; `None`
-/// if there is none.
-fn open_existing(path: &Path, options: &OpenOptions) -> Result<Option<File>, SharedError> {
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path);
-    match opened {
+/// The file, opened for reading and writing without following a link; `None` if there is
+/// none.
+fn open_existing(
+    dir: &Dir,
+    path: &Path,
+    options: &OpenOptions,
+) -> Result<Option<File>, SharedError> {
+    match dir.open_file() {
         Ok(file) => Ok(Some(file)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(SharedError::Link {
@@ -251,57 +253,11 @@ fn open_existing(path: &Path, options: &OpenOptions) -> Result<Option<File>, Sha
                         path: path.to_owned(),
                     });
                 }
-                check_trusted(&meta, path, options)?;
+                trust::check_file(None, &meta, path, options)?;
             }
             Err(io_error(path, "open the file", e))
         }
     }
-}
-
-/// Refuses what is not a regular file, or a file that someone the caller does not trust
-/// owns or can write ([`OpenOptions`]).
-fn check_trusted(meta: &Metadata, path: &Path, options: &OpenOptions) -> Result<(), SharedError> {
-    let kind = meta.file_type();
-    if !kind.is_file() {
-        use std::os::unix::fs::FileTypeExt;
-        let found = if kind.is_dir() {
-            "a directory"
-        } else if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_socket() {
-            "a socket"
-        } else if kind.is_char_device() || kind.is_block_device() {
-            "a device"
-        } else {
-            "not a regular file"
-        };
-        return Err(SharedError::NotAFile {
-            path: path.to_owned(),
-            found,
-        });
-    }
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    let user = unsafe { libc::geteuid() };
-    let (owner, group, mode) = (meta.uid(), meta.gid(), meta.mode() & 0o7777);
-    let group_trusted = options.trust_group == Some(group);
-    let owner_trusted = owner == user || options.trust_user == Some(owner) || group_trusted;
-    let why = if mode & 0o002 != 0 {
-        "anyone on the host can write it"
-    } else if mode & 0o020 != 0 && !group_trusted {
-        "its group can write it, and that group is not trusted"
-    } else if !owner_trusted {
-        "another user owns it"
-    } else {
-        return Ok(());
-    };
-    Err(SharedError::Untrusted {
-        path: path.to_owned(),
-        owner,
-        group,
-        mode,
-        user,
-        why,
-    })
 }
 
 /// What an existing file turned out to be.
@@ -312,7 +268,7 @@ enum Inspected {
         kind: Kind,
         time: HostTime,
     },
-    /// A paceline file of this layout made in an earlier boot.
+    /// A paceline file of this layout (and of the name asked for) made in an earlier boot.
     EarlierBoot,
 }
 
@@ -348,9 +304,7 @@ fn inspect(
     }
     let header = Mapping::map(file, layout::HEADER_LEN, path)?;
     let kind = check(&header, len, asked)?;
-    if read_boot(&header) != boot_id() {
-        return Ok(Inspected::EarlierBoot);
-    }
+    // The name first: a file of another limit is never made anew, whatever its boot.
     if let Some(asked) = &options.name {
         let found = header.name();
         if found != *asked {
@@ -360,6 +314,9 @@ fn inspect(
                 asked: asked.clone(),
             });
         }
+    }
+    if read_boot(&header) != boot_id() {
+        return Ok(Inspected::EarlierBoot);
     }
     let time = read_time(&header).ok_or_else(|| SharedError::Clock {
         path: path.to_owned(),
@@ -385,11 +342,11 @@ struct New<'a> {
     options: &'a OpenOptions,
 }
 
-/// Makes a new file and links it at `path`; `None` if something got there first.
-fn create(path: &Path, new: &New<'_>) -> Result<Option<Opened>, SharedError> {
-    let (made, opened) = make(path, new)?;
+/// Makes a new file and links it at the path; `None` if something got there first.
+fn create(dir: &Dir, path: &Path, new: &New<'_>) -> Result<Option<Opened>, SharedError> {
+    let (made, opened) = make(dir, path, new)?;
     if made
-        .link_at(path)
+        .link_at()
         .map_err(|e| io_error(path, "link the new file into place", e))?
     {
         Ok(Some(opened))
@@ -398,29 +355,47 @@ fn create(path: &Path, new: &New<'_>) -> Result<Option<Opened>, SharedError> {
     }
 }
 
+/// A claim on a file from an earlier boot (its remaker word): this process's id in the
+/// high half, the claim's second on `CLOCK_MONOTONIC` in the low half (0: no claim).
+fn remaker_claim() -> u64 {
+    process::me() << 32 | u64::from(process::seconds().max(1))
+}
+
+/// Whether a remaker claim may be taken over: nobody's, its process gone, or older than
+/// [`STALE_CLAIM`] (a remake takes milliseconds; an id that old may be a reused one).
+fn stale(claim: u64) -> bool {
+    let (pid, second) = (claim >> 32, claim as u32);
+    claim == 0
+        || process::seconds().wrapping_sub(second) > STALE_CLAIM.as_secs() as u32
+        || pid != process::me() && !process::alive(pid)
+}
+
+/// How old a remaker's claim may be before another opener takes it over.
+const STALE_CLAIM: Duration = Duration::from_secs(10);
+
 /// Makes a file anew over one from an earlier boot (module docs): as the one opener that
 /// claims it, or by waiting for that one. Returns once the path no longer holds `old`.
-fn remake(old: &File, path: &Path, new: &New<'_>) -> Result<(), SharedError> {
+fn remake(dir: &Dir, old: &File, path: &Path, new: &New<'_>) -> Result<(), SharedError> {
     let header = Mapping::map(old, layout::HEADER_LEN, path)?;
     let remaker = header.word(layout::REMAKER_AT);
-    let me = process::me();
+    let ours = old.metadata().ok().map(|m| (m.dev(), m.ino()));
+    let still_old = || ours.is_some() && dir.identity(dir.name()) == ours;
     let started = Instant::now();
     loop {
-        if !same_file(path, old) {
+        if !still_old() {
             return Ok(());
         }
         // Acquire: pairs with a claimer's release of the word when it gave up.
         let holder = remaker.load(Ordering::Acquire);
-        let free = holder == 0 || (holder != me && !process::alive(holder));
         // AcqRel: the claim is ordered with the holder's, whichever wins.
-        if free
+        if stale(holder)
             && remaker
-                .compare_exchange(holder, me, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(holder, remaker_claim(), Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
-            let made = make(path, new).and_then(|(made, _)| {
-                if same_file(path, old) {
-                    made.rename_over(path)
+            let made = make(dir, path, new).and_then(|(made, _)| {
+                if still_old() {
+                    made.rename_over()
                         .map_err(|e| io_error(path, "replace the file", e))
                 } else {
                     Ok(())
@@ -435,25 +410,21 @@ fn remake(old: &File, path: &Path, new: &New<'_>) -> Result<(), SharedError> {
         if started.elapsed() >= OPEN_PATIENCE {
             return Err(SharedError::Busy {
                 path: path.to_owned(),
-                pid: holder,
+                pid: holder >> 32,
             });
         }
         std::thread::sleep(Duration::from_millis(1));
     }
 }
 
-/// Whether `path` (not following a link) is `file`.
-fn same_file(path: &Path, file: &File) -> bool {
-    match (std::fs::symlink_metadata(path), file.metadata()) {
-        (Ok(at_path), Ok(ours)) => at_path.dev() == ours.dev() && at_path.ino() == ours.ino(),
-        _ => false,
-    }
-}
-
-/// Makes a new, finished file for `path`, not yet at that path.
-fn make(path: &Path, new: &New<'_>) -> Result<(NewFile, Opened), SharedError> {
+/// Makes a new, finished file for `path` in `dir`, not yet at that path.
+fn make<'a>(
+    dir: &'a Dir,
+    path: &Path,
+    new: &New<'_>,
+) -> Result<(NewFile<'a>, Opened), SharedError> {
     let made =
-        NewFile::beside(path).map_err(|e| io_error(path, "make the file in its directory", e))?;
+        NewFile::in_dir(dir).map_err(|e| io_error(path, "make the file in its directory", e))?;
     let file = &made.file;
     let (mode, group) = match new.options.trust_group {
         Some(gid) => (0o660, Some(gid)),
@@ -469,13 +440,16 @@ fn make(path: &Path, new: &New<'_>) -> Result<(NewFile, Opened), SharedError> {
             ));
         }
     }
-    // Exactly this mode, whatever the process's umask.
+    // No ACL entries a default ACL of the directory gave it, and exactly this mode,
+    // whatever the process's umask.
+    trust::strip_acl(file);
     file.set_permissions(std::fs::Permissions::from_mode(mode))
         .map_err(|e| io_error(path, "set the new file's permissions", e))?;
     let len = new.kind.file_len();
-    // A new file no one else has: sizing it from 0 takes no page from any mapping.
-    file.set_len(len)
-        .map_err(|e| io_error(path, "size the new file", e))?;
+    // Every page allocated now: a file system that runs out of room later would kill the
+    // process that first touched a page it could not give (`SIGBUS`), where this is an
+    // error. A new file no one else has: sizing it from 0 takes no page from any mapping.
+    allocate(file, len).map_err(|e| io_error(path, "allocate the new file's space", e))?;
     let whole = usize::try_from(len).map_err(|_| SharedError::Capacity { asked: len })?;
     let mapping = Mapping::map(file, whole, path)?;
     let time = HostClock::choose();
@@ -524,62 +498,69 @@ fn make(path: &Path, new: &New<'_>) -> Result<(NewFile, Opened), SharedError> {
     ))
 }
 
-/// A new file in the directory of the path it is made for, with no name yet
-/// (`O_TMPFILE`), or a private temporary one, removed when dropped.
-struct NewFile {
-    file: File,
-    /// The temporary name, while it has one.
-    named: Option<PathBuf>,
+/// Sizes a new file to `len` bytes with every page allocated (zeroed).
+fn allocate(file: &File, len: u64) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let len = libc::off_t::try_from(len).map_err(io::Error::other)?;
+        // SAFETY: an open descriptor; `posix_fallocate` takes no pointers.
+        match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+            0 => return Ok(()),
+            // A file system that cannot allocate ahead: sized below, and written through.
+            libc::EOPNOTSUPP | libc::EINVAL => {}
+            error => return Err(io::Error::from_raw_os_error(error)),
+        }
+    }
+    file.set_len(len)?;
+    // Writing every page makes the file system find room for it now.
+    let zeros = vec![0u8; 1 << 16];
+    let mut at = 0;
+    while at < len {
+        let chunk = (len - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..chunk], at)?;
+        at += chunk as u64;
+    }
+    Ok(())
 }
 
-impl NewFile {
-    fn beside(path: &Path) -> io::Result<NewFile> {
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
+/// A new file in the shared file's directory, with no name yet (`O_TMPFILE`) or under a
+/// private temporary one, which is removed when dropped.
+struct NewFile<'a> {
+    file: File,
+    /// The temporary name, while it has one.
+    named: Option<CString>,
+    dir: &'a Dir,
+}
+
+impl<'a> NewFile<'a> {
+    fn in_dir(dir: &'a Dir) -> io::Result<NewFile<'a>> {
         #[cfg(target_os = "linux")]
-        {
-            let unnamed = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-                .open(dir);
-            match unnamed {
-                Ok(file) => return Ok(NewFile { file, named: None }),
-                // A file system without unnamed files: a named one below.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
-                    ) => {}
-                Err(e) => return Err(e),
-            }
+        if let Some(file) = dir.unnamed()? {
+            return Ok(NewFile {
+                file,
+                named: None,
+                dir,
+            });
         }
-        let name = temporary_name(dir, path);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(&name)?;
+        let name = temporary_name(dir);
+        let file = dir.temporary(&name)?;
         Ok(NewFile {
             file,
             named: Some(name),
+            dir,
         })
     }
 
-    /// Links the file at `path`; `false` if something is there already.
-    fn link_at(mut self, path: &Path) -> io::Result<bool> {
+    /// Links the file at the shared file's name; `false` if something is there already.
+    fn link_at(mut self) -> io::Result<bool> {
+        let dir = self.dir;
         let linked = match self.named.take() {
             Some(name) => {
-                let linked = std::fs::hard_link(&name, path);
-                let _ = std::fs::remove_file(&name);
+                let linked = dir.link(&name, dir.name());
+                let _ = dir.unlink(&name);
                 linked
             }
-            None => self.link_unnamed(path),
+            None => dir.link_unnamed(&self.file, dir.name()),
         };
         match linked {
             Ok(()) => Ok(true),
@@ -588,66 +569,43 @@ impl NewFile {
         }
     }
 
-    /// Puts the file at `path` in place of whatever is there.
-    fn rename_over(mut self, path: &Path) -> io::Result<()> {
+    /// Puts the file at the shared file's name in place of whatever is there.
+    fn rename_over(mut self) -> io::Result<()> {
+        let dir = self.dir;
         let name = match self.named.take() {
             Some(name) => name,
             None => {
-                let dir = path.parent().unwrap_or(Path::new("."));
-                let name = temporary_name(dir, path);
-                self.link_unnamed(&name)?;
+                let name = temporary_name(dir);
+                dir.link_unnamed(&self.file, &name)?;
                 name
             }
         };
-        let renamed = std::fs::rename(&name, path);
+        let renamed = dir.rename(&name, dir.name());
         if renamed.is_err() {
-            let _ = std::fs::remove_file(&name);
+            let _ = dir.unlink(&name);
         }
         renamed
     }
-
-    /// Gives the unnamed file the name `path` (failing if it exists).
-    fn link_unnamed(&self, path: &Path) -> io::Result<()> {
-        let from = CString::new(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
-            .map_err(io::Error::other)?;
-        let to = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
-        // SAFETY: both are NUL-terminated strings alive for the call.
-        let rc = unsafe {
-            libc::linkat(
-                libc::AT_FDCWD,
-                from.as_ptr(),
-                libc::AT_FDCWD,
-                to.as_ptr(),
-                libc::AT_SYMLINK_FOLLOW,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
 }
 
-impl Drop for NewFile {
+impl Drop for NewFile<'_> {
     fn drop(&mut self) {
         if let Some(name) = &self.named {
-            let _ = std::fs::remove_file(name);
+            let _ = self.dir.unlink(name);
         }
     }
 }
 
-/// A name in `dir` no other opener picks: hidden, after the file it is made for, with this
-/// process's id and a count.
-fn temporary_name(dir: &Path, path: &Path) -> PathBuf {
+/// A name in the directory no other opener picks: hidden, after the file it is made for,
+/// with this process's id and a count.
+fn temporary_name(dir: &Dir) -> CString {
     static COUNT: StdAtomicU64 = StdAtomicU64::new(0);
     // Relaxed: a counter that only has to differ between calls.
     let n = COUNT.fetch_add(1, StdOrdering::Relaxed);
-    let stem = path.file_name().map_or_else(
-        || "paceline".into(),
-        |name| name.to_string_lossy().into_owned(),
-    );
-    dir.join(format!(".{stem}.{}-{n}.paceline-new", std::process::id()))
+    let mut name = b".".to_vec();
+    name.extend_from_slice(dir.name().to_bytes());
+    name.extend_from_slice(format!(".{}-{n}.paceline-new", std::process::id()).as_bytes());
+    CString::new(name).expect("a file name holds no NUL byte")
 }
 
 /// Checks a finished file's header against its length and the kind asked for; returns

@@ -71,6 +71,7 @@
 //!   (`digest.rs`), a lock per bucket for storing new keys (`keyed/bucket.rs`).
 
 mod digest;
+mod dir;
 mod error;
 mod file;
 mod keyed;
@@ -81,6 +82,7 @@ mod process;
 mod quota;
 mod reservation;
 mod table;
+mod trust;
 
 use core::time::Duration;
 

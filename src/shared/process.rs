@@ -20,6 +20,18 @@ pub(crate) fn alive(id: u64) -> bool {
     sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// Whole seconds on `CLOCK_MONOTONIC` (the same for every process of the host), wrapping
+/// at 2^32 (136 years): for how old a claim in a file is.
+pub(crate) fn seconds() -> u32 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable `timespec`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::alarm::Alarm;
 use super::queue::{Booking, Progress, Waiter, Waiters};
-use crate::cell::TatWord;
+use crate::cell::{Ours, TatWord};
 use crate::clock::Clock;
 use crate::error::{self, Denied, NotUntil};
 use crate::gcra::Params;
@@ -24,10 +24,12 @@ pub(crate) trait Target {
     /// The queue for this cell (made on demand by a keyed limiter).
     fn waiters(&self) -> Arc<Waiters<Self::Clock>>;
 
-    /// Runs `f` on the cell, storing it first if need be. `Err` carries the wait until
-    /// there is room to store it (a keyed limiter at its bound); the cell must be the same
-    /// one every time.
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64>;
+    /// Runs `f` on the cell, storing it first if need be, with what tells whether the
+    /// word is still the cell's ([`Ours`]: always, but for a shared key's slot, which may
+    /// become another key's while `f` runs; `f`'s writes check it). `Err` carries the wait
+    /// until there is room to store it (a keyed limiter at its bound); the cell must be
+    /// the same one every time.
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord, Ours<'_>) -> R) -> Result<R, u64>;
 
     /// Runs `f` on the cell and the time now if the cell is stored; never stores it. The
     /// time is never earlier than anything the target forgot (a keyed limiter's sweeps).
@@ -54,7 +56,7 @@ macro_rules! forward_target {
                 (**self).waiters()
             }
 
-            fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
+            fn with_word<R>(&self, f: impl FnOnce(&TatWord, Ours<'_>) -> R) -> Result<R, u64> {
                 (**self).with_word(f)
             }
 
@@ -169,35 +171,41 @@ impl<T: Target> Acquire<T> {
             return Poll::Ready(Ok(()));
         }
         let max_wait = self.deadline.saturating_sub(now);
-        // Fast path without the queue lock: a request that fits now cannot be overtaking
-        // anyone, because linked waiters leave no room before their instants.
-        let fast = self
-            .target
-            .with_word(|cell| cell.acquire(now, cost, params.tau()));
-        match fast {
-            Ok(Ok(_)) => return Poll::Ready(Ok(())),
-            Ok(Err(wait)) if wait > max_wait => {
-                return Poll::Ready(Err(NotUntil::from_nanos(wait).into()))
+        loop {
+            // Fast path without the queue lock: a request that fits now cannot be
+            // overtaking anyone, because linked waiters leave no room before their instants.
+            let fast = self
+                .target
+                .with_word(|cell, ours| cell.acquire_if(now, cost, params.tau(), ours));
+            match fast {
+                Ok(Some(Ok(_))) => return Poll::Ready(Ok(())),
+                Ok(Some(Err(wait))) if wait > max_wait => {
+                    return Poll::Ready(Err(NotUntil::from_nanos(wait).into()))
+                }
+                Ok(Some(Err(_))) => {}
+                // The word became another key's: look it up again.
+                Ok(None) => continue,
+                Err(room) => return self.no_room(now, room, max_wait, cx),
             }
-            Ok(Err(_)) => {}
-            Err(room) => return self.no_room(now, room, max_wait, cx),
-        }
-        let waiters = self.target.waiters();
-        // SAFETY: `node` points into this pinned future, is in no list (phase Unpolled), and
-        // `Drop` cancels it before the future's memory goes away.
-        let booking = self.target.with_word(|cell| unsafe {
-            waiters.book(cell, &params, node, now, cost, max_wait, cx.waker())
-        });
-        match booking {
-            Ok(Booking::Ready) => Poll::Ready(Ok(())),
-            Ok(Booking::TooLate(wait)) => Poll::Ready(Err(NotUntil::from_nanos(wait).into())),
-            Ok(Booking::Linked(arm)) => {
-                waiters.schedule(arm);
-                self.phase = Phase::Linked;
-                self.waiters = Some(waiters);
-                Poll::Pending
-            }
-            Err(room) => self.no_room(now, room, max_wait, cx),
+            let waiters = self.target.waiters();
+            // SAFETY: `node` points into this pinned future, is in no list (phase Unpolled),
+            // and `Drop` cancels it before the future's memory goes away.
+            let booking = self.target.with_word(|cell, ours| unsafe {
+                waiters.book(cell, ours, &params, node, now, cost, max_wait, cx.waker())
+            });
+            return match booking {
+                Ok(Booking::Ready) => Poll::Ready(Ok(())),
+                Ok(Booking::TooLate(wait)) => Poll::Ready(Err(NotUntil::from_nanos(wait).into())),
+                Ok(Booking::Linked(arm)) => {
+                    waiters.schedule(arm);
+                    self.phase = Phase::Linked;
+                    self.waiters = Some(waiters);
+                    Poll::Pending
+                }
+                // Nothing booked or linked: again, on the word as it is now.
+                Ok(Booking::Moved) => continue,
+                Err(room) => self.no_room(now, room, max_wait, cx),
+            };
         }
     }
 

@@ -323,8 +323,15 @@ impl SharedKeyedLimiter {
     /// ```
     pub fn reset_key(&self, key: impl AsRef<[u8]>) {
         let key = self.key(key.as_ref());
-        if let Some(slot) = self.find(key) {
-            crate::cell::TatWord::in_place(slot.words[self.lane]).clear();
+        // A key that is not stored has nothing spent to forget (and nobody waiting here).
+        while let Some(slot) = self.find(key) {
+            let waiters = self.waiters_of(key);
+            let word = crate::cell::TatWord::in_place(slot.words[self.lane]);
+            match waiters.reset(word, &|| slot.holds(key), self.clock.now()) {
+                Some(arm) => return waiters.schedule(arm),
+                // The slot became another key's meanwhile: look again.
+                None => continue,
+            }
         }
     }
 

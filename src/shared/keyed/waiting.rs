@@ -6,7 +6,7 @@ use core::time::Duration;
 use std::sync::Arc;
 
 use super::SharedKeyedLimiter;
-use crate::cell::TatWord;
+use crate::cell::{Ours, TatWord};
 use crate::clock::{Clock, HostClock};
 use crate::error::Denied;
 use crate::gcra::Params;
@@ -19,6 +19,20 @@ use crate::wait::{
 };
 
 impl SharedKeyedLimiter {
+    /// This process's queue of waiters for `key` (made on demand; queues nobody holds and
+    /// nobody waits in are dropped once there are many).
+    pub(super) fn waiters_of(&self, key: Key) -> Arc<Waiters<HostClock>> {
+        let mut queues = self.waiters.lock();
+        if queues.len() >= 64 {
+            queues.retain(|_, queue| Arc::strong_count(queue) > 1 || !queue.is_empty());
+        }
+        Arc::clone(
+            queues
+                .entry(key)
+                .or_insert_with(|| Waiters::new(self.clock.clone())),
+        )
+    }
+
     /// Holds every cell of `key` back for `d` from now (as
     /// [`SharedLimiter::hold_for`](crate::shared::SharedLimiter::hold_for) for its one quota),
     /// storing the key if it is not (a key no slot can take is not held). At most
@@ -43,8 +57,13 @@ impl SharedKeyedLimiter {
         let now = self.clock.now();
         let d = d.min(crate::shared::MAX_HOLD);
         let until = now.saturating_add(wait::duration_nanos(d));
-        if let Ok(arm) = target.with_word(|cell| waiters.hold(cell, &params, now, until)) {
-            waiters.schedule(arm);
+        // Again if the key's slot became another key's meanwhile (it had refilled).
+        loop {
+            match target.with_word(|cell, ours| waiters.hold(cell, ours, &params, now, until)) {
+                Ok(Some(arm)) => return waiters.schedule(arm),
+                Ok(None) => continue,
+                Err(_) => return,
+            }
         }
     }
 
@@ -174,27 +193,25 @@ impl<L: core::ops::Deref<Target = SharedKeyedLimiter>> Target for KeyTarget<L> {
     }
 
     fn waiters(&self) -> Arc<Waiters<HostClock>> {
-        let limiter = &*self.limiter;
-        let mut queues = limiter.waiters.lock();
-        if queues.len() >= 64 {
-            queues.retain(|_, queue| Arc::strong_count(queue) > 1 || !queue.is_empty());
-        }
-        Arc::clone(
-            queues
-                .entry(self.key)
-                .or_insert_with(|| Waiters::new(limiter.clock.clone())),
-        )
+        self.limiter.waiters_of(self.key)
     }
 
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        // A booking runs the queue's code, not a check that looks at the tag between its
-        // loads and its swap: under the bucket's lock, no claim can take the slot meanwhile.
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord, Ours<'_>) -> R) -> Result<R, u64> {
+        // A stored key's word, lock-free: the queue's writes check the slot still holds the
+        // key between reading the word and swapping it (as a check does), so a claim that
+        // gives the slot to another key meanwhile is never written into. A new key is
+        // stored under its bucket's lock first.
         let limiter = &*self.limiter;
-        let now = limiter.clock.now();
-        limiter.with_bucket_lock(self.key, now, |token| {
-            let slot = limiter.claim_locked(self.key, now, token)?;
-            Ok(f(TatWord::in_place(slot.words[limiter.lane])))
-        })
+        let key = self.key;
+        let slot = match limiter.find(key) {
+            Some(slot) => slot,
+            None => {
+                let now = limiter.clock.now();
+                limiter.with_bucket_lock(key, now, |token| limiter.claim_locked(key, now, token))?
+            }
+        };
+        let ours = || slot.holds(key);
+        Ok(f(TatWord::in_place(slot.words[limiter.lane]), &ours))
     }
 
     fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {

@@ -12,7 +12,7 @@ use super::file::{self, Mapping, Want};
 use super::layout::{self, Kind};
 use super::options::{OnMismatch, OpenOptions};
 use super::quota::{self, Area, FileQuota};
-use crate::cell::TatWord;
+use crate::cell::{TatWord, ALWAYS_OURS};
 use crate::clock::{Clock, HostClock};
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
@@ -429,8 +429,10 @@ impl SharedLimiter {
     /// Forgets what was spent and any hold, for every process: the state of a new
     /// limiter, its whole burst admissible at once. An operator's action (an upstream's
     /// hold that should end, a test between runs), and the one exception to "spent is
-    /// spent": turns that waiters of any process booked before it keep their instants,
-    /// so up to that many more cells than the quota may pass in the window after it.
+    /// spent". This process's waiting turns move earlier together, the first to now,
+    /// keeping their order and spacing, and come before anything booked after the reset;
+    /// another process's waiting turns keep their instants (its queue is its own), so up to
+    /// that many more cells than the quota may pass in the window after a reset.
     ///
     /// # Examples
     ///
@@ -447,7 +449,10 @@ impl SharedLimiter {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reset(&self) {
-        self.cell().clear();
+        let now = self.clock.now();
+        if let Some(arm) = self.waiters.reset(self.cell(), ALWAYS_OURS, now) {
+            self.waiters.schedule(arm);
+        }
     }
 
     /// Changes the quota for every process that has the file open, keeping what was spent

@@ -7,7 +7,7 @@ use core::time::Duration;
 use std::sync::Arc;
 
 use super::SharedLimiter;
-use crate::cell::TatWord;
+use crate::cell::{Ours, TatWord, ALWAYS_OURS};
 use crate::clock::{Clock, HostClock};
 use crate::error::{Denied, InsufficientCapacity};
 use crate::gcra::Params;
@@ -45,8 +45,13 @@ impl SharedLimiter {
         let now = self.clock.now();
         let d = d.min(crate::shared::MAX_HOLD);
         let until = now.saturating_add(wait::duration_nanos(d));
-        let arm = self.waiters.hold(self.cell(), &self.params(), now, until);
-        self.waiters.schedule(arm);
+        let params = self.params();
+        if let Some(arm) = self
+            .waiters
+            .hold(self.cell(), ALWAYS_OURS, &params, now, until)
+        {
+            self.waiters.schedule(arm);
+        }
     }
 
     /// Waits its booked turn for one cell ([`Limiter::until_ready`](crate::Limiter::until_ready)).
@@ -291,8 +296,8 @@ impl Target for SharedLimiter {
         Arc::clone(&self.waiters)
     }
 
-    fn with_word<R>(&self, f: impl FnOnce(&TatWord) -> R) -> Result<R, u64> {
-        Ok(f(self.cell()))
+    fn with_word<R>(&self, f: impl FnOnce(&TatWord, Ours<'_>) -> R) -> Result<R, u64> {
+        Ok(f(self.cell(), ALWAYS_OURS))
     }
 
     fn with_stored_word<R>(&self, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {

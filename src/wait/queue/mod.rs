@@ -105,7 +105,7 @@ mod state;
 use super::list::{self, LinkedList};
 pub(crate) use super::node::Waiter;
 use super::node::{fired, slot, Slot};
-use crate::cell::TatWord;
+use crate::cell::{Ours, TatWord};
 use crate::clock::Clock;
 use crate::gcra::{self, Params};
 use crate::sync::{thread_local, Mutex, MutexGuard, Ordering, Panic, WakeList};
@@ -132,6 +132,9 @@ pub(crate) enum Booking {
     /// Booked and linked; the node will be fired at its instant. The caller passes the
     /// `Arm` to [`Waiters::schedule`] once it holds no lock.
     Linked(Arm),
+    /// The word stopped being the target's while it was booked on (a shared key's slot
+    /// given to another key); nothing booked, nothing linked: look the word up again.
+    Moved,
 }
 
 /// A wake-up the clock must be asked for, handed out by `book` and `cancel` so that the
@@ -260,8 +263,8 @@ impl<C: Clock> Waiters<C> {
     }
 
     /// Books `cost` at `now` (limiter time, read by the caller just before) within
-    /// `max_wait` and, unless it is admissible at once, links `node` to be woken through
-    /// `waker` at its instant.
+    /// `max_wait` on `cell` (while `ours` says it is the target's word) and, unless it is
+    /// admissible at once, links `node` to be woken through `waker` at its instant.
     ///
     /// # Safety
     ///
@@ -271,6 +274,7 @@ impl<C: Clock> Waiters<C> {
     pub(crate) unsafe fn book(
         &self,
         cell: &TatWord,
+        ours: Ours<'_>,
         params: &Params,
         node: NonNull<Waiter>,
         now: u64,
@@ -281,9 +285,10 @@ impl<C: Clock> Waiters<C> {
         let arm = {
             let mut state = self.lock();
             let tolerance = params.tau().saturating_add(max_wait);
-            let tat = match cell.acquire(now, cost, tolerance) {
-                Ok(tat) => tat,
-                Err(wait) => return Booking::TooLate(wait),
+            let tat = match cell.acquire_if(now, cost, tolerance, ours) {
+                Some(Ok(tat)) => tat,
+                Some(Err(wait)) => return Booking::TooLate(wait),
+                None => return Booking::Moved,
             };
             let window = gcra::ready_window(cost, params);
             let instant = tat.saturating_sub(window);
@@ -542,11 +547,20 @@ impl<C: Clock> Waiters<C> {
     /// them at `until` (so they keep their order and their spacing, and are never released
     /// as one burst), and the word moves with them, or to where one cell fits at `until`
     /// and no earlier when nobody waits. Bookings whose instants have come are spent and
-    /// stay where they are. Returns the wake-up to ask for.
-    pub(crate) fn hold(&self, cell: &TatWord, params: &Params, now: u64, until: u64) -> Arm {
+    /// stay where they are. Returns the wake-up to ask for, or `None` when `cell` stopped
+    /// being the target's (`ours`) before it could be held (the caller looks it up again;
+    /// the waiters moved later meanwhile only wait longer).
+    pub(crate) fn hold(
+        &self,
+        cell: &TatWord,
+        ours: Ours<'_>,
+        params: &Params,
+        now: u64,
+        until: u64,
+    ) -> Option<Arm> {
         let mut state = self.lock();
         if until <= now {
-            return Arm(None);
+            return Some(Arm(None));
         }
         // Every instant read in full (a hold is rare; O(list), like a quota change).
         state.settle(|_| ());
@@ -575,9 +589,54 @@ impl<C: Clock> Waiters<C> {
             }
         }
         // One cell fits at `until`, none before.
-        cell.hold(shift, until.saturating_add(params.room_for_one()));
+        if !cell.hold_if(shift, until.saturating_add(params.room_for_one()), ours) {
+            return None;
+        }
         state.armed = None;
-        Arm(state.arm_front())
+        Some(Arm(state.arm_front()))
+    }
+
+    /// Ends holds and forgets what was spent, `now` being now (an operator's reset of a
+    /// shared file): the bookings whose instants have not come move earlier together, by
+    /// as much as puts the first of them at `now` (keeping their order and spacing), and the
+    /// word goes to where the last of them leaves it, or to a new limiter's when nobody
+    /// waits. Bookings whose instants have come are spent and stay where they are. Returns
+    /// the wake-up to ask for, or `None` when `cell` stopped being the target's (`ours`).
+    #[cfg(all(feature = "shared", unix, not(loom)))]
+    pub(crate) fn reset(&self, cell: &TatWord, ours: Ours<'_>, now: u64) -> Option<Arm> {
+        let mut state = self.lock();
+        // Every instant read in full (a reset is rare; O(list), like a hold).
+        state.settle(|_| ());
+        let mut node = state.list.front();
+        let mut first = None;
+        while let Some(n) = node {
+            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
+            unsafe {
+                let instant = slot(n, |s| s.instant_at(0));
+                if instant > now {
+                    first = Some(instant);
+                    break;
+                }
+                node = list::next(n);
+            }
+        }
+        let shift = first.map_or(0, |first| first - now);
+        let mut last = 0;
+        while let Some(n) = node {
+            // SAFETY: as above; every node after the first waiting one waits too.
+            unsafe {
+                last = slot(n, |s| {
+                    s.tat = s.tat.saturating_sub(shift);
+                    s.tat
+                });
+                node = list::next(n);
+            }
+        }
+        if !cell.set_if(last, ours) {
+            return None;
+        }
+        state.armed = None;
+        Some(Arm(state.arm_front()))
     }
 
     /// Limiter time at which a linked node is due.

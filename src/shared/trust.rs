@@ -1,0 +1,196 @@
+//! Whom a shared file (and its directory) is trusted from: this process's effective user,
+//! root, and the user or group the caller names ([`OpenOptions`]); nobody else may be able
+//! to write either.
+//!
+//! # Implementation notes
+//!
+//! * **The file** must be a regular file owned by a trusted user, writable by no one but
+//!   its owner and, with [`OpenOptions::trust_group`], that group. A file of the trusted
+//!   group is trusted whoever owns it only if that owner belongs to the group: a file
+//!   another user made in a set-group-id directory takes the directory's group without
+//!   its maker being a member. A file with an access ACL that grants anything beyond its
+//!   owner (a directory's default ACL gives new files named entries) is refused: its mode
+//!   bits do not say who can write it. paceline's own new files have no ACL entries.
+//! * **The directory** must be owned by a trusted user (or root), and if others (or an
+//!   untrusted group) can write it, be sticky (`/tmp`, `/dev/shm`): otherwise whoever can
+//!   write it can remove the file and put another in its place, or is the directory's
+//!   owner (a link planted on the way to the directory leads here too).
+
+use std::fs::{File, Metadata};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+
+use super::error::SharedError;
+use super::options::OpenOptions;
+
+/// This process's effective user id.
+fn me() -> u32 {
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether `uid` is trusted as an owner: this process's user, root, or the named one.
+fn trusted_user(uid: u32, options: &OpenOptions) -> bool {
+    uid == me() || uid == 0 || options.trust_user == Some(uid)
+}
+
+/// Refuses what is not a regular file, or a file that someone the caller does not trust
+/// owns or can write (module docs).
+pub(super) fn check_file(
+    file: Option<&File>,
+    meta: &Metadata,
+    path: &Path,
+    options: &OpenOptions,
+) -> Result<(), SharedError> {
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let found = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        return Err(SharedError::NotAFile {
+            path: path.to_owned(),
+            found,
+        });
+    }
+    let (owner, group, mode) = (meta.uid(), meta.gid(), meta.mode() & 0o7777);
+    let group_trusted = options.trust_group == Some(group);
+    let why = if mode & 0o002 != 0 {
+        Some("anyone on the host can write it")
+    } else if mode & 0o020 != 0 && !group_trusted {
+        Some("its group can write it, and that group is not trusted")
+    } else if !(trusted_user(owner, options) || group_trusted && member(owner, group)) {
+        Some("another user owns it")
+    } else if file.is_some_and(|f| grants_others(f, mode)) {
+        Some("an access ACL lets users other than its owner at it")
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(SharedError::Untrusted {
+            path: path.to_owned(),
+            owner,
+            group,
+            mode,
+            user: me(),
+            why,
+        }),
+    }
+}
+
+/// Refuses a directory that someone the caller does not trust owns or can swap files in
+/// (module docs).
+pub(super) fn check_dir(dir: &File, path: &Path, options: &OpenOptions) -> Result<(), SharedError> {
+    let meta = dir
+        .metadata()
+        .map_err(|e| super::file::io_error(path, "read the directory's owner", e))?;
+    let (owner, group, mode) = (meta.uid(), meta.gid(), meta.mode() & 0o7777);
+    let sticky = mode & 0o1000 != 0;
+    let group_trusted = options.trust_group == Some(group) || group == 0;
+    let why = if !trusted_user(owner, options) {
+        Some("it is the file's directory, and another user owns it")
+    } else if !sticky && (mode & 0o002 != 0 || mode & 0o020 != 0 && !group_trusted) {
+        Some("it is the file's directory, and others can remove or replace files in it")
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(SharedError::Untrusted {
+            path: path.to_owned(),
+            owner,
+            group,
+            mode,
+            user: me(),
+            why,
+        }),
+    }
+}
+
+/// Whether user `uid` belongs to group `gid` (as its primary group or a supplementary one).
+fn member(uid: u32, gid: u32) -> bool {
+    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: an all-zero `passwd` is a valid value of that plain C struct.
+    let mut entry: libc::passwd = unsafe { core::mem::zeroed() };
+    let mut found: *mut libc::passwd = core::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: `entry` and `found` for writes,
+    // `buffer` for `buffer.len()` bytes.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() || entry.pw_name.is_null() {
+        return false;
+    }
+    if entry.pw_gid == gid {
+        return true;
+    }
+    let mut groups = vec![0 as libc::gid_t; 256];
+    let mut count = groups.len() as libc::c_int;
+    #[allow(clippy::unnecessary_cast)] // the argument's type differs between C libraries
+    let primary = entry.pw_gid as _;
+    // SAFETY: `pw_name` points into `buffer` (alive); `groups` holds `count` entries.
+    let rc = unsafe {
+        libc::getgrouplist(
+            entry.pw_name,
+            primary,
+            groups.as_mut_ptr().cast(),
+            &mut count,
+        )
+    };
+    #[allow(clippy::unnecessary_cast)] // `gid_t` differs between C libraries
+    let listed = |g: &libc::gid_t| *g as u32 == gid;
+    rc >= 0 && groups[..count.max(0) as usize].iter().any(listed)
+}
+
+/// The name of the extended attribute that holds a file's access ACL (Linux).
+#[cfg(target_os = "linux")]
+const ACL: &core::ffi::CStr = c"system.posix_acl_access";
+
+/// Whether `file` has an access ACL while its group bits (the ACL's mask) grant anything:
+/// its named entries may then let other users write it.
+fn grants_others(file: &File, mode: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        if mode & 0o070 == 0 {
+            return false;
+        }
+        // SAFETY: an open descriptor, a NUL-terminated name, and no buffer (size 0): the
+        // call only reports the attribute's size.
+        let size =
+            unsafe { libc::fgetxattr(file.as_raw_fd(), ACL.as_ptr(), core::ptr::null_mut(), 0) };
+        size > 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, mode);
+        false
+    }
+}
+
+/// Removes an access ACL a new file inherited from its directory's default ACL, so that
+/// its mode bits alone say who can use it.
+pub(super) fn strip_acl(file: &File) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: an open descriptor and a NUL-terminated name. A file without one (or a file
+    // system without ACLs) answers an error, which changes nothing.
+    unsafe {
+        libc::fremovexattr(file.as_raw_fd(), ACL.as_ptr());
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
