@@ -80,7 +80,7 @@ pub(super) fn keys<C: Clock>(
 
 pub(super) enum Refusal {
     MissingKey(NoKey),
-    Limited(Refused),
+    Limited(RefusedBy),
     /// The one limit of a layer refused; its key's state then, read by the check (so the
     /// refusal does not look the key up again).
     LimitedOne(OneRefused),
@@ -209,7 +209,7 @@ fn book<'a, C: Clock>(
 /// Which limit refused, how long until it would admit, and whether it refused because its
 /// key table had no room for a new key (not because the key spent its quota).
 #[derive(Clone, Copy)]
-pub(super) struct Refused {
+pub(super) struct RefusedBy {
     pub(super) limit: usize,
     pub(super) wait: Duration,
     pub(super) table_full: bool,
@@ -223,7 +223,7 @@ pub(super) struct Refused {
 pub(super) async fn admit_waiting<C: Clock>(
     config: &Config<C>,
     keys: &[Option<ClientKey>],
-) -> Result<(), Refused> {
+) -> Result<(), RefusedBy> {
     let max = config.wait_up_to.unwrap_or_default();
     let mut booked = Bookings {
         config,
@@ -301,8 +301,8 @@ impl<C: Clock> Drop for Bookings<'_, C> {
     }
 }
 
-pub(super) fn refused(limit: usize, e: NotUntil) -> Refused {
-    Refused {
+pub(super) fn refused(limit: usize, e: NotUntil) -> RefusedBy {
+    RefusedBy {
         limit,
         wait: e.wait_time(),
         table_full: e.is_table_full(),

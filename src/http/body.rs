@@ -43,6 +43,16 @@ impl RefusalBody for String {
     }
 }
 
+impl RefusalBody for Bytes {
+    fn from_text(text: String) -> Bytes {
+        Bytes::from(text)
+    }
+
+    fn from_bytes(bytes: Bytes) -> Bytes {
+        bytes
+    }
+}
+
 impl RefusalBody for http_body_util::Full<Bytes> {
     fn from_text(text: String) -> Self {
         http_body_util::Full::new(Bytes::from(text))

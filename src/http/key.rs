@@ -60,6 +60,27 @@ impl<'a> Head<'a> {
     }
 }
 
+/// A connection's peer that has no IP address, by name: an ASGI test client's
+/// `"testclient"`, a unix socket's path. Put it in a request's extensions where a
+/// `SocketAddr` would go, and limits keyed by the peer count the request under that name
+/// (as [`ClientKey::Text`]) instead of answering that the server gives no peer address.
+/// A named peer is never a trusted proxy (those are networks of addresses).
+///
+/// # Examples
+///
+/// ```
+/// use paceline::http::{Decision, Head, KeySource, Limit, PeerName, RateLimitLayer};
+/// use paceline::Quota;
+///
+/// let layer = RateLimitLayer::new().limit(Limit::new("per-ip", Quota::per_hour(1), KeySource::peer_ip()));
+/// let mut request = http::Request::get("/").body(()).unwrap();
+/// request.extensions_mut().insert(PeerName("testclient".into()));
+/// assert!(matches!(layer.decide::<String>(&Head::of(&request)), Decision::Admit(_)));
+/// assert!(matches!(layer.decide::<String>(&Head::of(&request)), Decision::Refuse(_)));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerName(pub Box<str>);
+
 /// The key one limit counts a request under.
 ///
 /// # Examples
@@ -305,10 +326,10 @@ impl KeySource {
                 trusted,
                 ipv6_prefix,
                 ..
-            } if trusted.is_empty() => {
-                let peer = peer_addr(head).ok_or(Missing::PeerAddress)?;
-                Ok(ClientKey::Ip(group(canonical(peer), *ipv6_prefix)))
-            }
+            } if trusted.is_empty() => match peer_addr(head) {
+                Some(peer) => Ok(ClientKey::Ip(group(canonical(peer), *ipv6_prefix))),
+                None => named_peer(head),
+            },
             _ => self.key_from_others(head),
         }
     }
@@ -330,13 +351,25 @@ impl KeySource {
                 ipv6_prefix,
                 forwarded,
             } => {
-                // Behind trusted proxies (with none, `key` reads the peer itself).
-                let peer = peer_addr(head).ok_or(Missing::PeerAddress)?;
+                // Behind trusted proxies (with none, `key` reads the peer itself). A named
+                // peer is never a trusted proxy: it is the client.
+                let Some(peer) = peer_addr(head) else {
+                    return named_peer(head);
+                };
                 let client = client_behind(peer, head.headers(), trusted, *forwarded)
                     .ok_or(Missing::FromClient)?;
                 Ok(ClientKey::Ip(group(client, *ipv6_prefix)))
             }
         }
+    }
+}
+
+/// The key of a peer without an address ([`PeerName`]), or the server's missing address.
+#[cold]
+fn named_peer(head: &Head<'_>) -> Result<ClientKey, Missing> {
+    match head.extensions().get::<PeerName>() {
+        Some(name) => Ok(ClientKey::Text(name.0.clone()).bounded()),
+        None => Err(Missing::PeerAddress),
     }
 }
 

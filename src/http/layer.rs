@@ -24,7 +24,7 @@ pub(super) type Exempt = Arc<dyn Fn(&Head<'_>) -> bool + Send + Sync>;
 /// ```
 #[derive(Clone)]
 pub struct RateLimitLayer<C: Clock = DefaultClock> {
-    config: Arc<Config<C>>,
+    pub(super) config: Arc<Config<C>>,
 }
 
 #[derive(Clone)]

@@ -59,6 +59,7 @@
 mod admission;
 mod body;
 pub mod client;
+mod decision;
 mod fields;
 mod forwarded;
 mod key;
@@ -71,8 +72,9 @@ mod service;
 mod store;
 
 pub use body::RefusalBody;
+pub use decision::{Admitted, Decision, Refused, Waiting};
 use key::Missing;
-pub use key::{ClientKey, Head, KeySource};
+pub use key::{ClientKey, Head, KeySource, PeerName};
 pub use layer::{RateLimitLayer, RefusalInfo};
 pub use limit::{InvalidLimitName, Limit, MissingKey, TableFull};
 pub use network::{Network, NetworkError};

@@ -7,10 +7,10 @@ use super::*;
 /// The limit that will admit the request last, and when: a request needs every limit,
 /// so a client told less than the longest wait among them would be refused again. Reads
 /// each limit's state (`states`, read after the request's own cells were given back).
-pub(super) fn longest_wait(states: &[Option<Snapshot>], refused: Refused) -> Refused {
+pub(super) fn longest_wait(states: &[Option<Snapshot>], refused: RefusedBy) -> RefusedBy {
     if let [Some(state)] = states {
         // One limit: the state read is the refusal's own.
-        return Refused {
+        return RefusedBy {
             limit: 0,
             wait: state.until_next(),
             table_full: false,
@@ -20,7 +20,7 @@ pub(super) fn longest_wait(states: &[Option<Snapshot>], refused: Refused) -> Ref
         .iter()
         .enumerate()
         .filter_map(|(i, state)| {
-            Some(Refused {
+            Some(RefusedBy {
                 limit: i,
                 wait: state.as_ref()?.until_next(),
                 table_full: false,
@@ -96,15 +96,15 @@ pub(super) fn usual_limit<C: Clock>(config: &Config<C>) -> Option<&Prebuilt> {
 pub(super) fn refusal<C: Clock, R: RefusalBody>(
     config: &Config<C>,
     states: &[Option<Snapshot>],
-    head: &Head<'_>,
-    refused: Refused,
+    grpc: bool,
+    refused: RefusedBy,
 ) -> Response<R> {
     if refused.table_full {
-        return unavailable(config, head, refused);
+        return unavailable(config, grpc, refused);
     }
     if let [Some(state)] = states {
         if let Some(cached) = usual_limit(config).and_then(|p| p.none_left(state)) {
-            if !grpc(head) {
+            if !grpc {
                 return cached.response();
             }
         }
@@ -113,7 +113,6 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
     let retry_after = ceil_secs(refused.wait).max(1);
     let limit = &config.limits[refused.limit];
     let name = &limit.name;
-    let grpc = grpc(head);
     let mut response = if grpc {
         let mut response = Response::new(R::from_text(String::new()));
         let headers = response.headers_mut();
@@ -163,15 +162,15 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
 /// `RateLimit` field, which would tell the client it spent a quota it never touched.
 fn unavailable<C: Clock, R: RefusalBody>(
     config: &Config<C>,
-    head: &Head<'_>,
-    refused: Refused,
+    grpc: bool,
+    refused: RefusedBy,
 ) -> Response<R> {
     let retry_after = ceil_secs(refused.wait).max(1);
     let name = &config.limits[refused.limit].name;
     let text = format!(
         "limit \"{name}\" is tracking as many clients as it has room for: retry in {retry_after} s"
     );
-    let mut response = if grpc(head) {
+    let mut response = if grpc {
         let mut response = Response::new(R::from_text(String::new()));
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));

@@ -198,13 +198,7 @@ where
         let head = Head::of(&request);
         match admit_now(config, &head) {
             Ok(()) => {
-                let fields = config.headers_on_success.then(|| {
-                    let mut fields = Box::new(http::HeaderMap::new());
-                    if let Ok(keys) = keys(config, &head) {
-                        put_fields(config, config.limits.iter().zip(&keys), &mut fields);
-                    }
-                    fields
-                });
+                let fields = super::decision::success_fields(config, &head).map(Box::new);
                 ResponseFuture::admitted(self.inner.call(request), fields)
             }
             Err(why) => refuse(config, &head, &why),
@@ -235,7 +229,8 @@ impl<S, C: Clock> RateLimit<S, C> {
                     };
                     if let Err(refused) = admit_waiting(&config, &keys).await {
                         let states = states(&config, &keys);
-                        return Ok(refusal(&config, &states, &Head::of(&request), refused));
+                        let grpc = grpc(&Head::of(&request));
+                        return Ok(refusal(&config, &states, grpc, refused));
                     }
                     let mut response = inner.call(request).await?;
                     if config.headers_on_success {
@@ -287,16 +282,16 @@ fn refuse_other<C: Clock, F, R: RefusalBody, E>(
         Refusal::Limited(refused) => {
             let keys = keys(config, head).unwrap_or_default();
             let states = states(config, &keys);
-            ResponseFuture::refused(refusal(config, &states, head, *refused))
+            ResponseFuture::refused(refusal(config, &states, grpc(head), *refused))
         }
         Refusal::LimitedOne(refused) => {
             let state = refused.snapshot();
-            let refused = Refused {
+            let refused = RefusedBy {
                 limit: 0,
                 wait: state.until_next(),
                 table_full: !refused.spent,
             };
-            ResponseFuture::refused(refusal(config, &[Some(state)], head, refused))
+            ResponseFuture::refused(refusal(config, &[Some(state)], grpc(head), refused))
         }
     }
 }

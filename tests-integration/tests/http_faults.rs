@@ -208,8 +208,16 @@ async fn a_refusal_tells_the_keys_state_when_it_is_spent_and_when_the_table_is_f
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     let (_, retry_after) = fields_of(&limit, "newcomer");
     assert_eq!(refused.header("retry-after"), retry_after);
-    assert_eq!(refused.header("ratelimit"), "<none>", "a spent quota it never touched");
-    assert!(refused.body.contains("as many clients as it has room for"), "{}", refused.body);
+    assert_eq!(
+        refused.header("ratelimit"),
+        "<none>",
+        "a spent quota it never touched"
+    );
+    assert!(
+        refused.body.contains("as many clients as it has room for"),
+        "{}",
+        refused.body
+    );
 }
 
 #[tokio::test]
@@ -222,7 +230,8 @@ async fn a_full_key_table_answers_503_or_lets_newcomers_through_as_configured() 
         }
     };
     let quota = Quota::per_hour(1);
-    let unavailable = Limit::with_clock("per-key", quota, api_key(), clock.clone()).with_max_keys(2);
+    let unavailable =
+        Limit::with_clock("per-key", quota, api_key(), clock.clone()).with_max_keys(2);
     fill(&unavailable);
     let admit = Limit::with_clock("per-key", quota, api_key(), clock.clone())
         .with_max_keys(2)
