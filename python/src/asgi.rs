@@ -1,70 +1,37 @@
-//! The Rust half of `paceline.asgi`: paceline's tower layer itself, run on each request's
-//! head, so a Python server's decisions, keys and header values are the Rust layer's.
+//! The Rust half of `paceline.asgi`: paceline's HTTP layer itself, deciding each ASGI
+//! request from its head ([`RateLimitLayer::decide`]), so a Python server's decisions, keys
+//! and header values are the Rust layer's.
 //!
-//! The layer wraps a service that only answers "passed"; a request's head (method, path,
-//! headers, the client address) goes through it, and its answer comes back to Python as
-//! what to do: pass (with the fields to add when asked), or send this refusal. In wait
-//! mode a request that must wait gets a `Waiting` to await; its waker calls back into the
-//! event loop.
+//! A request's head (method, path, headers, the client's address or name) goes to the
+//! layer; the decision comes back to Python as a typed outcome: [`Admitted`] (with the
+//! fields to add), [`Refused`] (the response to send, and why), or a [`Waiting`] to await
+//! in wait mode, whose waker calls back into the event loop. The GIL is let go while the
+//! layer decides: storing a new client in a shared file may wait for another process.
 
-use std::convert::Infallible;
-use std::future::{ready, Future, Ready};
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use bytes::Bytes;
 use paceline::http::{
-    ClientKey, KeySource, Limit, MissingKey, RateLimit, RateLimitLayer, ResponseFuture,
+    self as layer, ClientKey, Decision, Head, KeySource, Limit, MissingKey, PeerName,
+    RateLimitLayer,
 };
 use paceline::shared::SharedKeyedLimiter;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
-use tower_layer::Layer;
-use tower_service::Service;
-
-/// The service behind the layer: "passed", marked so a refusal is never mistaken for it.
-#[derive(Clone, Copy)]
-struct Pass;
-
-/// The mark on a passed request's response.
-#[derive(Clone, Copy)]
-struct Passed;
-
-type Answer = Ready<Result<http::Response<String>, Infallible>>;
-
-impl Service<http::Request<()>> for Pass {
-    type Response = http::Response<String>;
-    type Error = Infallible;
-    type Future = Answer;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: http::Request<()>) -> Answer {
-        let mut response = http::Response::new(String::new());
-        response.extensions_mut().insert(Passed);
-        ready(Ok(response))
-    }
-}
 
 /// Keys that Python computed for the limits keyed by a callable, by limit index.
 #[derive(Clone)]
 struct PythonKeys(Arc<[Option<String>]>);
 
-type Pending = Pin<Box<ResponseFuture<Answer, String, Infallible>>>;
-
-/// The content type of the refusals that Python answers itself: the body is then the
-/// limit's name and the wait in nanoseconds, for its `RefusalInfo`.
-const FOR_PYTHON: &str = "application/x-paceline-refusal";
-
-/// The layer for one middleware (Python's `RateLimitMiddleware`).
+/// The layer for one middleware (Python's `RateLimitMiddleware`, or a `RouteLimit`).
 #[pyclass(frozen, module = "paceline._paceline")]
 pub(crate) struct AsgiCore {
-    service: RateLimit<Pass>,
+    layer: RateLimitLayer,
 }
 
 /// One limit as Python describes it (`Limit._spec()`): its name, quota (count, per,
@@ -124,8 +91,7 @@ fn source(spec: &Bound<'_, PyTuple>, index: usize) -> PyResult<KeySource> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (limits, headers_on_success, legacy_headers, wait_up_to, missing, python_refusals, exempt_options=true))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (limits, headers_on_success, legacy_headers, wait_up_to, missing, exempt_options=true))]
 pub(crate) fn new_asgi_core(
     py: Python<'_>,
     limits: Vec<LimitSpec>,
@@ -133,7 +99,6 @@ pub(crate) fn new_asgi_core(
     legacy_headers: bool,
     wait_up_to: Option<f64>,
     missing: Option<String>,
-    python_refusals: bool,
     exempt_options: bool,
 ) -> PyResult<AsgiCore> {
     if limits.is_empty() {
@@ -198,14 +163,7 @@ pub(crate) fn new_asgi_core(
             }
         },
     };
-    if python_refusals {
-        layer = layer.refusal_body(http::HeaderValue::from_static(FOR_PYTHON), |info| {
-            format!("{}\n{}", info.wait().as_nanos(), info.limit())
-        });
-    }
-    Ok(AsgiCore {
-        service: layer.layer(Pass),
-    })
+    Ok(AsgiCore { layer })
 }
 
 /// The request's head, as the layer reads it.
@@ -234,10 +192,16 @@ fn head(
         }
     }
     if let Some((host, port)) = client {
-        // ASGI writes the client's address as text ("203.0.113.7", "::1"); a host that
-        // is not an address (a unix socket's path) leaves the request with none.
-        if let Ok(ip) = host.parse::<IpAddr>() {
-            request.extensions_mut().insert(SocketAddr::new(ip, port));
+        // ASGI writes the client's address as text ("203.0.113.7", "::1"); a host that is
+        // not an address (a test client's "testclient") is the client by that name.
+        match host.parse::<IpAddr>() {
+            Ok(ip) => {
+                request.extensions_mut().insert(SocketAddr::new(ip, port));
+            }
+            Err(_) if !host.is_empty() => {
+                request.extensions_mut().insert(PeerName(host.into()));
+            }
+            Err(_) => {}
         }
     }
     if let Some(keys) = keys {
@@ -246,61 +210,75 @@ fn head(
     request
 }
 
-/// What Python does with a request: `(True, fields)` to pass it, adding `fields`; or
-/// `(False, status, headers, body, refusal)` to answer it so, where `refusal` is
-/// `(limit, wait seconds)` when Python writes the refusal itself.
-fn outcome<'py>(
-    py: Python<'py>,
-    response: http::Response<String>,
-) -> PyResult<Bound<'py, PyTuple>> {
-    let fields: Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> = response
-        .headers()
+/// ASGI `(name, value)` byte pairs of a header map.
+fn pairs(py: Python<'_>, headers: &http::HeaderMap) -> Vec<(Py<PyBytes>, Py<PyBytes>)> {
+    headers
         .iter()
         .map(|(name, value)| {
             (
-                PyBytes::new(py, name.as_str().as_bytes()),
-                PyBytes::new(py, value.as_bytes()),
+                PyBytes::new(py, name.as_str().as_bytes()).unbind(),
+                PyBytes::new(py, value.as_bytes()).unbind(),
             )
         })
-        .collect();
-    if response.extensions().get::<Passed>().is_some() {
-        return PyTuple::new(
-            py,
-            [
-                true.into_pyobject(py)?.to_owned().into_any(),
-                fields.into_pyobject(py)?,
-            ],
-        );
+        .collect()
+}
+
+/// A request the layer admitted: `fields`, the `(name, value)` pairs to add to its
+/// response (empty unless the middleware adds them to responses that passed).
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct Admitted {
+    #[pyo3(get)]
+    fields: Vec<(Py<PyBytes>, Py<PyBytes>)>,
+}
+
+/// A request the layer refused: the response to send (`status`, `headers` as ASGI pairs,
+/// `body`), the `limit` that admits it last and the `wait` in seconds until it would (None
+/// and 0.0 for a request without a key), and whether a key table had no room for the
+/// client (`table_full`: a 503, not a spent quota).
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct Refused {
+    #[pyo3(get)]
+    status: u16,
+    #[pyo3(get)]
+    headers: Vec<(Py<PyBytes>, Py<PyBytes>)>,
+    #[pyo3(get)]
+    body: Py<PyBytes>,
+    #[pyo3(get)]
+    limit: Option<String>,
+    #[pyo3(get)]
+    wait: f64,
+    #[pyo3(get)]
+    table_full: bool,
+}
+
+fn admitted(py: Python<'_>, admitted: layer::Admitted) -> Admitted {
+    Admitted {
+        fields: admitted
+            .fields()
+            .map_or_else(Vec::new, |fields| pairs(py, fields)),
     }
-    let for_python = response
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|t| t == FOR_PYTHON);
-    let status = response.status().as_u16();
-    let body = response.into_body();
-    let refusal = if for_python {
-        let (wait, limit) = body.split_once('\n').unwrap_or(("0", ""));
-        let wait = wait.parse::<u64>().unwrap_or(0) as f64 / 1e9;
-        Some((limit.to_owned(), wait))
-    } else {
-        None
-    };
-    PyTuple::new(
-        py,
-        [
-            false.into_pyobject(py)?.to_owned().into_any(),
-            status.into_pyobject(py)?.into_any(),
-            fields.into_pyobject(py)?,
-            PyBytes::new(py, body.as_bytes()).into_any(),
-            refusal.into_pyobject(py)?,
-        ],
-    )
+}
+
+fn refused(py: Python<'_>, refused: layer::Refused<Bytes>) -> Refused {
+    let (limit, wait, table_full) = (
+        refused.limit().map(str::to_owned),
+        refused.wait().as_secs_f64(),
+        refused.is_table_full(),
+    );
+    let response = refused.into_response();
+    Refused {
+        status: response.status().as_u16(),
+        headers: pairs(py, response.headers()),
+        body: PyBytes::new(py, response.body()).unbind(),
+        limit,
+        wait,
+        table_full,
+    }
 }
 
 #[pymethods]
 impl AsgiCore {
-    /// Decides a request: its outcome (see `outcome`), or a `Waiting` to await in wait
-    /// mode.
+    /// Decides a request: `Admitted`, `Refused`, or a `Waiting` to await in wait mode.
     #[pyo3(signature = (method, path, headers, client, keys=None))]
     fn check<'py>(
         &self,
@@ -312,20 +290,20 @@ impl AsgiCore {
         keys: Option<Vec<Option<String>>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let request = head(method, path, headers, client, keys);
-        // The layer's service takes `&mut`: a clone per request (two reference counts).
-        let mut future: Pending = Box::pin(self.service.clone().call(request));
-        let mut cx = Context::from_waker(Waker::noop());
-        match future.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(response)) => Ok(outcome(py, response)?.into_any()),
-            Poll::Ready(Err(never)) => match never {},
-            Poll::Pending => Ok(Bound::new(
+        // The GIL let go: storing a new client in a shared file may wait (briefly) for
+        // another process's claim of its bucket.
+        let decision = py.detach(|| self.layer.decide::<Bytes>(&Head::of(&request)));
+        Ok(match decision {
+            Decision::Admit(a) => Bound::new(py, admitted(py, a))?.into_any(),
+            Decision::Refuse(r) => Bound::new(py, refused(py, r))?.into_any(),
+            Decision::Wait(waiting) => Bound::new(
                 py,
                 Waiting {
-                    future: Mutex::new(Some(future)),
+                    future: Mutex::new(Some(Box::pin(waiting))),
                 },
             )?
-            .into_any()),
-        }
+            .into_any(),
+        })
     }
 }
 
@@ -333,7 +311,7 @@ impl AsgiCore {
 /// it gives every booking back.
 #[pyclass(frozen, module = "paceline._paceline")]
 pub(crate) struct Waiting {
-    future: Mutex<Option<Pending>>,
+    future: Mutex<Option<std::pin::Pin<Box<layer::Waiting<Bytes>>>>>,
 }
 
 /// Calls a Python callable when woken (from whichever thread wakes it).
@@ -354,9 +332,9 @@ impl Wake for CallBack {
 
 #[pymethods]
 impl Waiting {
-    /// Polls the wait: its outcome once the turn came, or None, and `wake` is called
-    /// (from any thread) when it should be polled again.
-    fn poll<'py>(&self, py: Python<'py>, wake: Py<PyAny>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    /// Polls the wait: its outcome (`Admitted` or `Refused`) once the turn came, or None,
+    /// and `wake` is called (from any thread) when it should be polled again.
+    fn poll<'py>(&self, py: Python<'py>, wake: Py<PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let mut slot = self.future.lock().unwrap_or_else(|e| e.into_inner());
         let Some(future) = slot.as_mut() else {
             return Err(PyValueError::new_err("this wait is over"));
@@ -364,11 +342,13 @@ impl Waiting {
         let waker = Waker::from(Arc::new(CallBack(wake)));
         let mut cx = Context::from_waker(&waker);
         match future.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(response)) => {
+            Poll::Ready(outcome) => {
                 *slot = None;
-                Ok(Some(outcome(py, response)?))
+                Ok(Some(match outcome {
+                    Ok(a) => Bound::new(py, admitted(py, a))?.into_any(),
+                    Err(r) => Bound::new(py, refused(py, r))?.into_any(),
+                }))
             }
-            Poll::Ready(Err(never)) => match never {},
             Poll::Pending => Ok(None),
         }
     }

@@ -28,7 +28,9 @@ use paceline::{
     Denied, KeyedLimiter, Limiter, OwnedKeyReservation, OwnedReservation, Quota, QuotaError,
     TextKey,
 };
-use pyo3::exceptions::{PyOSError, PyPermissionError, PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyOSError, PyPermissionError, PyTimeoutError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -37,8 +39,9 @@ use pyo3::types::PyDict;
 fn quota(count: u32, per: f64, burst: u32) -> PyResult<Quota> {
     let too_long = || {
         PyValueError::new_err(format!(
-            "per / rate = {per:?} s / {count} is too long: paceline keeps intervals up to \
-             u64::MAX nanoseconds (about 584 years)"
+            "per / rate = {} s / {count} is too long: paceline keeps intervals up to about 584 \
+             years",
+            Seconds(per)
         ))
     };
     let period = Duration::try_from_secs_f64(per).map_err(|_| {
@@ -46,15 +49,17 @@ fn quota(count: u32, per: f64, burst: u32) -> PyResult<Quota> {
             too_long()
         } else {
             PyValueError::new_err(format!(
-                "per must be a positive, finite number of seconds, got {per}"
+                "per must be a positive, finite number of seconds, got {}",
+                Seconds(per)
             ))
         }
     })?;
     if period.is_zero() && per > 0.0 {
         // Positive, but less than a nanosecond: not "0 seconds", as the user wrote more.
         return Err(PyValueError::new_err(format!(
-            "per / rate = {per:?} s / {count} is below one nanosecond, the finest interval \
-             paceline keeps"
+            "per / rate = {} s / {count} is below one nanosecond, the finest interval \
+             paceline keeps",
+            Seconds(per)
         )));
     }
     let invalid = |e: QuotaError| match e {
@@ -62,8 +67,9 @@ fn quota(count: u32, per: f64, burst: u32) -> PyResult<Quota> {
         QuotaError::ZeroPeriod => PyValueError::new_err("per must be more than 0 seconds"),
         QuotaError::ZeroBurst => PyValueError::new_err("burst must be at least 1"),
         QuotaError::IntervalTooShort => PyValueError::new_err(format!(
-            "per / rate = {per:?} s / {count} is below one nanosecond, the finest interval \
-             paceline keeps"
+            "per / rate = {} s / {count} is below one nanosecond, the finest interval \
+             paceline keeps",
+            Seconds(per)
         )),
         QuotaError::IntervalTooLong => too_long(),
         other => PyValueError::new_err(other.to_string()),
@@ -74,14 +80,31 @@ fn quota(count: u32, per: f64, burst: u32) -> PyResult<Quota> {
         .map_err(invalid)
 }
 
+/// A number of seconds as Python writes a float: `1e+300`, not three hundred digits.
+struct Seconds(f64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.0;
+        if s != 0.0 && s.is_finite() && !(1e-4..1e16).contains(&s.abs()) {
+            write!(f, "{s:e}")
+        } else {
+            write!(f, "{s:?}")
+        }
+    }
+}
+
 /// A `Duration` from optional seconds: `None` (or infinity, as for `asyncio.wait_for`)
-/// means no maximum.
+/// means no maximum, and so does a timeout too long for any clock (past 584 years).
 fn max_wait(timeout: Option<f64>) -> PyResult<Duration> {
     match timeout {
         None => Ok(Duration::MAX),
-        Some(t) if t == f64::INFINITY => Ok(Duration::MAX),
+        Some(t) if t >= u64::MAX as f64 => Ok(Duration::MAX),
         Some(t) => Duration::try_from_secs_f64(t).map_err(|_| {
-            PyValueError::new_err(format!("timeout must be None or seconds >= 0, got {t}"))
+            PyValueError::new_err(format!(
+                "timeout must be None or seconds >= 0, got {}",
+                Seconds(t)
+            ))
         }),
     }
 }
@@ -96,9 +119,45 @@ fn check_n(n: u32, burst: u32) -> PyResult<()> {
     Ok(())
 }
 
+pyo3::create_exception!(
+    _paceline,
+    NoRoom,
+    pyo3::exceptions::PyException,
+    "A keyed limiter has no room to store a new key yet: args[0] is the seconds until room is expected (internal: acquire waits and books again)."
+);
+
+/// The seconds a `NoRoom` carries.
+fn no_room_wait(py: Python<'_>, e: &PyErr) -> Duration {
+    let seconds = e
+        .value(py)
+        .getattr("args")
+        .and_then(|args| args.get_item(0))
+        .and_then(|s| s.extract::<f64>())
+        .unwrap_or(0.0);
+    Duration::try_from_secs_f64(seconds).unwrap_or(SIGNAL_CHECK)
+}
+
+/// Sleeps `d` (GIL released), looking for signals at least every [`SIGNAL_CHECK`].
+fn sleep(py: Python<'_>, d: Duration) -> PyResult<()> {
+    let until = std::time::Instant::now() + d.max(Duration::from_micros(100));
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        py.detach(|| thread::sleep(left.min(SIGNAL_CHECK)));
+        py.check_signals()?;
+    }
+}
+
 /// What a refused booking raises: the wait was longer than the timeout.
 fn too_late(denied: Denied) -> PyErr {
     match denied {
+        Denied::NotUntil(e) if e.is_table_full() => PyTimeoutError::new_err(format!(
+            "no room to store this new key for {:.6} s (the limiter holds as many keys as it \
+             has room for, each still limited), longer than the timeout; nothing was booked",
+            e.wait_time().as_secs_f64()
+        )),
         Denied::NotUntil(e) => PyTimeoutError::new_err(format!(
             "the turn is {:.6} s away, longer than the timeout; nothing was booked",
             e.wait_time().as_secs_f64()
@@ -217,8 +276,15 @@ trait Cell: Send + Sync + 'static {
     type Key;
     /// The key a Python `str` names.
     fn key(key: String) -> Self::Key;
-    /// Books `n` cells within `max` (owning the limiter and key).
-    fn reserve(self: &Arc<Self>, key: &Self::Key, n: u32, max: Duration) -> Result<Held, Denied>;
+    /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
+    /// booking may wait for another process (a shared key's bucket).
+    fn reserve(
+        self: &Arc<Self>,
+        py: Python<'_>,
+        key: &Self::Key,
+        n: u32,
+        max: Duration,
+    ) -> Result<Held, Denied>;
     /// How long until `n` cells would be admitted (zero: now); spends nothing.
     fn wait_time(&self, key: &Self::Key, n: u32) -> Duration;
     /// Whether `n` cells would be admitted now; spends nothing.
@@ -232,7 +298,7 @@ trait Cell: Send + Sync + 'static {
     fn quota(&self) -> Quota;
     fn set_quota(&self, quota: Quota) -> PyResult<()>;
     /// Holds every cell (of `key`) back for `d`, booked turns included.
-    fn hold(&self, key: &Self::Key, d: Duration);
+    fn hold(&self, py: Python<'_>, key: &Self::Key, d: Duration);
     /// Whether `key` is stored or could be (false: a check would find the table full).
     fn has_room(&self, _key: &Self::Key) -> bool {
         true
@@ -254,7 +320,13 @@ impl Cell for Limiter {
 
     fn key(_: String) {}
 
-    fn reserve(self: &Arc<Self>, (): &(), n: u32, max: Duration) -> Result<Held, Denied> {
+    fn reserve(
+        self: &Arc<Self>,
+        _: Python<'_>,
+        (): &(),
+        n: u32,
+        max: Duration,
+    ) -> Result<Held, Denied> {
         Arc::clone(self)
             .reserve_within_owned(n, max)
             .map(Held::Direct)
@@ -281,7 +353,7 @@ impl Cell for Limiter {
         Ok(())
     }
 
-    fn hold(&self, (): &(), d: Duration) {
+    fn hold(&self, _: Python<'_>, (): &(), d: Duration) {
         self.hold_for(d);
     }
 }
@@ -293,7 +365,13 @@ impl Cell for KeyedLimiter<TextKey> {
         key.into()
     }
 
-    fn reserve(self: &Arc<Self>, key: &TextKey, n: u32, max: Duration) -> Result<Held, Denied> {
+    fn reserve(
+        self: &Arc<Self>,
+        _: Python<'_>,
+        key: &TextKey,
+        n: u32,
+        max: Duration,
+    ) -> Result<Held, Denied> {
         Arc::clone(self)
             .reserve_key_within_owned(key.clone(), n, max)
             .map(Held::Keyed)
@@ -324,7 +402,7 @@ impl Cell for KeyedLimiter<TextKey> {
         Ok(())
     }
 
-    fn hold(&self, key: &TextKey, d: Duration) {
+    fn hold(&self, _: Python<'_>, key: &TextKey, d: Duration) {
         self.hold_key_for(key, d);
     }
 }
@@ -334,7 +412,13 @@ impl Cell for SharedLimiter {
 
     fn key(_: String) {}
 
-    fn reserve(self: &Arc<Self>, (): &(), n: u32, max: Duration) -> Result<Held, Denied> {
+    fn reserve(
+        self: &Arc<Self>,
+        _: Python<'_>,
+        (): &(),
+        n: u32,
+        max: Duration,
+    ) -> Result<Held, Denied> {
         Arc::clone(self)
             .reserve_within_owned(n, max)
             .map(Held::Shared)
@@ -360,7 +444,7 @@ impl Cell for SharedLimiter {
         SharedLimiter::set_quota(self, quota).map_err(shared_error)
     }
 
-    fn hold(&self, (): &(), d: Duration) {
+    fn hold(&self, _: Python<'_>, (): &(), d: Duration) {
         self.hold_for(d);
     }
 
@@ -382,9 +466,16 @@ impl Cell for SharedKeyedLimiter {
         key
     }
 
-    fn reserve(self: &Arc<Self>, key: &String, n: u32, max: Duration) -> Result<Held, Denied> {
-        Arc::clone(self)
-            .reserve_key_within_owned(key, n, max)
+    fn reserve(
+        self: &Arc<Self>,
+        py: Python<'_>,
+        key: &String,
+        n: u32,
+        max: Duration,
+    ) -> Result<Held, Denied> {
+        // Storing a new key may wait for another process's claim of its bucket.
+        let limiter = Arc::clone(self);
+        py.detach(|| limiter.reserve_key_within_owned(key, n, max))
             .map(Held::SharedKeyed)
     }
 
@@ -413,8 +504,8 @@ impl Cell for SharedKeyedLimiter {
         SharedKeyedLimiter::set_quota(self, quota).map_err(shared_error)
     }
 
-    fn hold(&self, key: &String, d: Duration) {
-        self.hold_key_for(key, d);
+    fn hold(&self, py: Python<'_>, key: &String, d: Duration) {
+        py.detach(|| self.hold_key_for(key, d));
     }
 
     fn has_room(&self, key: &String) -> bool {
@@ -494,23 +585,24 @@ fn shared_error(e: SharedError) -> PyErr {
         )
     };
     match e {
-        SharedError::Io { .. } | SharedError::NotLocal { .. } => PyOSError::new_err(e.to_string()),
-        SharedError::Untrusted {
-            path,
-            owner,
-            group,
-            mode,
-            why,
-            ..
-        } => PyPermissionError::new_err(format!(
-            "{}: not opened: owned by uid {owner}{} (group {group}), mode {mode:04o}: {why}. \
-             Whoever can write the file can spend or break the quota of every process using \
-             it, so paceline opens only files of its own user that no one else can write. \
-             Remove the file (or choose another path), or, if its owner or group is yours, \
-             pass trust_user={owner} or trust_group={group}",
-            path.display(),
-            user_name(owner).map_or_else(String::new, |name| format!(" ({name})")),
-        )),
+        SharedError::Io { ref source, .. } => match source.kind() {
+            std::io::ErrorKind::PermissionDenied => PyPermissionError::new_err(e.to_string()),
+            std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err(e.to_string()),
+            _ => PyOSError::new_err(e.to_string()),
+        },
+        SharedError::NotLocal { .. } => PyOSError::new_err(e.to_string()),
+        SharedError::Untrusted { owner, group, .. } => PyPermissionError::new_err(
+            // The Rust message, with its options as Python's arguments.
+            e.to_string()
+                .replace(
+                    &format!("OpenOptions::trust_user({owner})"),
+                    &format!("trust_user={owner}"),
+                )
+                .replace(
+                    &format!("OpenOptions::trust_group({group})"),
+                    &format!("trust_group={group}"),
+                ),
+        ),
         SharedError::Capacity { asked } => PyValueError::new_err(format!(
             "capacity must be between 1 and {} keys, got {asked}",
             paceline::shared::MAX_CAPACITY
@@ -529,19 +621,6 @@ fn shared_error(e: SharedError) -> PyErr {
         )),
         _ => PyValueError::new_err(e.to_string()),
     }
-}
-
-/// The name of user `uid`, if the system's user database has one (for messages).
-fn user_name(uid: u32) -> Option<String> {
-    // std has no lookup; the `id` of a user is what every message shows anyway, so the
-    // name comes from `getent`-style files only where /etc/passwd says.
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|line| {
-        let mut fields = line.split(':');
-        let name = fields.next()?;
-        let id = fields.nth(1)?.parse::<u32>().ok()?;
-        (id == uid).then(|| name.to_owned())
-    })
 }
 
 /// The options a shared file is opened with, from Python's arguments.
@@ -705,19 +784,33 @@ impl<L: Cell> Pair<L> {
     }
 
     /// Books `n` cells in the FIFO queue within `timeout` seconds (None: no maximum).
-    fn book(&self, key: &L::Key, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
+    /// A new key the limiter has no room for yet raises `NoRoom` with the seconds until
+    /// room is expected (within the timeout; beyond it, `TimeoutError`): the caller waits
+    /// and books again.
+    fn book(&self, py: Python<'_>, key: &L::Key, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
         check_n(n, self.burst())?;
-        let held = self.reserve(key, n, timeout)?;
+        let held = self.reserve(py, key, n, timeout)?;
         Ok(Ticket::new(held))
     }
 
     /// Books `n` cells within `timeout` seconds, counted: admitted (the turn is now),
-    /// waited, or refused (too far away: `TimeoutError`).
-    fn reserve(&self, key: &L::Key, n: u32, timeout: Option<f64>) -> PyResult<Held> {
-        match self.booked.reserve(key, n, max_wait(timeout)?) {
+    /// waited, or refused (too far away: `TimeoutError`); no room for a new key yet is
+    /// `NoRoom` (see [`Pair::book`]).
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        key: &L::Key,
+        n: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<Held> {
+        let max = max_wait(timeout)?;
+        match self.booked.reserve(py, key, n, max) {
             Ok(held) => {
                 self.stats.booked(held.ready_in());
                 Ok(held)
+            }
+            Err(Denied::NotUntil(e)) if e.is_table_full() && e.wait_time() <= max => {
+                Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
             }
             Err(denied) => {
                 self.stats.refused();
@@ -727,17 +820,24 @@ impl<L: Cell> Pair<L> {
     }
 
     /// Takes `n` cells from the execution cell at the moment the work runs: a ticket to
-    /// wait for (ready at once when the caller is on time), or None without the bound.
-    fn run(&self, key: &L::Key, n: u32) -> PyResult<Option<Ticket>> {
+    /// wait for (ready at once when the caller is on time), or None without the bound
+    /// (`NoRoom` as [`Pair::book`]).
+    fn run(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Option<Ticket>> {
         let Some(exec) = &self.exec else {
             return Ok(None);
         };
-        let held = exec.reserve(key, n, Duration::MAX).map_err(too_late)?;
+        let held = match exec.reserve(py, key, n, Duration::MAX) {
+            Ok(held) => held,
+            Err(Denied::NotUntil(e)) if e.is_table_full() => {
+                return Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
+            }
+            Err(denied) => return Err(too_late(denied)),
+        };
         Ok(Some(Ticket::new(held)))
     }
 
     /// Blocks the calling thread (GIL released) for a booked turn, then the execution
-    /// cell.
+    /// cell; a new key with no room yet waits for room first (within the timeout).
     fn acquire_blocking(
         &self,
         py: Python<'_>,
@@ -746,10 +846,26 @@ impl<L: Cell> Pair<L> {
         timeout: Option<f64>,
     ) -> PyResult<()> {
         check_n(n, self.burst())?;
-        let booked = self.reserve(key, n, timeout)?;
+        let deadline = max_wait(timeout)?;
+        let started = std::time::Instant::now();
+        let booked = loop {
+            let left = (deadline != Duration::MAX)
+                .then(|| deadline.saturating_sub(started.elapsed()).as_secs_f64());
+            match self.reserve(py, key, n, left) {
+                Ok(held) => break held,
+                Err(e) if e.is_instance_of::<NoRoom>(py) => sleep(py, no_room_wait(py, &e))?,
+                Err(e) => return Err(e),
+            }
+        };
         block(py, booked)?;
         if let Some(exec) = &self.exec {
-            let run = exec.reserve(key, n, Duration::MAX).map_err(too_late)?;
+            let run = loop {
+                match exec.reserve(py, key, n, Duration::MAX) {
+                    Ok(held) => break held,
+                    Err(Denied::NotUntil(e)) if e.is_table_full() => sleep(py, e.wait_time())?,
+                    Err(denied) => return Err(too_late(denied)),
+                }
+            };
             block(py, run)?;
         }
         Ok(())
@@ -766,7 +882,7 @@ impl<L: Cell> Pair<L> {
     }
 
     /// Holds every cell (of `key`) back for `seconds`, in both cells.
-    fn hold(&self, key: &L::Key, seconds: f64) -> PyResult<()> {
+    fn hold(&self, py: Python<'_>, key: &L::Key, seconds: f64) -> PyResult<()> {
         let d = Duration::try_from_secs_f64(seconds).map_err(|_| {
             PyValueError::new_err(format!(
                 "seconds must be a finite number >= 0, got {seconds}"
@@ -779,9 +895,9 @@ impl<L: Cell> Pair<L> {
                 max.as_secs()
             )));
         }
-        self.booked.hold(key, d);
+        self.booked.hold(py, key, d);
         if let Some(exec) = &self.exec {
-            exec.hold(key, d);
+            exec.hold(py, key, d);
         }
         Ok(())
     }
@@ -806,16 +922,17 @@ impl<L: Cell> Pair<L> {
 
 /// One pair (and key) as something an upstream's signals steer: both cells held, both
 /// quotas set.
-struct PairKey<'a, L: Cell> {
+struct PairKey<'a, 'py, L: Cell> {
+    py: Python<'py>,
     pair: &'a Pair<L>,
     key: &'a L::Key,
 }
 
-impl<L: Cell> Steer for PairKey<'_, L> {
+impl<L: Cell> Steer for PairKey<'_, '_, L> {
     fn hold_for(&self, d: Duration) {
-        self.pair.booked.hold(self.key, d);
+        self.pair.booked.hold(self.py, self.key, d);
         if let Some(exec) = &self.pair.exec {
-            exec.hold(self.key, d);
+            exec.hold(self.py, self.key, d);
         }
     }
 
@@ -919,12 +1036,14 @@ fn steer<R>(
     };
     if let Ok(c) = core.cast::<Core>() {
         return Ok(f(&PairKey {
+            py,
             pair: &c.get().0,
             key: &(),
         }));
     }
     if let Ok(c) = core.cast::<SharedCore>() {
         return Ok(f(&PairKey {
+            py,
             pair: &c.get().0,
             key: &(),
         }));
@@ -932,6 +1051,7 @@ fn steer<R>(
     if let Ok(c) = core.cast::<KeyedCore>() {
         let key = TextKey::from(keyed()?);
         return Ok(f(&PairKey {
+            py,
             pair: &c.get().0,
             key: &key,
         }));
@@ -939,6 +1059,7 @@ fn steer<R>(
     if let Ok(c) = core.cast::<SharedKeyedCore>() {
         let key = keyed()?;
         return Ok(f(&PairKey {
+            py,
             pair: &c.get().0,
             key: &key,
         }));
@@ -982,12 +1103,12 @@ macro_rules! core_methods {
             }
 
             #[pyo3(signature = (n, timeout=None))]
-            fn book(&self, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
-                self.0.book(&(), n, timeout)
+            fn book(&self, py: Python<'_>, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
+                self.0.book(py, &(), n, timeout)
             }
 
-            fn run(&self, n: u32) -> PyResult<Option<Ticket>> {
-                self.0.run(&(), n)
+            fn run(&self, py: Python<'_>, n: u32) -> PyResult<Option<Ticket>> {
+                self.0.run(py, &(), n)
             }
 
             #[pyo3(signature = (n, timeout=None))]
@@ -1004,8 +1125,8 @@ macro_rules! core_methods {
                 self.0.set_quota(count, per, burst)
             }
 
-            fn hold(&self, seconds: f64) -> PyResult<()> {
-                self.0.hold(&(), seconds)
+            fn hold(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
+                self.0.hold(py, &(), seconds)
             }
 
             fn reset(&self) -> PyResult<()> {
@@ -1045,12 +1166,18 @@ macro_rules! core_methods {
             }
 
             #[pyo3(signature = (key, n, timeout=None))]
-            fn book(&self, key: String, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
-                self.0.book(&self.0.key(key), n, timeout)
+            fn book(
+                &self,
+                py: Python<'_>,
+                key: String,
+                n: u32,
+                timeout: Option<f64>,
+            ) -> PyResult<Ticket> {
+                self.0.book(py, &self.0.key(key), n, timeout)
             }
 
-            fn run(&self, key: String, n: u32) -> PyResult<Option<Ticket>> {
-                self.0.run(&self.0.key(key), n)
+            fn run(&self, py: Python<'_>, key: String, n: u32) -> PyResult<Option<Ticket>> {
+                self.0.run(py, &self.0.key(key), n)
             }
 
             #[pyo3(signature = (key, n, timeout=None))]
@@ -1068,8 +1195,8 @@ macro_rules! core_methods {
                 self.0.set_quota(count, per, burst)
             }
 
-            fn hold(&self, key: String, seconds: f64) -> PyResult<()> {
-                self.0.hold(&self.0.key(key), seconds)
+            fn hold(&self, py: Python<'_>, key: String, seconds: f64) -> PyResult<()> {
+                self.0.hold(py, &self.0.key(key), seconds)
             }
 
             fn reset(&self, key: String) -> PyResult<()> {
@@ -1218,11 +1345,14 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SharedKeyedCore>()?;
     m.add_class::<Ticket>()?;
     m.add_class::<TableFull>()?;
+    m.add("NoRoom", m.py().get_type::<NoRoom>())?;
     m.add("TABLE_FULL", table_full(m.py())?.clone_ref(m.py()))?;
     m.add("MAX_CAPACITY", paceline::shared::MAX_CAPACITY)?;
     m.add("MAX_HOLD", paceline::shared::MAX_HOLD.as_secs_f64())?;
     m.add_class::<Follower>()?;
     m.add_class::<asgi::AsgiCore>()?;
+    m.add_class::<asgi::Admitted>()?;
+    m.add_class::<asgi::Refused>()?;
     m.add_class::<asgi::Waiting>()?;
     m.add_function(wrap_pyfunction!(asgi::new_asgi_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_core, m)?)?;

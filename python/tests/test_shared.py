@@ -208,7 +208,7 @@ def test_another_quota_in_the_file_is_refused_adopted_or_replaced(path):
 
 
 def test_bad_paths_and_files_raise_clear_errors(tmp_path):
-    with pytest.raises(OSError, match="cannot make the file in its directory"):
+    with pytest.raises(OSError, match="cannot open the file's directory"):
         paceline.Limiter.shared(str(tmp_path / "no" / "such" / "dir"), 10)
     foreign = tmp_path / "foreign"
     foreign.write_bytes(b"not a limiter at all\n" * 100)
@@ -384,13 +384,14 @@ def test_a_new_key_waiting_for_another_processs_claim_lets_other_threads_run(tmp
     path = str(tmp_path / "keys")
     limiter = paceline.KeyedLimiter.shared(path, 10, capacity=64)  # one bucket
     assert limiter.try_acquire("stored")
-    # A live process holds the bucket's lock and never lets go (a stopped worker): its id
-    # in the bucket's lock word, at offset 512.
+    # A live process holds the bucket's lock and never lets go (a stopped worker): its
+    # claim in the bucket's lock word, at offset 512 (its id, then the second it took it).
     holder = subprocess.Popen(["sleep", "30"])
     try:
+        claim = holder.pid << 32 | int(time.clock_gettime(time.CLOCK_MONOTONIC)) & 0xFFFFFFFF
         with open(path, "r+b") as f:
             f.seek(512)
-            f.write(holder.pid.to_bytes(8, sys.byteorder))
+            f.write(claim.to_bytes(8, sys.byteorder))
         ticks = 0
         running = threading.Event()
 
@@ -459,8 +460,14 @@ def test_another_users_planted_file_is_refused_and_a_trusted_one_opened(request)
         "import os, sys; open(sys.argv[1], 'w').close(); os.chmod(sys.argv[1], 0o666)",
         str(planted),
     )
-    with pytest.raises(PermissionError, match=r"uid 65534.*mode 0666.*trust_user=65534"):
+    with pytest.raises(PermissionError, match=r"uid 65534.*mode 0666.*chmod o-w"):
         paceline.Limiter.shared(str(planted), 10)
+    # nobody's own private file: refused unless its user is trusted (by id or name).
+    theirs = shm / "theirs"
+    _as_nobody("import sys, paceline; paceline.Limiter.shared(sys.argv[1], 10)", str(theirs))
+    with pytest.raises(PermissionError, match=r"another user owns it.*trust_user=65534"):
+        paceline.Limiter.shared(str(theirs), 10)
+    assert paceline.Limiter.shared(str(theirs), 10, trust_user="nobody").burst == 1
     assert planted.stat().st_size == 0 and planted.stat().st_uid == 65534
     # The service's own file: nobody can neither open it nor take it over.
     ours = shm / "ours"
@@ -476,3 +483,119 @@ def test_another_users_planted_file_is_refused_and_a_trusted_one_opened(request)
     )
     assert said.startswith("refused"), said
     assert sum(service.try_acquire() for _ in range(100)) == 10
+
+
+def _hold_the_bucket(path, pid):
+    """Writes a claim of process `pid`, taken now, into the first bucket's lock word of a
+    keyed file (offset 512: its id, then the second it took it): a stopped claimer."""
+    claim = pid << 32 | int(time.clock_gettime(time.CLOCK_MONOTONIC)) & 0xFFFFFFFF
+    with open(path, "r+b") as f:
+        f.seek(512)
+        f.write(claim.to_bytes(8, sys.byteorder))
+
+
+def test_a_new_client_waiting_for_another_processs_claim_never_holds_the_gil(tmp_path):
+    """The ASGI layer and bookings let go of the GIL while a claim may wait (up to 10 ms)
+    for another process's: other threads run meanwhile."""
+    import threading
+
+    import paceline.asgi
+
+    path = str(tmp_path / "per-ip")
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    middleware = paceline.asgi.RateLimitMiddleware(
+        app, [paceline.asgi.Limit("per-ip", 1000, shared=path, capacity=64)]
+    )
+    keyed = paceline.KeyedLimiter.shared(path, 1000, burst=1000, capacity=64,
+                                         on_mismatch="adopt")
+    holder = subprocess.Popen(["sleep", "30"])
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
+    try:
+        _hold_the_bucket(path, holder.pid)
+        gaps, done = [], threading.Event()
+
+        def tick():
+            last = time.perf_counter()
+            while not done.is_set():
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+                time.sleep(0)
+
+        async def request(i):
+            sent = []
+
+            async def receive():
+                return {"type": "http.request", "body": b""}
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
+                     "client": (f"10.1.0.{i}", 1)}
+            await middleware(scope, receive, send)
+            return sent[0]["status"]
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
+        loop = asyncio.new_event_loop()
+        statuses = [loop.run_until_complete(request(i)) for i in range(10)]
+        for i in range(10):
+            with pytest.raises(TimeoutError, match="no room"):
+                keyed.acquire_blocking(f"new-{i}", timeout=0.0)
+        loop.close()
+        done.set()
+        ticker.join()
+    finally:
+        sys.setswitchinterval(switch)
+        holder.kill()
+        holder.wait()
+    assert statuses == [503] * 10  # refused as by a full table, for a moment
+    assert max(gaps) < 0.008, f"a thread waited {max(gaps) * 1000:.1f} ms for the GIL"
+
+
+def test_acquire_waits_for_room_at_a_full_table_instead_of_failing(tmp_path):
+    limiter = paceline.KeyedLimiter.shared(str(tmp_path / "t"), 1, per=1.5, capacity=16,
+                                           execution_bound=False)
+    stored = 0
+    while limiter.try_acquire(f"k{stored}") is True:
+        stored += 1
+    assert limiter.try_acquire("new") is paceline.TABLE_FULL
+    started = time.monotonic()
+    limiter.acquire_blocking("new")  # no timeout: waits for a slot to free
+    waited = time.monotonic() - started
+    assert 0.5 < waited < 5.0, waited
+    # Full again (the freed slots went to `new` and were refilled by nobody else): an
+    # async acquire waits too, and a timeout shorter than the room's wait says so.
+    while limiter.try_acquire(f"more{stored}") is True:
+        stored += 1
+    with pytest.raises(TimeoutError, match="no room to store this new key"):
+        limiter.acquire_blocking("other", timeout=0.1)
+    started = time.monotonic()
+    asyncio.run(limiter.acquire("async-new"))
+    assert 0.3 < time.monotonic() - started < 5.0
+
+
+def test_messages_about_numbers_and_files_say_what_to_do(tmp_path):
+    with pytest.raises(ValueError) as e:
+        paceline.Limiter(1, per=1e300)
+    assert "u64" not in str(e.value) and "584 years" in str(e.value) and "1e300" in str(e.value)
+    limiter = paceline.Limiter(1, per=3600.0)
+    assert limiter.try_acquire()
+    with pytest.raises(TimeoutError):
+        limiter.acquire_blocking(timeout=0.0)
+    # A huge timeout is no timeout, as infinity is.
+    assert paceline.Limiter(10).acquire_blocking(timeout=1e300) is None
+    # A file anyone can write: trusting its owner or group would not help, so the fix
+    # says what would.
+    path = tmp_path / "open"
+    paceline.Limiter.shared(str(path), 10)
+    os.chmod(path, 0o666)
+    with pytest.raises(PermissionError) as e:
+        paceline.Limiter.shared(str(path), 10)
+    assert "trust_user" not in str(e.value) and "chmod o-w" in str(e.value)

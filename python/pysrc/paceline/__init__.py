@@ -28,6 +28,7 @@ import heapq
 import itertools
 import os
 import threading
+import time
 import weakref
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -35,6 +36,7 @@ from ._paceline import (
     MAX_CAPACITY,
     MAX_HOLD,
     TABLE_FULL,
+    NoRoom,
     Ticket,
     new_core,
     new_keyed_core,
@@ -146,6 +148,19 @@ def _quota(rate: object, per: object, burst: object) -> Tuple[int, float, int]:
         raise ValueError(f"per must be a positive, finite number of seconds, got {per}")
     burst = _count("burst", burst, 1)
     return rate, per, burst
+
+
+async def _when_room(call, timeout: Optional[float]):  # type: ignore[no-untyped-def]
+    """``call(timeout)`` (a booking), again after waiting for room each time a keyed
+    limiter has no room to store a new key yet (``NoRoom``); the Rust side raises
+    ``TimeoutError`` once room is further away than what is left of ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return call(left)
+        except NoRoom as e:
+            await asyncio.sleep(e.args[0])
 
 
 class _Sleepers:
@@ -576,8 +591,8 @@ class KeyedLimiter:
             timeout = _timeout(timeout)
         if core.acquire_now(key, n):
             return
-        await self._waiting.wait(core.book(key, n, timeout))
-        run = core.run(key, n)
+        await self._waiting.wait(await _when_room(lambda t: core.book(key, n, t), timeout))
+        run = await _when_room(lambda _: core.run(key, n), None)
         if run is not None:
             await self._waiting.wait(run)
 

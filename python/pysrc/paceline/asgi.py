@@ -44,7 +44,7 @@ from typing import (
 )
 
 from . import _capacity, _count, _gid, _path, _quota, _trusted, _uid
-from ._paceline import new_asgi_core
+from ._paceline import Admitted, Refused, new_asgi_core
 
 __all__ = ["KeySource", "Limit", "RateLimitMiddleware", "RouteLimit", "RefusalInfo"]
 
@@ -301,7 +301,6 @@ class _Checker:
             bool(legacy_headers),
             None if wait_up_to is None else float(wait_up_to),
             missing,
-            on_refusal is not None,
             exempt is None,
         )
         self.exempt = exempt
@@ -330,8 +329,8 @@ class _Checker:
         return keys
 
     def check(self, scope: Scope) -> Any:
-        """The layer's answer for this request: ``None`` when exempt, an outcome tuple, or
-        a ``Waiting``."""
+        """The layer's answer for this request: ``None`` when exempt, ``Admitted``,
+        ``Refused``, or a ``Waiting``."""
         if self.exempt is not None and self.exempt(scope):
             return None
         client = scope.get("client")
@@ -342,7 +341,21 @@ class _Checker:
         )
 
 
-def _no_address(limit: str) -> tuple:
+class _NoAddress:
+    """The 500 of a server that gives no client address (a ``Refused``'s shape)."""
+
+    __slots__ = ("status", "headers", "body", "limit", "wait", "table_full")
+
+    def __init__(self, body: bytes) -> None:
+        self.status = 500
+        self.headers = [(b"content-type", b"text/plain; charset=utf-8")]
+        self.body = body
+        self.limit = None
+        self.wait = 0.0
+        self.table_full = False
+
+
+def _no_address(limit: str) -> _NoAddress:
     message = (
         f"paceline: the rate limit {limit!r} keys clients by their address, but this ASGI "
         "server gives none (scope['client'] is None, as over a unix socket). Serve over "
@@ -354,13 +367,13 @@ def _no_address(limit: str) -> tuple:
     if not _no_address.warned:  # type: ignore[attr-defined]
         _no_address.warned = True  # type: ignore[attr-defined]
         _log.error("%s", message.strip())
-    return (False, 500, [(b"content-type", b"text/plain; charset=utf-8")], message.encode(), None)
+    return _NoAddress(message.encode())
 
 
 _no_address.warned = False  # type: ignore[attr-defined]
 
 
-async def _wait(waiting: Any) -> tuple:
+async def _wait(waiting: Any) -> Any:
     """Awaits a ``Waiting`` from the Rust layer: polls it, and when its waker fires (on
     the timer's thread) polls again on this loop. Cancelled, it gives every booking back."""
     loop = asyncio.get_running_loop()
@@ -385,7 +398,7 @@ def _settle(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
-async def _wait_watching(waiting: Any, receive: Receive) -> Tuple[Optional[tuple], List[Message]]:
+async def _wait_watching(waiting: Any, receive: Receive) -> Tuple[Any, List[Message]]:
     """Waits the turn while listening for the client going away: the messages read
     meanwhile (the request's body) are kept for the app. A disconnect cancels the wait,
     giving its booking back, and returns ``None``."""
@@ -443,15 +456,15 @@ def _adding(send: Send, fields: List[Tuple[bytes, bytes]]) -> Send:
     return with_fields
 
 
-async def _refuse(checker: _Checker, scope: Scope, receive: Receive, send: Send, outcome: tuple) -> None:
-    _, status, headers, body, refusal = outcome
-    if refusal is not None and checker.on_refusal is not None:
+async def _refuse(checker: _Checker, scope: Scope, receive: Receive, send: Send, outcome: Any) -> None:
+    status, headers, body = outcome.status, list(outcome.headers), outcome.body
+    if outcome.limit is not None and checker.on_refusal is not None and status == 429:
         kept = [
             (name, value)
             for name, value in headers
             if name not in (b"content-type", b"content-length")
         ]
-        info = RefusalInfo(refusal[0], refusal[1], status, kept)
+        info = RefusalInfo(outcome.limit, outcome.wait, status, kept)
         response = checker.on_refusal(scope, info)
         if asyncio.iscoroutine(response):
             response = await response
@@ -527,13 +540,15 @@ class RateLimitMiddleware:
         if outcome is None:
             await self.app(scope, receive, send)
             return
-        if type(outcome) is not tuple:
+        kind = outcome.__class__
+        if kind is not Admitted and kind is not Refused and kind is not _NoAddress:
             outcome, kept = await _wait_watching(outcome, receive)
             if outcome is None:
                 return  # the client went away while it waited
             receive = _replaying(kept, receive)
-        if outcome[0]:
-            fields = outcome[1]
+            kind = outcome.__class__
+        if kind is Admitted:
+            fields = outcome.fields
             await self.app(scope, receive, _adding(send, fields) if fields else send)
             return
         await _refuse(checker, scope, receive, send, outcome)
@@ -585,15 +600,14 @@ class RouteLimit:
         outcome = self._checker.check(scope)
         if outcome is None:
             return True, 200, {}, b""
-        if outcome[0]:
-            return True, 200, _as_dict(outcome[1]), b""
-        _, status, headers, body, _ = outcome
+        if outcome.__class__ is Admitted:
+            return True, 200, _as_dict(outcome.fields), b""
         fields = {
             name: value
-            for name, value in _as_dict(headers).items()
+            for name, value in _as_dict(outcome.headers).items()
             if name not in ("content-type", "content-length")
         }
-        return False, status, fields, body
+        return False, outcome.status, fields, outcome.body
 
     async def __call__(self, request: Any, response: Any) -> None:
         """The FastAPI dependency: raises ``fastapi.HTTPException`` when refused; adds
