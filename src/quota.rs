@@ -52,6 +52,9 @@ pub enum QuotaError {
     IntervalTooShort,
     /// `period / count` is longer than `u64::MAX` nanoseconds (about 584 years).
     IntervalTooLong,
+    /// Text that is not a rate ([`Quota`]'s `FromStr`: `"10/second"`, `"100 per 2
+    /// minutes"`).
+    Unparsable,
 }
 
 impl fmt::Display for QuotaError {
@@ -66,11 +69,80 @@ impl fmt::Display for QuotaError {
             QuotaError::IntervalTooLong => {
                 "period / count exceeds u64::MAX nanoseconds (about 584 years)"
             }
+            QuotaError::Unparsable => {
+                "not a rate: write a count, \"/\" or \"per\", an optional number and a unit \
+                 (second, minute, hour, day, month or year), as \"10/second\" or \"100 per 2 \
+                 minutes\""
+            }
         })
     }
 }
 
 impl core::error::Error for QuotaError {}
+
+/// A rate as text, in the grammar the Python `limits` package (and so slowapi and
+/// flask-limiter) reads: a count, `/` or `per`, an optional number, and a unit (`second`,
+/// `minute`, `hour`, `day`, `month` of 30 days, `year` of 365 days; plural or not, or `s`,
+/// `sec`, `m`, `min`, `h`, `hr`, `d`), with any spaces between. The burst is the count, as
+/// for [`Quota::per_second`].
+///
+/// # Errors
+///
+/// [`QuotaError::Unparsable`] for text that is not a rate, or the error
+/// [`Quota::try_new`] gives for its count and period.
+///
+/// # Examples
+///
+/// ```
+/// use paceline::Quota;
+/// use std::time::Duration;
+///
+/// assert_eq!("10/second".parse(), Ok(Quota::per_second(10)));
+/// assert_eq!("5 per minute".parse(), Ok(Quota::per_minute(5)));
+/// let q: Quota = "100/2 hours".parse().unwrap();
+/// assert_eq!((q.burst(), q.emission_interval()), (100, Duration::from_secs(72)));
+/// assert!("ten a second".parse::<Quota>().is_err());
+/// ```
+impl core::str::FromStr for Quota {
+    type Err = QuotaError;
+
+    fn from_str(text: &str) -> Result<Quota, QuotaError> {
+        /// The digits at the start of `s`, as a number, and the rest.
+        fn number(s: &str) -> Option<(u64, &str)> {
+            let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+            let n = s[..end].parse().ok()?;
+            Some((n, s[end..].trim_start()))
+        }
+        let s = text.trim();
+        let (count, rest) = number(s).ok_or(QuotaError::Unparsable)?;
+        let count = u32::try_from(count).map_err(|_| QuotaError::Unparsable)?;
+        let rest = match rest.strip_prefix('/') {
+            Some(rest) => rest,
+            None => rest
+                .strip_prefix("per")
+                .filter(|r| r.starts_with(char::is_whitespace))
+                .ok_or(QuotaError::Unparsable)?,
+        }
+        .trim_start();
+        let (times, unit) = match number(rest) {
+            Some((n, unit)) => (n, unit),
+            None => (1, rest),
+        };
+        let unit_secs: u64 = match unit.trim_end().to_ascii_lowercase().as_str() {
+            "s" | "sec" | "secs" | "second" | "seconds" => 1,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60,
+            "h" | "hr" | "hrs" | "hour" | "hours" => 3_600,
+            "d" | "day" | "days" => 86_400,
+            "month" | "months" => 30 * 86_400,
+            "y" | "year" | "years" => 365 * 86_400,
+            _ => return Err(QuotaError::Unparsable),
+        };
+        let secs = times
+            .checked_mul(unit_secs)
+            .ok_or(QuotaError::IntervalTooLong)?;
+        Quota::try_new(count, core::time::Duration::from_secs(secs))
+    }
+}
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 

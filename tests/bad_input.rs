@@ -240,3 +240,42 @@ fn an_error_chain_reports_a_denial_once() {
     assert!(chain(&not_until)[0].contains("try again in"));
     assert!(chain(&never)[0].contains("burst is 1"));
 }
+
+#[test]
+fn rates_as_text_parse_as_the_limits_grammar_or_say_why() {
+    use paceline::{Quota, QuotaError};
+    use std::time::Duration;
+    let parsed = |text: &str| text.parse::<Quota>();
+    assert_eq!(parsed("10/second"), Ok(Quota::per_second(10)));
+    assert_eq!(parsed(" 10 / second "), Ok(Quota::per_second(10)));
+    assert_eq!(parsed("5 per minute"), Ok(Quota::per_minute(5)));
+    assert_eq!(parsed("5/MINUTES"), Ok(Quota::per_minute(5)));
+    assert_eq!(parsed("3600/hour"), Ok(Quota::per_hour(3600)));
+    let day = parsed("1000/day").unwrap();
+    assert_eq!(day.emission_interval(), Duration::from_micros(86_400_000));
+    let two_hours = parsed("100 per 2 hours").unwrap();
+    assert_eq!(two_hours.emission_interval(), Duration::from_secs(72));
+    assert_eq!(
+        parsed("1/month").unwrap().emission_interval(),
+        Duration::from_secs(30 * 86_400)
+    );
+    for bad in [
+        "",
+        "ten/second",
+        "10/fortnight",
+        "10 per",
+        "10second",
+        "/second",
+        "10 persecond",
+        "4294967296/second",
+    ] {
+        assert_eq!(parsed(bad), Err(QuotaError::Unparsable), "{bad:?}");
+    }
+    assert_eq!(parsed("0/second"), Err(QuotaError::ZeroCount));
+    assert_eq!(parsed("10/0 seconds"), Err(QuotaError::ZeroPeriod));
+    assert_eq!(
+        parsed("1/18446744073709551615 years"),
+        Err(QuotaError::IntervalTooLong)
+    );
+    assert!(QuotaError::Unparsable.to_string().contains("\"10/second\""));
+}

@@ -10,6 +10,12 @@ pub(super) enum NoKey {
     Refuse(StatusCode),
     /// The server passes no peer address to a limit keyed by it: a 500 naming the fix.
     NoPeerAddress(Arc<str>),
+    /// The request costs a limit more cells than its burst: it can never be admitted.
+    Unaffordable {
+        limit: Arc<str>,
+        cost: u32,
+        burst: u32,
+    },
 }
 
 /// The key of one limit for this request: `Ok(None)` skips the limit.
@@ -66,6 +72,15 @@ pub(super) fn warn_once_no_peer_address(limit: &str) {
     }
 }
 
+/// What this request costs each limit.
+pub(super) fn costs<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Vec<u32> {
+    config
+        .limits
+        .iter()
+        .map(|limit| limit.cost.of(head))
+        .collect()
+}
+
 /// Every limit's key for this request.
 pub(super) fn keys<C: Clock>(
     config: &Config<C>,
@@ -89,8 +104,11 @@ pub(super) enum Refusal {
 /// Takes one cell from every limit, or none (module docs). Allocates only to remember
 /// what to undo when more than one limit applies.
 pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<(), Refusal> {
-    if let [limit] = config.limits.as_slice() {
-        // One limit: nothing to undo, whatever happens.
+    if let [limit @ Limit {
+        cost: Cost::One, ..
+    }] = config.limits.as_slice()
+    {
+        // One limit, one cell: nothing to undo, whatever happens.
         return match limit.source.key(head) {
             Ok(key) => check_one(limit, &key),
             Err(missing) => match no_key(config, limit, missing) {
@@ -112,7 +130,19 @@ pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result
                 return Err(Refusal::MissingKey(why));
             }
         };
-        match limit.store.check_refundable(&key) {
+        let checked = match limit.cost.of(head) {
+            1 => limit.store.check_refundable(&key),
+            n => match limit.store.check_refundable_n(&key, n) {
+                Ok(admission) => Ok(admission),
+                Err(Denied::NotUntil(e)) => Err(e),
+                Err(Denied::InsufficientCapacity(e)) => {
+                    undo_all(config, taken);
+                    limit.count_refused();
+                    return Err(Refusal::MissingKey(unaffordable(limit, e)));
+                }
+            },
+        };
+        match checked {
             // The last limit's admission never needs giving back.
             Ok(_) if i == last => last_admitted = true,
             Ok(admission) => taken.push((i, key, admission)),
@@ -180,29 +210,41 @@ pub(super) enum Booked<'a, C: Clock> {
     Untracked,
 }
 
-/// One cell of `key` on `limit` within `max`: admitted now, booked for later, or why not.
+/// `cost` cells of `key` on `limit` within `max`: admitted now, booked for later, or why
+/// not.
 fn book<'a, C: Clock>(
     limit: &'a Limit<C>,
     key: &ClientKey,
+    cost: u32,
     max: Duration,
-) -> Result<Booked<'a, C>, NotUntil> {
-    match limit.store.check_refundable(key) {
+) -> Result<Booked<'a, C>, Denied> {
+    match limit.store.check_refundable_n(key, cost) {
         Ok(admission) => return Ok(Booked::Now(admission)),
-        Err(e) if e.is_table_full() && limit.admits_when_full() => return Ok(Booked::Untracked),
-        Err(e) if e.wait_time() > max => return Err(e),
-        Err(_) => {}
+        Err(Denied::NotUntil(e)) if e.is_table_full() && limit.admits_when_full() => {
+            return Ok(Booked::Untracked)
+        }
+        Err(Denied::NotUntil(e)) if e.wait_time() > max => return Err(e.into()),
+        Err(Denied::NotUntil(_)) => {}
+        Err(too_large) => return Err(too_large),
     }
-    match limit.store.reserve_within(key, max) {
+    match limit.store.reserve_within(key, cost, max) {
         Ok(turn) => Ok(Booked::Later(turn)),
         Err(Denied::NotUntil(e)) if e.is_table_full() && limit.admits_when_full() => {
             Ok(Booked::Untracked)
         }
         // Too late, or a new key at a full key table (nothing booked, the wait until a
-        // slot frees): the request is refused.
-        Err(Denied::NotUntil(e)) => Err(e),
-        Err(Denied::InsufficientCapacity(_)) => {
-            unreachable!("one cell always fits a burst of at least one")
-        }
+        // slot frees), or more than the burst: the request is refused.
+        Err(denied) => Err(denied),
+    }
+}
+
+/// The refusal of a request that costs `limit` more cells than its burst.
+#[cold]
+fn unaffordable<C: Clock>(limit: &Limit<C>, e: InsufficientCapacity) -> NoKey {
+    NoKey::Unaffordable {
+        limit: Arc::clone(&limit.name),
+        cost: e.requested(),
+        burst: e.burst(),
     }
 }
 
@@ -223,20 +265,25 @@ pub(super) struct RefusedBy {
 pub(super) async fn admit_waiting<C: Clock>(
     config: &Config<C>,
     keys: &[Option<ClientKey>],
-) -> Result<(), RefusedBy> {
+    costs: &[u32],
+) -> Result<(), Refusal> {
     let max = config.wait_up_to.unwrap_or_default();
     let mut booked = Bookings {
         config,
         taken: Vec::with_capacity(keys.len()),
     };
-    for (i, (limit, key)) in config.limits.iter().zip(keys).enumerate() {
+    for (i, ((limit, key), &cost)) in config.limits.iter().zip(keys).zip(costs).enumerate() {
         let Some(key) = key else { continue };
-        match book(limit, key, max) {
+        match book(limit, key, cost, max) {
             Ok(booking) => booked.taken.push((i, key, Some(booking))),
             // `booked` is dropped here: the earlier limits get their cells back.
-            Err(e) => {
+            Err(Denied::NotUntil(e)) => {
                 limit.count_refused();
-                return Err(refused(i, e));
+                return Err(Refusal::Limited(refused(i, e)));
+            }
+            Err(Denied::InsufficientCapacity(e)) => {
+                limit.count_refused();
+                return Err(Refusal::MissingKey(unaffordable(limit, e)));
             }
         }
     }

@@ -198,9 +198,10 @@ impl<C: Clock> RateLimitLayer<C> {
         };
         let config = Arc::clone(&self.config);
         let grpc = grpc(head);
+        let costs = costs(&config, head);
         Decision::Wait(Waiting {
             future: Box::pin(async move {
-                match admit_waiting(&config, &keys).await {
+                match admit_waiting(&config, &keys, &costs).await {
                     Ok(()) => Ok(Admitted {
                         fields: config.headers_on_success.then(|| {
                             let mut fields = http::HeaderMap::new();
@@ -208,23 +209,47 @@ impl<C: Clock> RateLimitLayer<C> {
                             fields
                         }),
                     }),
-                    Err(refused) => {
-                        let states = states(&config, &keys);
-                        let longest = if refused.table_full {
-                            refused
-                        } else {
-                            longest_wait(&states, refused)
-                        };
-                        Err(Refused {
-                            response: refusal(&config, &states, grpc, refused),
-                            limit: Some(Arc::clone(&config.limits[longest.limit].name)),
-                            wait: longest.wait,
-                            table_full: refused.table_full,
-                        })
-                    }
+                    Err(why) => Err(waiting_refusal(&config, &keys, grpc, &why)),
                 }
             }),
         })
+    }
+}
+
+/// The refusal of a waiting request, from its keys (wait mode reads them before it waits).
+pub(super) fn waiting_refusal<C: Clock, R: RefusalBody>(
+    config: &Config<C>,
+    keys: &[Option<ClientKey>],
+    grpc: bool,
+    why: &Refusal,
+) -> Refused<R> {
+    let refused = match why {
+        Refusal::MissingKey(missing) => {
+            return Refused {
+                response: plain_refusal(missing),
+                limit: None,
+                wait: Duration::ZERO,
+                table_full: false,
+            }
+        }
+        Refusal::Limited(refused) => *refused,
+        Refusal::LimitedOne(one) => RefusedBy {
+            limit: 0,
+            wait: one.snapshot().until_next(),
+            table_full: !one.spent,
+        },
+    };
+    let states = states(config, keys);
+    let longest = if refused.table_full {
+        refused
+    } else {
+        longest_wait(&states, refused)
+    };
+    Refused {
+        response: refusal(config, &states, grpc, refused),
+        limit: Some(Arc::clone(&config.limits[longest.limit].name)),
+        wait: longest.wait,
+        table_full: refused.table_full,
     }
 }
 

@@ -28,6 +28,30 @@ pub struct Limit<C: Clock = DefaultClock> {
     pub(super) metrics: LimitMetrics,
     /// What a new client gets when the key table has no room for it.
     pub(super) table_full: TableFull,
+    /// What a request costs it.
+    pub(super) cost: Cost,
+}
+
+/// What a request costs a limit ([`Limit::cost`], [`Limit::cost_fn`]).
+#[derive(Clone, Default)]
+pub(super) enum Cost {
+    /// One cell: the usual limit, on its fastest path.
+    #[default]
+    One,
+    Fixed(u32),
+    From(Arc<dyn Fn(&Head<'_>) -> u32 + Send + Sync>),
+}
+
+impl Cost {
+    /// The cells `head`'s request costs.
+    #[inline]
+    pub(super) fn of(&self, head: &Head<'_>) -> u32 {
+        match self {
+            Cost::One => 1,
+            Cost::Fixed(n) => *n,
+            Cost::From(f) => f(head),
+        }
+    }
 }
 
 impl<C: Clock> fmt::Debug for Limit<C> {
@@ -177,7 +201,42 @@ impl<C: Clock> Limit<C> {
             )),
             source,
             table_full: TableFull::default(),
+            cost: Cost::One,
         })
+    }
+
+    /// Makes each request cost `n` cells of this limit instead of one (an endpoint that
+    /// costs the upstream ten times what another does); 0 makes requests free. A request
+    /// that costs more than the burst can never pass: it is refused with `429` and a body
+    /// that says so, without `Retry-After`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{KeySource, Limit}, Quota};
+    /// let search = Limit::new("search", Quota::per_minute(100), KeySource::peer_ip()).cost(10);
+    /// # let _ = search;
+    /// ```
+    pub fn cost(mut self, n: u32) -> Limit<C> {
+        self.cost = if n == 1 { Cost::One } else { Cost::Fixed(n) };
+        self
+    }
+
+    /// Each request's cost from its head (a batch endpoint's item count in a header, say),
+    /// as [`Limit::cost`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{KeySource, Limit}, Quota};
+    /// let batch = Limit::new("items", Quota::per_minute(1000), KeySource::peer_ip()).cost_fn(|head| {
+    ///     head.headers().get("x-batch-size").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
+    /// });
+    /// # let _ = batch;
+    /// ```
+    pub fn cost_fn(mut self, f: impl Fn(&Head<'_>) -> u32 + Send + Sync + 'static) -> Limit<C> {
+        self.cost = Cost::From(Arc::new(f));
+        self
     }
 
     /// What a new client gets when this limit's key table has no room to store it (the
@@ -289,6 +348,7 @@ impl Limit {
             store: Store::Shared(Arc::new(limiter)),
             source,
             table_full: TableFull::default(),
+            cost: Cost::One,
         })
     }
 }

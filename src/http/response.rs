@@ -47,6 +47,13 @@ pub(super) fn plain_refusal<R: RefusalBody>(why: &NoKey) -> Response<R> {
             StatusCode::INTERNAL_SERVER_ERROR,
             no_peer_address_message(limit),
         ),
+        NoKey::Unaffordable { limit, cost, burst } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "Too Many Requests: this request costs {cost} cells of limit \"{limit}\", more \
+                 than its burst of {burst}: it can never be admitted\n"
+            ),
+        ),
     };
     let mut response = Response::new(R::from_text(text));
     *response.status_mut() = status;

@@ -223,14 +223,17 @@ impl<S, C: Clock> RateLimit<S, C> {
         ResponseFuture {
             state: State::Waiting {
                 future: Box::pin(async move {
-                    let keys = match keys(&config, &Head::of(&request)) {
+                    let head = Head::of(&request);
+                    let keys = match keys(&config, &head) {
                         Ok(keys) => keys,
                         Err(why) => return Ok(plain_refusal(&why)),
                     };
-                    if let Err(refused) = admit_waiting(&config, &keys).await {
-                        let states = states(&config, &keys);
-                        let grpc = grpc(&Head::of(&request));
-                        return Ok(refusal(&config, &states, grpc, refused));
+                    let costs = costs(&config, &head);
+                    let grpc = grpc(&head);
+                    if let Err(why) = admit_waiting(&config, &keys, &costs).await {
+                        let refused =
+                            super::decision::waiting_refusal::<C, R>(&config, &keys, grpc, &why);
+                        return Ok(refused.into_response());
                     }
                     let mut response = inner.call(request).await?;
                     if config.headers_on_success {

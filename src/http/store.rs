@@ -125,6 +125,19 @@ impl<C: Clock> Store<C> {
         }
     }
 
+    /// `n` cells for `key`, to give back with [`Store::refund`] if another limit refuses.
+    pub(super) fn check_refundable_n(
+        &self,
+        key: &ClientKey,
+        n: u32,
+    ) -> Result<KeyAdmission, Denied> {
+        match self {
+            Store::Local(limiter) => limiter.check_key_n_refundable(key, n),
+            #[cfg(feature = "shared")]
+            Store::Shared(limiter) => limiter.check_key_n_refundable(SharedKey::of(key), n),
+        }
+    }
+
     pub(super) fn refund(&self, key: &ClientKey, admission: KeyAdmission) {
         match self {
             Store::Local(limiter) => limiter.refund_key(key, admission),
@@ -141,17 +154,18 @@ impl<C: Clock> Store<C> {
         }
     }
 
-    /// Books one cell for `key` within `max`.
+    /// Books `n` cells for `key` within `max`.
     pub(super) fn reserve_within(
         &self,
         key: &ClientKey,
+        n: u32,
         max: Duration,
     ) -> Result<Turn<'_, C>, Denied> {
         match self {
-            Store::Local(limiter) => limiter.reserve_key_within(key, 1, max).map(Turn::Local),
+            Store::Local(limiter) => limiter.reserve_key_within(key, n, max).map(Turn::Local),
             #[cfg(feature = "shared")]
             Store::Shared(limiter) => Arc::clone(limiter)
-                .reserve_key_within_owned(SharedKey::of(key), 1, max)
+                .reserve_key_within_owned(SharedKey::of(key), n, max)
                 .map(Turn::Shared),
         }
     }

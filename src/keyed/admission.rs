@@ -5,7 +5,7 @@ use core::hash::Hash;
 
 use super::KeyedLimiter;
 use crate::clock::Clock;
-use crate::error::NotUntil;
+use crate::error::{Denied, NotUntil};
 
 /// A cell [`KeyedLimiter::check_key_refundable`] admitted, which
 /// [`KeyedLimiter::refund_key`] can give back: the state the admission left and its cost.
@@ -68,6 +68,31 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn check_key_refundable(&self, key: &K) -> Result<KeyAdmission, NotUntil> {
         self.acquire_one(key)
             .map(|(tat, cost)| KeyAdmission { tat, cost })
+    }
+
+    /// [`KeyedLimiter::check_key_n`], returning what [`KeyedLimiter::refund_key`] needs to
+    /// give the cells back: `n` cells of several limits at once, or none.
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyedLimiter::check_key_n`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = paceline::KeyedLimiter::new(paceline::Quota::per_hour(5));
+    /// let admitted = limiter.check_key_n_refundable(&7, 3).unwrap();
+    /// limiter.refund_key(&7, admitted);
+    /// assert_eq!(limiter.remaining_key(&7), 5);
+    /// ```
+    pub fn check_key_n_refundable(&self, key: &K, n: u32) -> Result<KeyAdmission, Denied> {
+        let params = self.params_for(key);
+        let cost = crate::error::cost(&params, n)?;
+        match self.with_word(key, |cell, now| cell.acquire(now, cost, params.tau())) {
+            Ok(Ok(tat)) => Ok(KeyAdmission { tat, cost }),
+            Ok(Err(wait)) => Err(NotUntil::from_nanos(wait).into()),
+            Err(wait) => Err(NotUntil::no_room(wait).into()),
+        }
     }
 
     /// Gives back the cell `admission` took, if nothing was admitted or booked on `key`

@@ -256,3 +256,47 @@ async fn a_full_key_table_answers_503_or_lets_newcomers_through_as_configured() 
         }
     }
 }
+
+#[tokio::test]
+async fn a_request_costs_its_limit_what_the_limit_says_and_one_over_the_burst_never_passes() {
+    let clock = ManualClock::new();
+    let limit = Limit::with_clock("per-key", Quota::per_hour(10), api_key(), clock.clone())
+        .cost_fn(|head| {
+            head.headers()
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        });
+    for wait in [None, Some(Duration::from_millis(20))] {
+        let mut layer = RateLimitLayer::default().limit(limit.clone());
+        if let Some(wait) = wait {
+            layer = layer.wait_up_to(wait);
+        }
+        let addr = serve(layer).await;
+        let key = format!("k-{wait:?}");
+        let get = |cost: &str| {
+            let (key, cost) = (key.clone(), cost.to_owned());
+            send(addr, move |b| {
+                b.header("x-api-key", key).header("x-cost", cost)
+            })
+        };
+        // 10 cells: 4 + 4 pass, then 4 more do not, while 2 do.
+        assert_eq!(get("4").await.status, StatusCode::OK, "{wait:?}");
+        assert_eq!(get("4").await.status, StatusCode::OK, "{wait:?}");
+        let refused = get("4").await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{wait:?}");
+        assert_ne!(refused.header("retry-after"), "<none>");
+        assert_eq!(get("2").await.status, StatusCode::OK, "{wait:?}");
+        // More than the burst can never pass, and the refusal says so (no Retry-After).
+        let never = get("11").await;
+        assert_eq!(never.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(never.header("retry-after"), "<none>");
+        assert!(
+            never.body.contains("can never be admitted"),
+            "{}",
+            never.body
+        );
+        // A free request passes even now.
+        assert_eq!(get("0").await.status, StatusCode::OK);
+    }
+}

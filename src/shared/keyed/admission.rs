@@ -42,6 +42,45 @@ impl SharedKeyedLimiter {
             .map_err(NotUntil::from)
     }
 
+    /// [`SharedKeyedLimiter::check_key_n`], returning what
+    /// [`SharedKeyedLimiter::refund_key`] needs to give the cells back.
+    ///
+    /// # Errors
+    ///
+    /// As [`SharedKeyedLimiter::check_key_n`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-knr-{}", std::process::id()));
+    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(5), 64)?;
+    /// let taken = limiter.check_key_n_refundable("a", 3)?;
+    /// limiter.refund_key("a", taken);
+    /// assert_eq!(limiter.remaining_key("a"), 5);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_key_n_refundable(
+        &self,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<crate::KeyAdmission, Denied> {
+        let params = self.params();
+        let cost = error::cost(&params, n)?;
+        if cost == 0 {
+            return Ok(crate::KeyAdmission::new(0, 0));
+        }
+        let key = self.key(key.as_ref());
+        let now = self.clock.now();
+        let room = params.tau().saturating_sub(cost);
+        match self.with_slot(key, now, |slot| slot.spend(key, self.lane, now, cost, room)) {
+            Ok(Ok(tat)) => Ok(crate::KeyAdmission::new(tat, cost)),
+            Ok(Err(wait)) => Err(NotUntil::from_nanos(wait).into()),
+            Err(wait) => Err(NotUntil::no_room(wait).into()),
+        }
+    }
+
     /// Gives back the cell `admission` (from [`SharedKeyedLimiter::check_key_refundable`]
     /// on this limiter and key) took, if nothing was admitted or booked on `key` since, in
     /// any process; otherwise it stays spent (the limit only ever errs on the strict side).
