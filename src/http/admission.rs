@@ -24,6 +24,9 @@ pub(super) fn key<C: Clock>(
     limit: &Limit<C>,
     head: &Head<'_>,
 ) -> Result<Option<ClientKey>, NoKey> {
+    if limit.when.as_ref().is_some_and(|when| !when(head)) {
+        return Ok(None);
+    }
     match limit.source.key(head) {
         Ok(key) => Ok(Some(key)),
         Err(missing) => no_key(config, limit, missing),
@@ -105,7 +108,9 @@ pub(super) enum Refusal {
 /// what to undo when more than one limit applies.
 pub(super) fn admit_now<C: Clock>(config: &Config<C>, head: &Head<'_>) -> Result<(), Refusal> {
     if let [limit @ Limit {
-        cost: Cost::One, ..
+        cost: Cost::One,
+        when: None,
+        ..
     }] = config.limits.as_slice()
     {
         // One limit, one cell: nothing to undo, whatever happens.

@@ -30,6 +30,8 @@ pub struct Limit<C: Clock = DefaultClock> {
     pub(super) table_full: TableFull,
     /// What a request costs it.
     pub(super) cost: Cost,
+    /// Which requests it applies to (`None`: all).
+    pub(super) when: Option<Exempt>,
 }
 
 /// What a request costs a limit ([`Limit::cost`], [`Limit::cost_fn`]).
@@ -202,7 +204,54 @@ impl<C: Clock> Limit<C> {
             source,
             table_full: TableFull::default(),
             cost: Cost::One,
+            when: None,
         })
+    }
+
+    /// Applies this limit only to requests for which `when` is true (per method, per
+    /// route): the others pass it untouched, as if it were not there.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{KeySource, Limit}, Quota};
+    /// let writes = Limit::new("writes", Quota::per_minute(10), KeySource::peer_ip())
+    ///     .only_when(|head| head.method() == http::Method::POST);
+    /// # let _ = writes;
+    /// ```
+    pub fn only_when(
+        mut self,
+        when: impl Fn(&Head<'_>) -> bool + Send + Sync + 'static,
+    ) -> Limit<C> {
+        self.when = Some(Arc::new(when));
+        self
+    }
+
+    /// Gives some clients a quota of their own (tiers: a free and a paid plan keyed by
+    /// API key): `quota_for(key)` returns `Some(quota)` for those, `None` for the limit's
+    /// own quota. Called on every check of a key, so keep it cheap. In-process limits only:
+    /// a limit kept in a shared file has the file's one quota (this changes nothing there).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{http::{ClientKey, KeySource, Limit}, Quota};
+    /// let header = http::HeaderName::from_static("x-api-key");
+    /// let per_key = Limit::new("per-key", Quota::per_minute(60), KeySource::header(header))
+    ///     .quota_for(|key| match key {
+    ///         ClientKey::Text(k) if k.starts_with("paid-") => Some(Quota::per_minute(6000)),
+    ///         _ => None,
+    ///     });
+    /// # let _ = per_key;
+    /// ```
+    pub fn quota_for(
+        mut self,
+        quota_for: impl Fn(&ClientKey) -> Option<Quota> + Send + Sync + 'static,
+    ) -> Limit<C> {
+        if let Store::Local(limiter) = &mut self.store {
+            *limiter = Arc::new(limiter.remade_with_quota_for(quota_for));
+        }
+        self
     }
 
     /// Makes each request cost `n` cells of this limit instead of one (an endpoint that
@@ -349,6 +398,7 @@ impl Limit {
             source,
             table_full: TableFull::default(),
             cost: Cost::One,
+            when: None,
         })
     }
 }

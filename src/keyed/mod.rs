@@ -195,6 +195,18 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         self
     }
 
+    /// A limiter of the same quota, clock and key bound, empty, with `quota_for` (for the
+    /// HTTP layer's `Limit::quota_for` on a limit already shared).
+    #[cfg(feature = "tower")]
+    pub(crate) fn remade_with_quota_for(
+        &self,
+        quota_for: impl Fn(&K) -> Option<Quota> + Send + Sync + 'static,
+    ) -> KeyedLimiter<K, C> {
+        let remade = KeyedLimiter::with_clock(self.quota(), self.clock.clone());
+        remade.store.copy_bound(&self.store);
+        remade.with_quota_for(quota_for)
+    }
+
     #[inline]
     fn now(&self) -> u64 {
         self.clock.now()

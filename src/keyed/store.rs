@@ -138,6 +138,14 @@ impl<K: Hash + Eq + Clone> Store<K> {
         self.shard_cap.store(cap, Ordering::Relaxed);
     }
 
+    /// Takes `other`'s key bound.
+    #[cfg(feature = "tower")]
+    pub(super) fn copy_bound(&self, other: &Store<K>) {
+        // Relaxed: see the field.
+        self.shard_cap
+            .store(other.shard_cap.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     /// The per-shard key bound now.
     #[inline]
     fn shard_cap(&self) -> usize {

@@ -300,3 +300,44 @@ async fn a_request_costs_its_limit_what_the_limit_says_and_one_over_the_burst_ne
         assert_eq!(get("0").await.status, StatusCode::OK);
     }
 }
+
+#[tokio::test]
+async fn a_limit_applies_only_when_it_says_and_some_clients_have_quotas_of_their_own() {
+    let clock = ManualClock::new();
+    let writes = Limit::with_clock("writes", Quota::per_hour(1), api_key(), clock.clone())
+        .only_when(|head| head.method() == http::Method::POST)
+        .quota_for(|key| match key {
+            ClientKey::Text(k) if k.starts_with("paid-") => Some(Quota::per_hour(3)),
+            _ => None,
+        });
+    let app = axum::Router::new()
+        .route("/", axum::routing::any(|| async { "ok" }))
+        .layer(RateLimitLayer::default().limit(writes));
+    let addr = serve_router(app).await;
+    let call = |method: http::Method, key: &'static str| {
+        send(addr, move |b| b.method(method).header("x-api-key", key))
+    };
+    // Reads are not limited at all; writes are, per key, with the paid tier's quota.
+    for _ in 0..5 {
+        assert_eq!(
+            call(http::Method::GET, "free-1").await.status,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        call(http::Method::POST, "free-1").await.status,
+        StatusCode::OK
+    );
+    let refused = call(http::Method::POST, "free-1").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("ratelimit-policy"), "\"writes\";q=1;w=3600");
+    for _ in 0..3 {
+        assert_eq!(
+            call(http::Method::POST, "paid-1").await.status,
+            StatusCode::OK
+        );
+    }
+    let refused = call(http::Method::POST, "paid-1").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("ratelimit-policy"), "\"writes\";q=3;w=3600");
+}
