@@ -169,11 +169,13 @@ pub(crate) struct Want {
     pub(crate) init: Box<dyn Fn(&Mapping)>,
 }
 
-/// An opened file: its mapping, its geometry and its time source.
+/// An opened file: its mapping, its geometry, its time source and its identity (device and
+/// inode).
 pub(crate) struct Opened {
     pub(crate) mapping: Mapping,
     pub(crate) kind: Kind,
     pub(crate) time: HostTime,
+    pub(crate) identity: (u64, u64),
 }
 
 /// Opens `path`, making it if it does not exist (or made in an earlier boot), and checks
@@ -221,6 +223,7 @@ pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Ope
                     mapping,
                     kind,
                     time,
+                    identity: (meta.dev(), meta.ino()),
                 });
             }
             Inspected::EarlierBoot => remake(&dir, &file, path, &new)?,
@@ -488,12 +491,16 @@ fn make<'a>(
     mapping
         .word(layout::MAGIC_AT)
         .store(layout::MAGIC, Ordering::Release);
+    let meta = file
+        .metadata()
+        .map_err(|e| io_error(path, "read the new file's identity", e))?;
     Ok((
         made,
         Opened {
             mapping,
             kind: new.kind,
             time,
+            identity: (meta.dev(), meta.ino()),
         },
     ))
 }
@@ -783,6 +790,12 @@ fn remote_filesystem(stat: &libc::statfs) -> Option<String> {
     ["nfs", "smbfs", "afpfs", "webdav", "osxfuse", "macfuse"]
         .contains(&name.as_str())
         .then_some(name)
+}
+
+/// Whether `path` (not following a link) is still the file of `identity`: false once the
+/// file was removed or replaced at its path.
+pub(crate) fn is_at(path: &Path, identity: (u64, u64)) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == identity)
 }
 
 pub(crate) fn io_error(path: &Path, doing: &'static str, source: io::Error) -> SharedError {

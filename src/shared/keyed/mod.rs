@@ -228,6 +228,24 @@ impl SharedKeyedLimiter {
         self.capacity
     }
 
+    /// Whether the file's path still leads to the file this process has open
+    /// ([`SharedLimiter::is_current`](super::SharedLimiter::is_current)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedKeyedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-kcur-{}", std::process::id()));
+    /// let limiter = SharedKeyedLimiter::open(&path, Quota::per_second(10), 64)?;
+    /// assert!(limiter.is_current());
+    /// std::fs::remove_file(&path)?;
+    /// assert!(!limiter.is_current());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_current(&self) -> bool {
+        self.shared.is_current()
+    }
+
     /// The file's path, absolute (as it was when this process opened the file).
     ///
     /// # Examples

@@ -32,6 +32,8 @@ pub(super) struct Shared {
     /// What the file holds, as checked against its length when it was opened (never read
     /// from the header again: see `file.rs`).
     pub(super) kind: Kind,
+    /// The file's device and inode when it was opened.
+    pub(super) identity: (u64, u64),
 }
 
 impl Shared {
@@ -98,7 +100,13 @@ impl Shared {
             clock: HostClock::new(opened.time),
             map,
             kind: opened.kind,
+            identity: opened.identity,
         })
+    }
+
+    /// Whether the file's path still leads to the file this process mapped.
+    pub(super) fn is_current(&self) -> bool {
+        file::is_at(self.map.path(), self.identity)
     }
 
     /// A keyed file's key slots (0 for a direct file).
@@ -250,6 +258,26 @@ impl SharedLimiter {
     /// ```
     pub fn execution_lane(&self) -> SharedLimiter {
         SharedLimiter::on(Arc::clone(&self.shared), layout::direct_word(1))
+    }
+
+    /// Whether the file's path still leads to the file this process has open: false once it
+    /// was removed or replaced there (by an operator, or a cleaner of `/tmp`). Processes
+    /// that open the path afterwards make or open another file, and no longer share a
+    /// quota with this one: a server can check this now and then and open the path anew.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-cur-{}", std::process::id()));
+    /// let limiter = SharedLimiter::open(&path, Quota::per_second(10))?;
+    /// assert!(limiter.is_current());
+    /// std::fs::remove_file(&path)?;
+    /// assert!(!limiter.is_current());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_current(&self) -> bool {
+        self.shared.is_current()
     }
 
     /// The file's path, absolute (as it was when this process opened the file).
