@@ -20,6 +20,7 @@ use paceline::http::{
     RateLimitLayer,
 };
 use paceline::shared::SharedKeyedLimiter;
+use paceline::Quota;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
@@ -34,24 +35,160 @@ pub(crate) struct AsgiCore {
     layer: RateLimitLayer,
 }
 
-/// One limit as Python describes it (`Limit._spec()`): its name, quota (count, per,
-/// burst), key spec, `max_keys`, and store: a shared file's path, key capacity,
-/// `on_mismatch` and the user and group trusted, or None for an in-process limit. A key spec is `("peer", prefix)`,
-/// `("proxies", [networks], forwarded, prefix)`, `("header", name)`, `("global",)` or
-/// `("callable",)`.
+/// One limit of the layer as Python describes it (`paceline.asgi._Spec`, made by
+/// `Limit`): its name, quota, key source, key bound or shared file, what a request costs,
+/// which methods it applies to, and what Python decides per request.
+///
+/// A key spec is `("peer", prefix)`, `("proxies", [networks], forwarded, prefix)`,
+/// `("header", name)`, `("global",)` or `("callable",)` (Python computes the key).
 #[derive(FromPyObject)]
-pub(crate) struct LimitSpec(
-    String,
-    u32,
-    f64,
-    u32,
-    Py<PyTuple>,
-    Option<usize>,
-    Option<SharedSpec>,
-);
+pub(crate) struct LimitSpec {
+    #[pyo3(attribute)]
+    name: String,
+    #[pyo3(attribute)]
+    count: u32,
+    #[pyo3(attribute)]
+    per: f64,
+    #[pyo3(attribute)]
+    burst: u32,
+    #[pyo3(attribute)]
+    key: Py<PyTuple>,
+    #[pyo3(attribute)]
+    max_keys: Option<usize>,
+    #[pyo3(attribute)]
+    table: Option<Py<SharedTable>>,
+    /// A fixed cost; `None`: Python computes each request's (`PythonCosts`).
+    #[pyo3(attribute)]
+    cost: Option<u32>,
+    /// The methods it applies to (upper case); `None`: all.
+    #[pyo3(attribute)]
+    methods: Option<Vec<String>>,
+    /// Whether Python says per request whether it applies (`PythonSkips`).
+    #[pyo3(attribute)]
+    python_when: bool,
+    /// Whether keys carry their own quota (`quota_for`: see [`tiered`]).
+    #[pyo3(attribute)]
+    tiered: bool,
+    #[pyo3(attribute)]
+    admit_when_full: bool,
+}
 
-/// A shared limit's file: path, capacity, `on_mismatch`, trusted user and group.
-type SharedSpec = (std::path::PathBuf, u64, String, Option<u32>, Option<u32>);
+/// A shared file of one limit, opened (when the `Limit` is made, so a bad file fails at
+/// start-up): `paceline.asgi.Limit(..., shared=path)`.
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct SharedTable {
+    limiter: Arc<SharedKeyedLimiter>,
+}
+
+#[pymethods]
+impl SharedTable {
+    /// Whether the file's path still leads to the file this process has open.
+    fn is_current(&self) -> bool {
+        self.limiter.is_current()
+    }
+
+    /// Keys stored in the file.
+    fn __len__(&self) -> usize {
+        self.limiter.len()
+    }
+}
+
+/// Opens one limit's shared file (see [`SharedTable`]); the file holds that limit, by
+/// name: another limit on the same path is an error, never a second limit sharing its
+/// buckets.
+#[pyfunction]
+#[pyo3(signature = (path, name, count, per, burst, capacity, mismatch, trust_user=None, trust_group=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn open_shared_table(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    name: String,
+    count: u32,
+    per: f64,
+    burst: u32,
+    capacity: u64,
+    mismatch: &str,
+    trust_user: Option<u32>,
+    trust_group: Option<u32>,
+) -> PyResult<SharedTable> {
+    let quota = crate::quota(count, per, burst)?;
+    let options = crate::open_options(mismatch, trust_user, trust_group, Some(name))?;
+    let limiter = py
+        .detach(|| SharedKeyedLimiter::open_with(&path, quota, capacity, options))
+        .map_err(crate::shared_error)?;
+    Ok(SharedTable {
+        limiter: Arc::new(limiter),
+    })
+}
+
+/// What each limit costs this request, by limit index (those Python computes).
+#[derive(Clone)]
+struct PythonCosts(Arc<[u32]>);
+
+/// Which limits Python says do not apply to this request, by limit index.
+#[derive(Clone)]
+struct PythonSkips(Arc<[bool]>);
+
+/// A key that carries its own quota: `"{count}/{per in ns}/{burst}\u{1f}{key}"`, made by
+/// Python's `quota_for` (so a client whose quota changes starts a bucket of the new one).
+fn tiered(key: &ClientKey) -> Option<Quota> {
+    let ClientKey::Text(text) = key else {
+        return None;
+    };
+    let (quota, _) = text.split_once('\u{1f}')?;
+    let mut parts = quota.splitn(3, '/').map(str::parse::<u64>);
+    let (Some(Ok(count)), Some(Ok(per)), Some(Ok(burst))) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let (count, burst) = (u32::try_from(count).ok()?, u32::try_from(burst).ok()?);
+    Quota::try_new(count, Duration::from_nanos(per))
+        .and_then(|q| q.try_with_burst(burst))
+        .ok()
+}
+
+/// Checks a limit name as the layer would, for `Limit(...)` (which fails at import).
+#[pyfunction]
+pub(crate) fn check_limit_name(name: &str) -> PyResult<()> {
+    Limit::try_new(name, Quota::per_second(1), KeySource::global())
+        .map(drop)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Checks a key spec as the layer would, for `KeySource` (which fails at import).
+#[pyfunction]
+pub(crate) fn check_key_source(spec: &Bound<'_, PyTuple>) -> PyResult<()> {
+    source(spec, 0).map(drop)
+}
+
+/// A rate as text (`"10/second"`, `"100 per 2 hours"`; several separated by `;` or `,`):
+/// each as `(count, per seconds, burst)`, or a `ValueError` naming the part that is not a
+/// rate.
+#[pyfunction]
+pub(crate) fn parse_rates(text: &str) -> PyResult<Vec<(u32, f64, u32)>> {
+    let parts: Vec<&str> = text
+        .split([';', ','])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if parts.is_empty() {
+        return Err(PyValueError::new_err(format!(
+            "{text:?} is not a rate: write one as \"10/second\" or \"100 per 2 hours\""
+        )));
+    }
+    parts
+        .into_iter()
+        .map(|part| {
+            let quota: Quota = part
+                .parse()
+                .map_err(|e| PyValueError::new_err(format!("{part:?}: {e}")))?;
+            let count = quota.burst();
+            let per = quota.emission_interval().as_secs_f64() * f64::from(count);
+            Ok((count, per, count))
+        })
+        .collect()
+}
 
 fn source(spec: &Bound<'_, PyTuple>, index: usize) -> PyResult<KeySource> {
     let kind: String = spec.get_item(0)?.extract()?;
@@ -109,31 +246,62 @@ pub(crate) fn new_asgi_core(
     let mut layer = RateLimitLayer::new()
         .headers_on_success(headers_on_success)
         .legacy_headers(legacy_headers);
-    for (i, LimitSpec(name, count, per, burst, key, max_keys, shared)) in limits.iter().enumerate()
-    {
-        let quota = crate::quota(*count, *per, *burst)?;
-        let source = source(key.bind(py), i)?;
-        let limit = match shared {
+    for (i, spec) in limits.iter().enumerate() {
+        let quota = crate::quota(spec.count, spec.per, spec.burst)?;
+        let source = source(spec.key.bind(py), i)?;
+        let invalid = |e: layer::InvalidLimitName| PyValueError::new_err(e.to_string());
+        let mut limit = match &spec.table {
             None => {
-                let limit = Limit::try_new(name, quota, source)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
-                match *max_keys {
+                let limit = Limit::try_new(&spec.name, quota, source).map_err(invalid)?;
+                match spec.max_keys {
                     Some(max) => limit.with_max_keys(max),
                     None => limit,
                 }
             }
-            Some((path, capacity, mismatch, trust_user, trust_group)) => {
-                // The file holds this limit, by name: another limit on the same path is an
-                // error, never a second limit sharing its buckets.
-                let options =
-                    crate::open_options(mismatch, *trust_user, *trust_group, Some(name.clone()))?;
-                let opened = py
-                    .detach(|| SharedKeyedLimiter::open_with(path, quota, *capacity, options))
-                    .map_err(crate::shared_error)?;
-                Limit::shared(name, opened, source)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?
-            }
+            Some(table) => Limit::shared(&spec.name, Arc::clone(&table.get().limiter), source)
+                .map_err(invalid)?,
         };
+        limit = match spec.cost {
+            Some(n) => limit.cost(n),
+            None => limit.cost_fn(move |head| {
+                head.extensions()
+                    .get::<PythonCosts>()
+                    .and_then(|costs| costs.0.get(i).copied())
+                    .unwrap_or(1)
+            }),
+        };
+        let methods: Option<Vec<http::Method>> = spec
+            .methods
+            .as_ref()
+            .map(|names| {
+                names
+                    .iter()
+                    .map(|m| {
+                        http::Method::from_bytes(m.as_bytes())
+                            .map_err(|_| PyValueError::new_err(format!("{m:?} is not a method")))
+                    })
+                    .collect()
+            })
+            .transpose()?;
+        let python_when = spec.python_when;
+        if methods.is_some() || python_when {
+            limit = limit.only_when(move |head| {
+                let method = methods.as_ref().is_none_or(|m| m.contains(head.method()));
+                let skipped = python_when
+                    && head
+                        .extensions()
+                        .get::<PythonSkips>()
+                        .and_then(|skips| skips.0.get(i).copied())
+                        .unwrap_or(false);
+                method && !skipped
+            });
+        }
+        if spec.tiered {
+            limit = limit.quota_for(tiered);
+        }
+        if spec.admit_when_full {
+            limit = limit.when_table_full(layer::TableFull::Admit);
+        }
         layer = layer.limit(limit);
     }
     if !exempt_options {
@@ -172,7 +340,7 @@ fn head(
     path: &str,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     client: Option<(String, u16)>,
-    keys: Option<Vec<Option<String>>>,
+    python: PythonParts,
 ) -> http::Request<()> {
     let mut request = http::Request::new(());
     if let Ok(method) = http::Method::from_bytes(method.as_bytes()) {
@@ -204,10 +372,25 @@ fn head(
             Err(_) => {}
         }
     }
-    if let Some(keys) = keys {
-        request.extensions_mut().insert(PythonKeys(keys.into()));
+    let extensions = request.extensions_mut();
+    if let Some(keys) = python.keys {
+        extensions.insert(PythonKeys(keys.into()));
+    }
+    if let Some(costs) = python.costs {
+        extensions.insert(PythonCosts(costs.into()));
+    }
+    if let Some(skips) = python.skips {
+        extensions.insert(PythonSkips(skips.into()));
     }
     request
+}
+
+/// What Python computed for a request, by limit index: keys, costs, and the limits that do
+/// not apply.
+struct PythonParts {
+    keys: Option<Vec<Option<String>>>,
+    costs: Option<Vec<u32>>,
+    skips: Option<Vec<bool>>,
 }
 
 /// ASGI `(name, value)` byte pairs of a header map.
@@ -279,7 +462,9 @@ fn refused(py: Python<'_>, refused: layer::Refused<Bytes>) -> Refused {
 #[pymethods]
 impl AsgiCore {
     /// Decides a request: `Admitted`, `Refused`, or a `Waiting` to await in wait mode.
-    #[pyo3(signature = (method, path, headers, client, keys=None))]
+    /// `keys`, `costs` and `skips` are what Python computed, by limit index.
+    #[pyo3(signature = (method, path, headers, client, keys=None, costs=None, skips=None))]
+    #[allow(clippy::too_many_arguments)]
     fn check<'py>(
         &self,
         py: Python<'py>,
@@ -288,8 +473,16 @@ impl AsgiCore {
         headers: Vec<(Vec<u8>, Vec<u8>)>,
         client: Option<(String, u16)>,
         keys: Option<Vec<Option<String>>>,
+        costs: Option<Vec<u32>>,
+        skips: Option<Vec<bool>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let request = head(method, path, headers, client, keys);
+        let request = head(
+            method,
+            path,
+            headers,
+            client,
+            PythonParts { keys, costs, skips },
+        );
         // The GIL let go: storing a new client in a shared file may wait (briefly) for
         // another process's claim of its bucket.
         let decision = py.detach(|| self.layer.decide::<Bytes>(&Head::of(&request)));

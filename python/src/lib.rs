@@ -1354,6 +1354,11 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<asgi::Admitted>()?;
     m.add_class::<asgi::Refused>()?;
     m.add_class::<asgi::Waiting>()?;
+    m.add_class::<asgi::SharedTable>()?;
+    m.add_function(wrap_pyfunction!(asgi::open_shared_table, m)?)?;
+    m.add_function(wrap_pyfunction!(asgi::check_limit_name, m)?)?;
+    m.add_function(wrap_pyfunction!(asgi::check_key_source, m)?)?;
+    m.add_function(wrap_pyfunction!(asgi::parse_rates, m)?)?;
     m.add_function(wrap_pyfunction!(asgi::new_asgi_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_keyed_core, m)?)?;

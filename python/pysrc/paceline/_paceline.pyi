@@ -1,6 +1,6 @@
 """Type stubs of the Rust half of paceline (booking, the FIFO queue, the arithmetic)."""
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 class Ticket:
     """A booked turn."""
@@ -100,14 +100,35 @@ class Follower:
     ) -> None: ...
     def apply(self, status: int, headers: list) -> Optional[float]: ...
 
+class Admitted:
+    """A request the layer admitted, with the fields to add to its response."""
+
+    fields: List[Tuple[bytes, bytes]]
+
+class Refused:
+    """A request the layer refused: the response to send and why."""
+
+    status: int
+    headers: List[Tuple[bytes, bytes]]
+    body: bytes
+    limit: Optional[str]
+    wait: float
+    table_full: bool
+
 class Waiting:
     """A request of paceline.asgi waiting its booked turn."""
 
-    def poll(self, wake: Callable[[], None]) -> Optional[tuple]:
+    def poll(self, wake: Callable[[], None]) -> Optional[Union[Admitted, Refused]]:
         """The outcome once the turn came, or None (then `wake` is called, from any
         thread, when to poll again)."""
     def cancel(self) -> None:
         """Gives every booking back."""
+
+class SharedTable:
+    """One limit's shared file, opened when its `Limit` is made."""
+
+    def is_current(self) -> bool: ...
+    def __len__(self) -> int: ...
 
 class AsgiCore:
     """paceline's HTTP layer for one paceline.asgi middleware."""
@@ -119,16 +140,29 @@ class AsgiCore:
         headers: Sequence[Tuple[bytes, bytes]],
         client: Optional[Tuple[str, int]],
         keys: Optional[List[Optional[str]]] = None,
-    ) -> Union[tuple, Waiting]:
-        """`(True, fields)` to pass the request, `(False, status, headers, body,
-        refusal)` to answer it, or a `Waiting` in wait mode."""
+        costs: Optional[List[int]] = None,
+        skips: Optional[List[bool]] = None,
+    ) -> Union[Admitted, Refused, Waiting]: ...
 
 def new_asgi_core(
-    limits: List[tuple],
+    limits: List[Any],
     headers_on_success: bool,
     legacy_headers: bool,
     wait_up_to: Optional[float],
     missing: Optional[str],
-    python_refusals: bool,
     exempt_options: bool = True,
 ) -> AsgiCore: ...
+def open_shared_table(
+    path: Any,
+    name: str,
+    count: int,
+    per: float,
+    burst: int,
+    capacity: int,
+    mismatch: str,
+    trust_user: Optional[int] = None,
+    trust_group: Optional[int] = None,
+) -> SharedTable: ...
+def check_limit_name(name: str) -> None: ...
+def check_key_source(spec: tuple) -> None: ...
+def parse_rates(text: str) -> List[Tuple[int, float, int]]: ...

@@ -1,0 +1,263 @@
+"""The Rust layer for a set of limits, and what Python adds around it per request: keys
+and costs from functions (``async`` ones awaited), per-limit exemptions, tiers, the
+exempt rule, the 500 of a server that gives no client address, the warning of a server
+whose own proxy handling already rewrote the client, and the shared files watched."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+from .._paceline import Admitted, Refused, new_asgi_core
+from ._limit import Limit, Scope, _tier
+
+_log = logging.getLogger("paceline.asgi")
+
+#: How often the shared files are checked for having been removed or replaced (seconds).
+_WATCH_EVERY = 1.0
+
+_MISSING = ("shared", "skip")
+
+
+def _missing(value: object) -> Optional[str]:
+    if value is None:
+        return None
+    if value in _MISSING:
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
+        return str(value)
+    raise ValueError(
+        f'on_missing_key must be None, "shared", "skip" or an HTTP error status, got {value!r}'
+    )
+
+
+class _NoAddress:
+    """The 500 of a server that gives no client address (a ``Refused``'s shape)."""
+
+    __slots__ = ("status", "headers", "body", "limit", "wait", "table_full")
+
+    def __init__(self, body: bytes) -> None:
+        self.status = 500
+        self.headers = [(b"content-type", b"text/plain; charset=utf-8")]
+        self.body = body
+        self.limit = None
+        self.wait = 0.0
+        self.table_full = False
+
+
+_warned = set()
+
+
+def _warn_once(what: str, message: str) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        _log.error("%s", message)
+
+
+def _no_address(limit: str) -> _NoAddress:
+    message = (
+        f"paceline: the rate limit {limit!r} keys clients by their address, but this ASGI "
+        "server gives none (scope['client'] is None, as over a unix socket). Serve over "
+        "TCP; behind a proxy on a unix socket, let the server take the client from the "
+        "proxy's header (uvicorn --proxy-headers --forwarded-allow-ips=...) or key by a "
+        "header the proxy sets (KeySource.header); or share one bucket on purpose with "
+        "on_missing_key=\"shared\".\n"
+    )
+    _warn_once("no-address", message.strip())
+    return _NoAddress(message.encode())
+
+
+def _proxy_rewritten(limit: str) -> None:
+    _warn_once(
+        "proxy-rewritten",
+        f"paceline: the rate limit {limit!r} reads X-Forwarded-For behind its own trusted "
+        "proxies (KeySource.behind_proxies), but the server has already replaced the "
+        "connection's address with one read from that header (uvicorn's proxy headers are "
+        "on: its --forwarded-allow-ips list, default 127.0.0.1, decides whom it trusts). "
+        "Two trust lists disagree, and a client the server trusts chooses its own key. "
+        "Either run uvicorn with --no-proxy-headers and keep behind_proxies, or list your "
+        "proxies in --forwarded-allow-ips and use KeySource.peer_ip().",
+    )
+
+
+class _Checker:
+    """The Rust layer for ``limits`` and the per-request Python around it."""
+
+    def __init__(
+        self,
+        limits: Sequence[Limit],
+        *,
+        headers_on_success: bool,
+        legacy_headers: bool,
+        wait_up_to: Optional[float],
+        on_missing_key: object,
+        on_refusal: Optional[Callable[..., Any]],
+        exempt: Optional[Callable[[Scope], bool]],
+    ) -> None:
+        if isinstance(limits, Limit):
+            limits = [limits]
+        limits = list(limits)
+        if not limits or not all(isinstance(limit, Limit) for limit in limits):
+            raise TypeError("limits must be a non-empty list of paceline.asgi.Limit")
+        names = [limit.name for limit in limits]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two limits share a name: {names}")
+        if wait_up_to is not None:
+            if isinstance(wait_up_to, bool) or not isinstance(wait_up_to, (int, float)):
+                raise TypeError("wait_up_to must be None or a number of seconds")
+            if not 0.0 <= float(wait_up_to) < float("inf"):
+                raise ValueError(
+                    f"wait_up_to must be a finite number of seconds >= 0, got {wait_up_to}"
+                )
+        if exempt is not None and not callable(exempt):
+            raise TypeError("exempt must be a function of the scope returning a bool")
+        if on_refusal is not None and not callable(on_refusal):
+            raise TypeError("on_refusal must be a function (scope, RefusalInfo) -> ASGI app")
+        self.limits = limits
+        self.options = (
+            bool(headers_on_success),
+            bool(legacy_headers),
+            None if wait_up_to is None else float(wait_up_to),
+            _missing(on_missing_key),
+            exempt is None,
+        )
+        self.exempt = exempt
+        self.on_refusal = on_refusal
+        self._build()
+        missing = self.options[3]
+        # The first limit keyed by the client's address, when a server that gives none is
+        # a misconfiguration to answer with a 500.
+        self.needs_address = None
+        if missing is None:
+            self.needs_address = next(
+                (limit.name for limit in limits if limit.key._by_address), None
+            )
+        self.behind_proxies = next(
+            (limit.name for limit in limits if limit.key._spec[0] == "proxies"), None
+        )
+        self.watch_at = time.monotonic() + _WATCH_EVERY
+        self.watched = [limit for limit in limits if limit.shared is not None]
+
+    def _build(self) -> None:
+        """The Rust layer, and what Python computes per request, by Rust limit index."""
+        specs = [spec for limit in self.limits for spec in limit._specs()]
+        self.core = new_asgi_core(specs, *self.options)
+        self.key_fns = [spec.limit.key._fn for spec in specs]
+        self.tiers = [spec.limit.quota_for for spec in specs]
+        self.cost_fns = [spec.limit.cost if callable(spec.limit.cost) else None for spec in specs]
+        self.when_fns = [spec.limit.exempt_when for spec in specs]
+        self.any_keys = any(self.key_fns)
+        self.any_costs = any(self.cost_fns)
+        self.any_when = any(self.when_fns)
+        self.is_async = any(
+            spec.limit.key._is_async or spec.limit._cost_async for spec in specs
+        )
+
+    def _watch(self) -> None:
+        """Re-opens a shared file that was removed or replaced at its path (an operator,
+        a cleaner of /tmp): every worker then joins the file the path leads to now,
+        within a second, instead of each keeping a bound of its own."""
+        self.watch_at = time.monotonic() + _WATCH_EVERY
+        stale = [limit for limit in self.watched if limit._stale()]
+        if stale:
+            for limit in stale:
+                _log.warning(
+                    "paceline: the shared file %s of limit %r was removed or replaced: "
+                    "opening the path again",
+                    limit.shared,
+                    limit.name,
+                )
+                limit._open()
+            self._build()
+
+    def _parts(self, scope: Scope) -> tuple:
+        """What Python computes for this request (sync functions only)."""
+        keys = costs = skips = None
+        if self.any_keys:
+            keys = []
+            for fn, tier in zip(self.key_fns, self.tiers):
+                key = None if fn is None else fn(scope)
+                keys.append(_key(key, tier))
+        if self.any_costs:
+            costs = [1 if fn is None else _cost(fn(scope)) for fn in self.cost_fns]
+        if self.any_when:
+            skips = [False if fn is None else bool(fn(scope)) for fn in self.when_fns]
+        return keys, costs, skips
+
+    async def _parts_async(self, scope: Scope) -> tuple:
+        """[`_parts`], awaiting the functions that are coroutines."""
+        keys = costs = skips = None
+        if self.any_keys:
+            keys = []
+            for fn, tier in zip(self.key_fns, self.tiers):
+                key = None if fn is None else await _maybe(fn(scope))
+                keys.append(_key(key, tier))
+        if self.any_costs:
+            costs = [1 if fn is None else _cost(await _maybe(fn(scope))) for fn in self.cost_fns]
+        if self.any_when:
+            skips = [False if fn is None else bool(fn(scope)) for fn in self.when_fns]
+        return keys, costs, skips
+
+    def _ask(self, scope: Scope, parts: tuple) -> Any:
+        if time.monotonic() >= self.watch_at:
+            self._watch()
+        client = scope.get("client")
+        if self.needs_address is not None and (not client or not client[0]):
+            return _no_address(self.needs_address)
+        if self.behind_proxies is not None and client and client[1] == 0:
+            # uvicorn's proxy middleware writes port 0 into the client it resolved.
+            if any(name == b"x-forwarded-for" for name, _ in scope.get("headers", ())):
+                _proxy_rewritten(self.behind_proxies)
+        keys, costs, skips = parts
+        return self.core.check(
+            scope["method"], scope["path"], scope["headers"], client, keys, costs, skips
+        )
+
+    def check(self, scope: Scope) -> Any:
+        """The layer's answer for this request: ``None`` when exempt, ``Admitted``,
+        ``Refused``, or a ``Waiting``. For limits whose functions are all plain ones."""
+        if self.exempt is not None and self.exempt(scope):
+            return None
+        if self.is_async:
+            raise TypeError(
+                "a limit's key or cost function is async: this path decides synchronously "
+                "(use the RouteLimit as a FastAPI dependency, or the middleware)"
+            )
+        return self._ask(scope, self._parts(scope))
+
+    async def acheck(self, scope: Scope) -> Any:
+        """[`check`], awaiting async key and cost functions."""
+        if self.exempt is not None and self.exempt(scope):
+            return None
+        if self.is_async:
+            return self._ask(scope, await self._parts_async(scope))
+        return self._ask(scope, self._parts(scope))
+
+
+async def _maybe(value: Any) -> Any:
+    if hasattr(value, "__await__"):
+        return await value
+    return value
+
+
+def _key(key: Any, tier: Optional[Callable[[str], Any]]) -> Optional[str]:
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise TypeError(f"a key function must return a str or None, got {key!r}")
+    if tier is not None:
+        rate = tier(key)
+        if rate is not None:
+            # The Rust layer reads the client's quota from its key.
+            return f"{_tier(rate)}\x1f{key}"
+    return key
+
+
+def _cost(cost: Any) -> int:
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= 0xFFFF_FFFF:
+        raise TypeError(f"a cost function must return an int from 0 to 4294967295, got {cost!r}")
+    return cost
+
+
+__all__ = ["_Checker", "Admitted", "Refused"]

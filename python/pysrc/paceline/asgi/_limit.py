@@ -1,0 +1,347 @@
+"""What a limit is: its name, its rates, whom a request counts against, what it costs,
+which requests it applies to, and where its keys live. Everything is checked when the
+``Limit`` is made (by the Rust layer's own checks), so a bad configuration fails at
+import, not at the first request."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import math
+import os
+from typing import Any, Awaitable, Callable, Iterable, List, MutableMapping, Optional, Tuple, Union
+
+from .. import _capacity, _count, _gid, _path, _quota, _trusted, _uid
+from .._paceline import check_key_source, check_limit_name, open_shared_table, parse_rates
+
+Scope = MutableMapping[str, Any]
+
+#: A rate: requests per ``per`` seconds (an int or a float), or text as the ``limits``
+#: package writes it (``"10/second"``, ``"100 per 2 hours"``, several joined by ``;``).
+Rate = Union[int, float, str]
+
+
+class KeySource:
+    """Which client a request counts against, for one limit."""
+
+    __slots__ = ("_spec", "_fn", "_by_address", "_is_async")
+
+    def __init__(self, spec: tuple, fn: Optional[Callable[[Scope], Any]] = None):
+        check_key_source(spec)
+        self._spec = spec
+        self._fn = fn
+        self._by_address = spec[0] in ("peer", "proxies")
+        self._is_async = fn is not None and _is_async(fn)
+
+    def __repr__(self) -> str:
+        return f"KeySource{self._spec!r}"
+
+    @staticmethod
+    def peer_ip(ipv6_prefix: int = 64) -> "KeySource":
+        """The address the connection comes from (``scope["client"]``), IPv6 grouped by
+        ``ipv6_prefix`` bits (128: each address on its own). A client the server names
+        without an address (``TestClient``'s ``"testclient"``) is keyed by that name.
+        Behind a proxy every client is the proxy: let the server resolve the client
+        (uvicorn's ``--proxy-headers`` with your proxies in ``--forwarded-allow-ips``), or
+        use ``behind_proxies`` with the server's proxy handling off."""
+        return KeySource(("peer", _prefix(ipv6_prefix)))
+
+    @staticmethod
+    def behind_proxies(
+        proxies: Iterable[str], *, forwarded_header: bool = False, ipv6_prefix: int = 64
+    ) -> "KeySource":
+        """The client behind trusted proxies: when the connection comes from one of
+        ``proxies`` (networks such as ``"10.0.0.0/8"`` or addresses), the right-most
+        address of ``X-Forwarded-For`` that is not itself a trusted proxy. What a client
+        writes left of it is ignored, so a spoofed entry changes nothing; a request from
+        anywhere else is keyed by its own address. With ``forwarded_header=True`` the RFC
+        7239 ``Forwarded`` header is read instead: name the one your proxies write.
+
+        The server's own proxy handling must be off (uvicorn ``--no-proxy-headers``):
+        otherwise the server has already replaced the connection's address with one read
+        from the header, and the trusted list here would be applied to that."""
+        if isinstance(proxies, (str, bytes)):
+            raise TypeError("proxies must be a list of networks, not one string")
+        networks = []
+        for network in proxies:
+            if not isinstance(network, str):
+                raise TypeError(f"a trusted proxy network must be a str, got {network!r}")
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as e:
+                raise ValueError(f"a trusted proxy network {network!r}: {e}") from None
+            networks.append(network)
+        return KeySource(("proxies", networks, bool(forwarded_header), _prefix(ipv6_prefix)))
+
+    @staticmethod
+    def header(name: str) -> "KeySource":
+        """A header's value (an API key, a tenant); a request without it has no key (see
+        ``on_missing_key``)."""
+        if not isinstance(name, str) or not name or not all(
+            c.isascii() and (c.isalnum() or c in "!#$%&'*+-.^_`|~") for c in name
+        ):
+            raise ValueError(f"{name!r} is not a header name")
+        return KeySource(("header", name.lower()))
+
+    @staticmethod
+    def global_() -> "KeySource":
+        """One key for every request: a limit on the whole service."""
+        return KeySource(("global",))
+
+    @staticmethod
+    def callable(fn: Callable[[Scope], Union[Optional[str], Awaitable[Optional[str]]]]) -> "KeySource":
+        """Any function of the ASGI scope returning the key as a ``str`` (``None``: no
+        key); an ``async def`` is awaited. Keys longer than 64 bytes are stored as a
+        digest, so any length costs the same memory."""
+        if not callable(fn):
+            raise TypeError(f"KeySource.callable needs a function of the scope, got {fn!r}")
+        return KeySource(("callable",), fn)
+
+
+def _prefix(prefix: object) -> int:
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= 128:
+        raise ValueError(f"ipv6_prefix must be an int from 0 to 128, got {prefix!r}")
+    return prefix
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    call = getattr(fn, "__call__", None)
+    return asyncio.iscoroutinefunction(fn) or asyncio.iscoroutinefunction(call)
+
+
+def _rates(rate: object, per: object, burst: object) -> List[Tuple[int, float, int, str]]:
+    """A limit's quotas as ``(count, per, burst, text)``: text naming each when several."""
+    if isinstance(rate, str):
+        if per != 1.0 or burst is not None:
+            raise ValueError(
+                "a rate written as text carries its own period and burst: leave per and "
+                f"burst out, or write the rate as a number (got {rate!r}, per={per!r}, "
+                f"burst={burst!r})"
+            )
+        parts = [p.strip() for p in rate.replace(",", ";").split(";") if p.strip()]
+        return [(c, p, b, text) for (c, p, b), text in zip(parse_rates(rate), parts)]
+    if isinstance(rate, float) and not isinstance(rate, bool):
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"rate must be a positive, finite number, got {rate!r}")
+        if rate.is_integer():
+            rate = int(rate)
+        else:
+            # A fraction of a request per period: one request per period / rate.
+            if isinstance(per, bool) or not isinstance(per, (int, float)):
+                raise TypeError(f"per must be a number of seconds, got {type(per).__name__}")
+            whole = max(1, math.floor(rate))
+            count, every, most = _quota(1, float(per) / rate, whole if burst is None else burst)
+            return [(count, every, most, "")]
+    count, every, most = _quota(rate, per, rate if burst is None else burst)
+    return [(count, every, most, "")]
+
+
+class _Spec:
+    """One limit of the Rust layer (a ``Limit`` with several rates makes one per rate):
+    what ``paceline._paceline.new_asgi_core`` reads."""
+
+    __slots__ = (
+        "name",
+        "count",
+        "per",
+        "burst",
+        "key",
+        "max_keys",
+        "table",
+        "cost",
+        "methods",
+        "python_when",
+        "tiered",
+        "admit_when_full",
+        "limit",
+    )
+
+
+class Limit:
+    """One named limit per client: ``rate`` requests per ``per`` seconds, up to ``burst``
+    at once (default: ``rate``, as "10 per second" lets 10 through at once). ``rate`` may
+    be a float (``0.5`` per second: one every 2 s) or text as slowapi and ``limits`` write
+    it (``"5/minute"``; ``"100/day;10/second"`` is two limits at once).
+
+    - ``key``: a ``KeySource``, or any function of the scope returning the key (``async``
+      allowed); default: the peer address.
+    - ``cost``: the cells a request takes (an int, or a function of the scope returning
+      one, ``async`` allowed); a request costing more than the burst never passes.
+    - ``methods``: the HTTP methods the limit applies to (default: all);
+      ``exempt_when``: a function of the scope, true for requests this limit skips.
+    - ``quota_for``: a function of the key (a ``str``; the key must come from a function)
+      returning that client's rate (as ``rate``, or ``(rate, per)``, ``(rate, per,
+      burst)``), or ``None`` for this limit's own: tiers. In-process limits only.
+    - ``max_keys`` bounds the clients kept in this process (default 1 000 000); ``shared``
+      is a file every worker of the host opens instead (in ``/dev/shm`` to stay in
+      memory), with room for at least ``capacity`` clients still limited (64 bytes each);
+      the file holds this one limit, by name, and is opened under ``Limiter.shared``'s
+      rules (``trust_user``, ``trust_group``, ``on_mismatch``). The file is opened here,
+      so a bad one fails at import.
+    - ``when_full``: what a new client gets when the table has no room for it: ``"503"``
+      (default: ``503`` with ``Retry-After`` and no ``RateLimit`` field: it spent
+      nothing) or ``"admit"`` (let through untracked).
+    - ``name`` is the limit's name in the ``RateLimit`` fields (1 to 64 printable ASCII
+      characters; with several rates each is named after its rate too).
+    """
+
+    __slots__ = (
+        "name",
+        "key",
+        "cost",
+        "methods",
+        "exempt_when",
+        "quota_for",
+        "max_keys",
+        "shared",
+        "capacity",
+        "on_mismatch",
+        "trust_user",
+        "trust_group",
+        "when_full",
+        "_rates",
+        "_tables",
+        "_cost_async",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        rate: Rate,
+        per: float = 1.0,
+        burst: Optional[int] = None,
+        *,
+        key: Union[KeySource, Callable[[Scope], Any], None] = None,
+        cost: Union[int, Callable[[Scope], Any]] = 1,
+        methods: Optional[Iterable[str]] = None,
+        exempt_when: Optional[Callable[[Scope], bool]] = None,
+        quota_for: Optional[Callable[[str], Any]] = None,
+        max_keys: Optional[int] = None,
+        shared: "os.PathLike[str] | str | bytes | None" = None,
+        capacity: int = 65_536,
+        on_mismatch: str = "refuse",
+        trust_user: "int | str | None" = None,
+        trust_group: "int | str | None" = None,
+        when_full: str = "503",
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a limit's name must be a non-empty str, got {name!r}")
+        check_limit_name(name)
+        self.name = name
+        self._rates = _rates(rate, per, burst)
+        for _, _, _, text in self._rates:
+            if len(self._rates) > 1:
+                check_limit_name(f"{name} {text}")
+        if key is None:
+            key = KeySource.peer_ip()
+        elif not isinstance(key, KeySource):
+            key = KeySource.callable(key)
+        self.key = key
+        if callable(cost):
+            self._cost_async = _is_async(cost)
+        else:
+            cost = _count("cost", cost, 0)
+            self._cost_async = False
+        self.cost = cost
+        if methods is not None:
+            if isinstance(methods, str):
+                methods = [methods]
+            methods = [str(m).upper() for m in methods]
+        self.methods = methods
+        if exempt_when is not None and not callable(exempt_when):
+            raise TypeError("exempt_when must be a function of the scope returning a bool")
+        self.exempt_when = exempt_when
+        if quota_for is not None:
+            if not callable(quota_for):
+                raise TypeError("quota_for must be a function of the key returning a rate")
+            if key._fn is None:
+                raise ValueError(
+                    "quota_for needs the key computed in Python: give key a function "
+                    "(KeySource.callable) that returns the client's key"
+                )
+            if shared is not None:
+                raise ValueError("a shared file holds one quota: quota_for is for in-process limits")
+        self.quota_for = quota_for
+        self.max_keys = None if max_keys is None else _count("max_keys", max_keys, 1)
+        self.shared = None if shared is None else _path(shared)
+        if self.shared is not None and max_keys is not None:
+            raise ValueError("a shared limit's keys are bounded by capacity, not max_keys")
+        if self.shared is not None and len(self._rates) > 1:
+            raise ValueError(
+                "a shared file holds one rate: give each rate a Limit and a path of its own"
+            )
+        self.capacity = _capacity(capacity)
+        if on_mismatch not in ("refuse", "adopt", "replace"):
+            raise ValueError(
+                f'on_mismatch must be "refuse", "adopt" or "replace", got {on_mismatch!r}'
+            )
+        self.on_mismatch = on_mismatch
+        self.trust_user = _trusted("trust_user", trust_user, _uid)
+        self.trust_group = _trusted("trust_group", trust_group, _gid)
+        if when_full not in ("503", "admit"):
+            raise ValueError(f'when_full must be "503" or "admit", got {when_full!r}')
+        self.when_full = when_full
+        self._tables: List[Any] = []
+        self._open()
+
+    def _open(self) -> None:
+        """Opens (again) the shared file, if any: at start-up, and when the path no longer
+        leads to the file this process has open."""
+        if self.shared is None:
+            return
+        count, per, burst, _ = self._rates[0]
+        self._tables = [
+            open_shared_table(
+                self.shared,
+                self.name,
+                count,
+                per,
+                burst,
+                self.capacity,
+                self.on_mismatch,
+                self.trust_user,
+                self.trust_group,
+            )
+        ]
+
+    def _stale(self) -> bool:
+        """Whether the shared file was removed or replaced at its path."""
+        return any(not table.is_current() for table in self._tables)
+
+    def __repr__(self) -> str:
+        rates = ", ".join(f"{c}/{p:g}s" for c, p, _, _ in self._rates)
+        return (
+            f"Limit({self.name!r}, {rates}, key={self.key!r}"
+            f"{'' if self.shared is None else f', shared={self.shared!r}'})"
+        )
+
+    def _specs(self) -> List[_Spec]:
+        specs = []
+        for i, (count, per, burst, text) in enumerate(self._rates):
+            spec = _Spec()
+            spec.name = self.name if len(self._rates) == 1 else f"{self.name} {text}"
+            spec.count, spec.per, spec.burst = count, per, burst
+            spec.key = self.key._spec
+            spec.max_keys = self.max_keys
+            spec.table = self._tables[i] if self._tables else None
+            spec.cost = None if callable(self.cost) else self.cost
+            spec.methods = self.methods
+            spec.python_when = self.exempt_when is not None
+            spec.tiered = self.quota_for is not None
+            spec.admit_when_full = self.when_full == "admit"
+            spec.limit = self
+            specs.append(spec)
+        return specs
+
+
+def _tier(rate: object) -> str:
+    """A ``quota_for`` answer as the key prefix the Rust layer reads
+    (``"{count}/{per ns}/{burst}"``)."""
+    if isinstance(rate, tuple):
+        rates = _rates(*rate) if len(rate) >= 2 else _rates(rate[0], 1.0, None)
+    else:
+        rates = _rates(rate, 1.0, None)
+    if len(rates) != 1:
+        raise ValueError(f"quota_for must give one rate per key, got {rate!r}")
+    count, per, burst, _ = rates[0]
+    return f"{count}/{round(per * 1e9)}/{burst}"

@@ -1,0 +1,256 @@
+"""The ASGI middleware: asks the layer about each HTTP request, then passes it on (with
+the fields to add), answers the refusal, or waits the request's turn."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, List, MutableMapping, Optional, Sequence, Tuple, Union
+
+from ._checker import Admitted, Refused, _Checker, _NoAddress
+from ._limit import Limit, Scope
+from ._route import _exempt_route
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: The most of a request's body kept while it waits its turn, by default (bytes).
+WAIT_BUFFER = 64 * 1024
+
+
+class RefusalInfo:
+    """Why a request was refused, for a custom refusal response: the ``limit`` that admits
+    it last, the ``wait`` in seconds until it would, ``retry_after`` (whole seconds,
+    rounded up, at least 1), the ``status`` (429) and the ``headers`` the refusal carries
+    (``Retry-After`` and the ``RateLimit`` fields, as ASGI ``(bytes, bytes)`` pairs)."""
+
+    __slots__ = ("limit", "wait", "retry_after", "status", "headers")
+
+    def __init__(
+        self, limit: str, wait: float, status: int, headers: List[Tuple[bytes, bytes]]
+    ) -> None:
+        self.limit = limit
+        self.wait = wait
+        self.status = status
+        self.headers = headers
+        self.retry_after = 1
+        for name, value in headers:
+            if name == b"retry-after":
+                self.retry_after = int(value)
+
+    def __repr__(self) -> str:
+        return f"RefusalInfo(limit={self.limit!r}, wait={self.wait:.3f}, retry_after={self.retry_after})"
+
+
+async def _wait(waiting: Any) -> Any:
+    """Awaits a ``Waiting`` from the Rust layer: polls it, and when its waker fires (on
+    the timer's thread) polls again on this loop. Cancelled, it gives every booking back."""
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            woken = loop.create_future()
+
+            def wake(woken: asyncio.Future = woken) -> None:
+                loop.call_soon_threadsafe(_settle, woken)
+
+            outcome = waiting.poll(wake)
+            if outcome is not None:
+                return outcome
+            await woken
+    except BaseException:
+        waiting.cancel()
+        raise
+
+
+def _ignore() -> None:
+    pass
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _wait_watching(
+    waiting: Any, receive: Receive, buffer: int
+) -> Tuple[Any, List[Message]]:
+    """Waits the turn while listening for the client going away: the messages read
+    meanwhile (the request's body) are kept for the app; once more than ``buffer`` bytes
+    of body are kept, nothing more is read until the turn comes (the server's
+    backpressure holds the rest, and a client that leaves then is noticed by the app). A
+    disconnect cancels the wait, giving its booking back, and returns ``None``."""
+    kept: List[Message] = []
+
+    async def listen() -> bool:
+        """True when the client went away; False once the buffer is full."""
+        held = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                kept.append(message)
+                return True
+            kept.append(message)
+            held += len(message.get("body", b""))
+            if held > buffer or not message.get("more_body", False):
+                break
+        # The body is read (or the buffer full): from here on only a disconnect matters,
+        # and a conforming server's next message is one. Anything else ends the watch.
+        if held > buffer:
+            return False
+        message = await receive()
+        kept.append(message)
+        return message["type"] == "http.disconnect"
+
+    turn = asyncio.ensure_future(_wait(waiting))
+    listener = asyncio.ensure_future(listen())
+    try:
+        await asyncio.wait((turn, listener), return_when=asyncio.FIRST_COMPLETED)
+        if not turn.done() and listener.done() and not listener.result():
+            await turn  # the body is read (or the buffer full): just wait the turn
+    except BaseException:
+        turn.cancel()
+        listener.cancel()
+        raise
+    if not turn.done():
+        turn.cancel()
+        try:
+            await turn
+        except asyncio.CancelledError:
+            pass
+        return None, kept
+    if not listener.done():
+        listener.cancel()
+        try:
+            await listener
+        except asyncio.CancelledError:
+            pass
+    return turn.result(), kept
+
+
+def _replaying(kept: List[Message], receive: Receive) -> Receive:
+    if not kept:
+        return receive
+
+    async def replay() -> Message:
+        if kept:
+            return kept.pop(0)
+        return await receive()
+
+    return replay
+
+
+def _adding(send: Send, fields: List[Tuple[bytes, bytes]]) -> Send:
+    """``send``, adding ``fields`` to the response's start, but for those the app set
+    itself (a second ``RateLimit`` field would contradict its own)."""
+
+    async def with_fields(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = dict(message)
+            own = list(message.get("headers", ()))
+            names = {name.lower() for name, _ in own}
+            message["headers"] = own + [(n, v) for n, v in fields if n not in names]
+        await send(message)
+
+    return with_fields
+
+
+async def _refuse(checker: _Checker, scope: Scope, receive: Receive, send: Send, outcome: Any) -> None:
+    status, headers, body = outcome.status, list(outcome.headers), outcome.body
+    if outcome.limit is not None and checker.on_refusal is not None and status == 429:
+        kept = [
+            (name, value)
+            for name, value in headers
+            if name not in (b"content-type", b"content-length")
+        ]
+        info = RefusalInfo(outcome.limit, outcome.wait, status, kept)
+        response = checker.on_refusal(scope, info)
+        if asyncio.iscoroutine(response):
+            response = await response
+        await response(scope, receive, _adding(send, kept))
+        return
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RateLimitMiddleware:
+    """An ASGI middleware that limits HTTP requests by ``limits`` (a list of ``Limit``).
+
+    - ``headers_on_success``: add the ``RateLimit-Policy`` / ``RateLimit`` fields to
+      admitted responses too (default: only to refusals; never over fields the app set).
+    - ``legacy_headers``: also the ``X-RateLimit-Limit/Remaining/Reset`` fields of the
+      tightest limit.
+    - ``wait_up_to``: seconds a request may wait for its turn instead of being refused
+      (booked in line, first come first served; a client that goes away gives its turn
+      back). ``wait_buffer``: the most of a waiting request's body read meanwhile
+      (default 64 KiB; the rest waits in the server's buffers). Default: refuse at once.
+    - ``on_missing_key``: a request without a key for a limit (no such header, a key
+      function returning ``None``): ``None`` (default: keyless requests share one bucket,
+      but a limit keyed by the client's address behind a server that gives none answers
+      500 naming the fix), ``"shared"``, ``"skip"`` (the limit does not apply) or an HTTP
+      status to refuse with.
+    - ``on_refusal``: ``(scope, RefusalInfo) -> ASGI app`` (a Starlette ``Response``, say),
+      sent instead of the default ``429`` text; the refusal's ``Retry-After`` and
+      ``RateLimit`` fields are added where the response does not set them.
+    - ``exempt``: ``scope -> bool``, requests not limited at all (default: ``OPTIONS``, so
+      CORS preflights never eat a client's budget); endpoints decorated with
+      ``paceline.asgi.exempt`` are exempt too.
+
+    Non-HTTP scopes (websocket, lifespan) pass through. Every limit is checked when the
+    middleware is made (and each ``Limit`` when it is), so a bad configuration fails at
+    start-up.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: Union[Limit, Sequence[Limit]],
+        *,
+        headers_on_success: bool = False,
+        legacy_headers: bool = False,
+        wait_up_to: Optional[float] = None,
+        wait_buffer: int = WAIT_BUFFER,
+        on_missing_key: Union[str, int, None] = None,
+        on_refusal: Optional[Callable[[Scope, RefusalInfo], Any]] = None,
+        exempt: Optional[Callable[[Scope], bool]] = None,
+    ) -> None:
+        self.app = app
+        if isinstance(wait_buffer, bool) or not isinstance(wait_buffer, int) or wait_buffer < 0:
+            raise ValueError(f"wait_buffer must be an int of bytes >= 0, got {wait_buffer!r}")
+        self._buffer = wait_buffer
+        self._checker = _Checker(
+            limits,
+            headers_on_success=headers_on_success,
+            legacy_headers=legacy_headers,
+            wait_up_to=wait_up_to,
+            on_missing_key=on_missing_key,
+            on_refusal=on_refusal,
+            exempt=exempt,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _exempt_route(scope):
+            await self.app(scope, receive, send)
+            return
+        checker = self._checker
+        outcome = await checker.acheck(scope) if checker.is_async else checker.check(scope)
+        if outcome is None:
+            await self.app(scope, receive, send)
+            return
+        kind = outcome.__class__
+        if kind is not Admitted and kind is not Refused and kind is not _NoAddress:
+            now = outcome.poll(_ignore)  # a turn that is due now is taken without a task
+            if now is not None:
+                outcome = now
+            else:
+                outcome, kept = await _wait_watching(outcome, receive, self._buffer)
+                if outcome is None:
+                    return  # the client went away while it waited
+                receive = _replaying(kept, receive)
+            kind = outcome.__class__
+        if kind is Admitted:
+            fields = outcome.fields
+            await self.app(scope, receive, _adding(send, fields) if fields else send)
+            return
+        await _refuse(checker, scope, receive, send, outcome)

@@ -1,0 +1,198 @@
+"""Limits for some routes only (``RouteLimit``: a FastAPI dependency, or a decorator), and
+routes no limit applies to (``exempt``)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from ._checker import Admitted, _Checker
+from ._limit import Limit, Scope
+
+#: Whether any endpoint was marked exempt (only then does the middleware look routes up).
+_any_exempt = False
+
+
+def exempt(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a route's endpoint as not limited by any ``RateLimitMiddleware`` (a health
+    check, a webhook with limits of its own)::
+
+        @app.get("/health")
+        @paceline.asgi.exempt
+        async def health(): ...
+
+    The middleware finds the endpoint by matching the request against the app's routes
+    (Starlette's and FastAPI's, mounts included), which it does only once some endpoint is
+    marked."""
+    global _any_exempt
+    _any_exempt = True
+    endpoint.__paceline_exempt__ = True  # type: ignore[attr-defined]
+    return endpoint
+
+
+def _exempt_route(scope: Scope) -> bool:
+    """Whether the request's route has an endpoint marked ``exempt``."""
+    if not _any_exempt:
+        return False
+    app = scope.get("app")
+    routes = getattr(getattr(app, "router", app), "routes", None)
+    return routes is not None and _matches_exempt(routes, scope)
+
+
+def _matches_exempt(routes: Sequence[Any], scope: Scope) -> bool:
+    try:
+        from starlette.routing import Match
+    except ImportError:  # no Starlette: no routes to match
+        return False
+    for route in routes:
+        match, child = route.matches(scope)
+        if match == Match.FULL:
+            inner = getattr(route, "routes", None)
+            if inner is not None and not hasattr(route, "endpoint"):
+                return _matches_exempt(inner, {**scope, **child})
+            endpoint = getattr(route, "endpoint", None)
+            return bool(getattr(endpoint, "__paceline_exempt__", False))
+    return False
+
+
+def _as_dict(headers: List[Tuple[bytes, bytes]]) -> Dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
+
+
+class RouteLimit:
+    """Limits for some routes only, the same ``Limit``s and options as
+    ``RateLimitMiddleware`` (its ``on_missing_key``, ``headers_on_success``, ``exempt``).
+
+    In FastAPI, as a dependency (it raises ``HTTPException(429)`` with ``Retry-After`` and
+    the ``RateLimit`` fields); after an authentication dependency, a key function can read
+    what it set (``scope["state"]``)::
+
+        login_limit = RouteLimit(Limit("login", "5/minute", shared="/dev/shm/myapp-login"))
+
+        @app.post("/login", dependencies=[Depends(login_limit)])
+        async def login(): ...
+
+    On a Starlette endpoint (or any endpoint that takes the ``Request``), as a decorator
+    that answers the ``429`` itself (a plain ``def`` endpoint runs in the thread pool, as
+    FastAPI runs it)::
+
+        @login_limit.limit
+        async def login(request): ...
+
+    Without ``shared=``, each worker process keeps its own count. A route limit refuses at
+    once (``wait_up_to`` is the middleware's).
+    """
+
+    def __init__(
+        self,
+        limits: Union[Limit, Sequence[Limit]],
+        *,
+        headers_on_success: bool = False,
+        legacy_headers: bool = False,
+        on_missing_key: Union[str, int, None] = None,
+        exempt: Optional[Callable[[Scope], bool]] = None,
+    ) -> None:
+        self._checker = _Checker(
+            limits,
+            headers_on_success=headers_on_success,
+            legacy_headers=legacy_headers,
+            wait_up_to=None,
+            on_missing_key=on_missing_key,
+            on_refusal=None,
+            exempt=exempt,
+        )
+
+    @staticmethod
+    def _decision(outcome: Any) -> Tuple[bool, int, Dict[str, str], bytes]:
+        if outcome is None:
+            return True, 200, {}, b""
+        if outcome.__class__ is Admitted:
+            return True, 200, _as_dict(outcome.fields), b""
+        fields = {
+            name: value
+            for name, value in _as_dict(outcome.headers).items()
+            if name not in ("content-type", "content-length")
+        }
+        return False, outcome.status, fields, outcome.body
+
+    def decide(self, scope: Scope) -> Tuple[bool, int, Dict[str, str], bytes]:
+        """The decision for a request's scope: ``(admitted, status, fields, body)``, with
+        the fields to add (admitted) or to answer with (refused) as a ``str`` dict. For
+        limits whose key and cost functions are plain ones; ``adecide`` awaits async ones."""
+        return self._decision(self._checker.check(scope))
+
+    async def adecide(self, scope: Scope) -> Tuple[bool, int, Dict[str, str], bytes]:
+        """``decide``, awaiting async key and cost functions."""
+        return self._decision(await self._checker.acheck(scope))
+
+    async def __call__(self, request: Any, response: Any) -> None:
+        """The FastAPI dependency: raises ``fastapi.HTTPException`` when refused; adds
+        the fields to the response when ``headers_on_success``."""
+        admitted, status, fields, body = await self.adecide(request.scope)
+        if admitted:
+            for name, value in fields.items():
+                if name not in response.headers:
+                    response.headers[name] = value
+            return
+        from fastapi import HTTPException
+
+        raise HTTPException(status_code=status, detail=body.decode().strip(), headers=fields)
+
+    def limit(self, endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        """Wraps an endpoint that takes the ``Request`` (Starlette's, or FastAPI's with a
+        ``request: Request`` parameter): refused requests get the ``429`` without reaching
+        it. A plain ``def`` endpoint runs in the thread pool. A result that is not a
+        response (a dict, say) is sent as JSON with the fields; to keep FastAPI's response
+        model, use the dependency form."""
+        from starlette.concurrency import run_in_threadpool
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response
+
+        is_async = asyncio.iscoroutinefunction(endpoint)
+
+        @functools.wraps(endpoint)
+        async def limited(*args: Any, **kwargs: Any) -> Any:
+            request = next(
+                (a for a in (*args, *kwargs.values()) if isinstance(a, Request)), None
+            )
+            if request is None:
+                raise TypeError(
+                    f"{endpoint.__name__} takes no Request: add a `request: Request` "
+                    "parameter for RouteLimit.limit, or use the RouteLimit as a dependency"
+                )
+            admitted, status, fields, body = await self.adecide(request.scope)
+            if not admitted:
+                return Response(body, status_code=status, headers=fields, media_type="text/plain")
+            if is_async:
+                result = await endpoint(*args, **kwargs)
+            else:
+                result = await run_in_threadpool(endpoint, *args, **kwargs)
+            if fields:
+                if not isinstance(result, Response):
+                    try:
+                        from fastapi.encoders import jsonable_encoder
+                    except ImportError:  # Starlette alone: the result as it is
+                        def jsonable_encoder(value: Any) -> Any:
+                            return value
+                    result = JSONResponse(jsonable_encoder(result))
+                for name, value in fields.items():
+                    if name not in result.headers:
+                        result.headers[name] = value
+            return result
+
+        return limited
+
+
+def _annotate_dependency() -> None:
+    """FastAPI reads a dependency's parameter types from its annotations: give
+    ``RouteLimit.__call__`` Starlette's ``Request`` and ``Response`` where they exist."""
+    try:
+        from starlette.requests import Request
+        from starlette.responses import Response
+    except ImportError:  # no Starlette: the dependency is not used either
+        return
+    RouteLimit.__call__.__annotations__.update(request=Request, response=Response)
+
+
+_annotate_dependency()
