@@ -76,7 +76,7 @@ impl CoarseClock {
             now: CachePadded::new(AtomicU64::new(DefaultClock::default().now())),
             resolution: resolution.as_nanos() as u64,
         });
-        fork::register();
+        fork::add(&FORK_HOOKS);
         let mut live = live();
         live.retain(|clock| clock.strong_count() > 0);
         live.push(Arc::downgrade(&shared));
@@ -113,8 +113,12 @@ std::thread_local! {
         const { core::cell::Cell::new(None) };
 }
 
+/// What the coarse clocks do around a fork (`fork.rs`).
+pub(super) static FORK_HOOKS: fork::Hooks =
+    fork::Hooks::new(hold_for_fork, release_after_fork, restart_after_fork);
+
 /// Fork's prepare handler: no constructor is half-way through the list at the fork.
-pub(super) fn hold_for_fork() {
+fn hold_for_fork() {
     HELD.with(|held| {
         let guard = held.take();
         // Registered twice (`fork.rs`): the first run holds it already.
@@ -124,12 +128,12 @@ pub(super) fn hold_for_fork() {
 }
 
 /// Fork's parent handler.
-pub(super) fn release_after_fork() {
+fn release_after_fork() {
     drop(HELD.with(core::cell::Cell::take));
 }
 
 /// Fork's child handler: each clock alive gets a fresh reading and a new upkeep thread.
-pub(super) fn restart_after_fork() {
+fn restart_after_fork() {
     let Some(live) = HELD.with(core::cell::Cell::take) else {
         return;
     };

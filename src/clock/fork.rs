@@ -6,7 +6,8 @@
 //! timer thread (or a coarse clock's upkeep thread) started has, in the child, the
 //! timer's map and the limiters' queues exactly as they were, but no thread serving them:
 //! every sleeper in the child would wait for ever. So each of those modules registers
-//! three handlers with `pthread_atfork`, once per process:
+//! three hooks with this module, which runs them from the three handlers it registers
+//! with `pthread_atfork`, once per process:
 //!
 //! * *prepare* (in the forking thread, before the fork) takes the module's lock and keeps
 //!   it across the fork, so that no other thread is half-way through changing what the
@@ -26,8 +27,12 @@
 //! only lock (poisoning ignored), move values and spawn threads, none of which panics.
 //! A thread that cannot be spawned in the child is spawned by the next wake-up request.
 //!
-//! **Registered once, early, for every module.** One set of handlers serves the timer,
-//! the coarse clocks and the fork count. The C library runs the handlers it had when a
+//! **Registered once, early, for every module.** One set of handlers serves every module's
+//! hooks and the fork count; this module knows the others only as [`Hooks`] they add
+//! (the clock module hands it the whole set, so they are added early; each module also
+//! adds its own before it first takes its lock). The handlers run the hooks that were
+//! added when the fork's *prepare* ran, in the order they were added; hooks are
+//! independent of each other, so the order is immaterial. The C library runs the handlers it had when a
 //! fork began: a set registered while another thread forks does not run for that fork,
 //! and the child inherits the timer exactly as it was copied, server thread recorded and
 //! gone, so its waiters sleep for ever. Registered by the first wait, that window was as
@@ -50,10 +55,43 @@
 //! [`CLAIM_PATIENCE`]; a prepare handler registered twice finds its lock held by its own
 //! thread and leaves it at that.
 
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{coarse, timer};
+/// What a module does around a fork (module docs): each function runs inside `fork`, so it
+/// must not unwind, and only locks, moves values and spawns threads.
+pub(crate) struct Hooks {
+    /// In the forking thread before the fork: take the module's lock and keep it.
+    prepare: fn(),
+    /// In the parent after the fork: let it go.
+    parent: fn(),
+    /// In the child: start the threads that did not come along, and let the lock go.
+    child: fn(),
+    /// Whether these hooks are in [`SLOTS`].
+    added: AtomicBool,
+}
+
+impl Hooks {
+    pub(crate) const fn new(prepare: fn(), parent: fn(), child: fn()) -> Hooks {
+        Hooks {
+            prepare,
+            parent,
+            child,
+            added: AtomicBool::new(false),
+        }
+    }
+}
+
+/// The hooks added, in the order they were; the first null slot ends them.
+static SLOTS: [AtomicPtr<Hooks>; 4] = [const { AtomicPtr::new(ptr::null_mut()) }; 4];
+
+/// How many hooks the running fork's *prepare* handler ran (the parent and child handlers
+/// run those, and no hook added since).
+static PREPARED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the clock module's whole set of hooks was added ([`generation`]).
+static ALL_ADDED: AtomicBool = AtomicBool::new(false);
 
 /// Forks this process descends through, counted by the child handler.
 static FORKS: AtomicU64 = AtomicU64::new(0);
@@ -71,18 +109,65 @@ const REGISTERED: u32 = u32::MAX;
 const CLAIM_PATIENCE: Duration = Duration::from_secs(1);
 
 /// How many forks lie between this process and the one that first asked: 0 in the
-/// process where paceline was first used, 1 in its children, and so on. Registers the
-/// fork handlers on its first call in a process.
-pub(crate) fn generation() -> u64 {
-    register();
+/// process where paceline was first used, 1 in its children, and so on. Adds `all` (every
+/// module's hooks) and registers the fork handlers on its first call in a process.
+pub(crate) fn generation(all: &[&'static Hooks]) -> u64 {
+    // Acquire: pairs with the Release below, so whoever sees the set added sees the
+    // handlers registered and every slot filled.
+    if !ALL_ADDED.load(Ordering::Acquire) {
+        for hooks in all {
+            add(hooks);
+        }
+        ALL_ADDED.store(true, Ordering::Release);
+    }
     // Relaxed: the counter publishes nothing. The child handler runs before the child
     // has any thread but the forking one, and later threads are spawned after it.
     FORKS.load(Ordering::Relaxed)
 }
 
+/// Adds a module's `hooks` unless they are, registering the handlers first: a module
+/// calls this before it first takes the lock its hooks hold across a fork.
+pub(crate) fn add(hooks: &'static Hooks) {
+    // Acquire: pairs with the Release below (the slot is filled and the handlers
+    // registered).
+    if hooks.added.load(Ordering::Acquire) {
+        return;
+    }
+    register();
+    let wanted = ptr::from_ref(hooks).cast_mut();
+    for slot in &SLOTS {
+        // AcqRel: Release publishes the hooks to the handlers' Acquire loads; Acquire
+        // reads another module's hooks to compare (a copied child may have added these
+        // already, before its `added` was set).
+        match slot.compare_exchange(ptr::null_mut(), wanted, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(there) if there == wanted => break,
+            Err(_) => {}
+        }
+    }
+    debug_assert!(
+        SLOTS.iter().any(|s| s.load(Ordering::Relaxed) == wanted),
+        "more fork hooks than slots"
+    );
+    hooks.added.store(true, Ordering::Release);
+}
+
+/// The hooks the running fork prepared, in order.
+fn prepared() -> impl DoubleEndedIterator<Item = &'static Hooks> {
+    // Relaxed: written by `prepare` in this same thread.
+    let n = PREPARED.load(Ordering::Relaxed);
+    SLOTS[..n].iter().map(|slot| {
+        // Acquire: pairs with `add`'s Release.
+        let hooks = slot.load(Ordering::Acquire);
+        // SAFETY: slots below `PREPARED` were non-null when `prepare` counted them, slots
+        // are never emptied, and each holds a `&'static Hooks`.
+        unsafe { &*hooks }
+    })
+}
+
 /// Registers the fork handlers unless they are. Returns once they are registered in this
 /// process, never waiting on a registration that a fork copied half-way (module docs).
-pub(super) fn register() {
+fn register() {
     // Acquire: pairs with the Release below, so whoever sees the handlers registered
     // sees every effect of registering them.
     let mut seen = REGISTRATION.load(Ordering::Acquire);
@@ -112,14 +197,23 @@ pub(super) fn register() {
 
 /// Before the fork: no module is half-way through a change when the process is copied.
 extern "C" fn prepare() {
-    timer::hold_for_fork();
-    coarse::hold_for_fork();
+    // Acquire: pairs with `add`'s Release, so a counted slot's hooks are seen whole.
+    let n = SLOTS
+        .iter()
+        .take_while(|slot| !slot.load(Ordering::Acquire).is_null())
+        .count();
+    // Relaxed: read back by this same thread in `parent` or `child`.
+    PREPARED.store(n, Ordering::Relaxed);
+    for hooks in prepared() {
+        (hooks.prepare)();
+    }
 }
 
-/// In the parent after the fork.
+/// In the parent after the fork: the locks go in the reverse order they were taken.
 extern "C" fn parent() {
-    coarse::release_after_fork();
-    timer::release_after_fork();
+    for hooks in prepared().rev() {
+        (hooks.parent)();
+    }
 }
 
 /// In the child: count the fork, and start the threads that did not come along.
@@ -127,8 +221,9 @@ extern "C" fn child() {
     // Relaxed: the child has no other thread yet; threads spawned later see these.
     REGISTRATION.store(REGISTERED, Ordering::Relaxed);
     FORKS.fetch_add(1, Ordering::Relaxed);
-    timer::restart_after_fork();
-    coarse::restart_after_fork();
+    for hooks in prepared() {
+        (hooks.child)();
+    }
 }
 
 /// Registers the three handlers (see the module docs). Registration failing (out of

@@ -25,8 +25,12 @@ mod tokio;
 pub use self::tokio::TokioClock;
 #[cfg(all(feature = "std", not(loom)))]
 pub use coarse::CoarseClock;
+/// How many forks lie between this process and the one that first used paceline; the
+/// first call registers every clock module's fork hooks (`fork.rs`).
 #[cfg(all(feature = "std", not(loom)))]
-pub(crate) use fork::generation as forks;
+pub(crate) fn forks() -> u64 {
+    fork::generation(&[&timer::FORK_HOOKS, &coarse::FORK_HOOKS])
+}
 #[cfg(all(feature = "shared", not(loom)))]
 pub(crate) use host::{HostClock, HostTime};
 

@@ -176,9 +176,13 @@ impl State {
 /// would leave it half-made in the child for ever (`fork.rs`).
 static STATE: Mutex<State> = Mutex::new(State::new());
 
+/// What the timer does around a fork (`fork.rs`).
+pub(super) static FORK_HOOKS: fork::Hooks =
+    fork::Hooks::new(hold_for_fork, release_after_fork, restart_after_fork);
+
 /// The lock, once the fork handlers that hold it across a fork are registered.
 fn lock() -> MutexGuard<'static, State> {
-    fork::register();
+    fork::add(&FORK_HOOKS);
     lock_state()
 }
 
@@ -198,7 +202,7 @@ thread_local! {
 
 /// Fork's prepare handler: takes the lock once the server is between wakes (or after
 /// [`STALL`], if a waker keeps it), and holds it across the fork (module docs).
-pub(super) fn hold_for_fork() {
+fn hold_for_fork() {
     if HELD.with(|held| {
         let guard = held.take();
         let holding = guard.is_some();
@@ -227,13 +231,13 @@ pub(super) fn hold_for_fork() {
 }
 
 /// Fork's parent handler: lets the lock go.
-pub(super) fn release_after_fork() {
+fn release_after_fork() {
     drop(HELD.with(Cell::take));
 }
 
 /// Fork's child handler: the parent's threads did not come along; serve what the child
 /// inherited with new ones (module docs).
-pub(super) fn restart_after_fork() {
+fn restart_after_fork() {
     let Some(mut state) = HELD.with(Cell::take) else {
         return;
     };

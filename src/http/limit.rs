@@ -385,16 +385,17 @@ impl Limit {
     /// ```
     pub fn shared(
         name: &str,
-        limiter: crate::shared::SharedKeyedLimiter,
+        limiter: impl Into<Arc<crate::shared::SharedKeyedLimiter>>,
         source: KeySource,
     ) -> Result<Limit, InvalidLimitName> {
+        let limiter = limiter.into();
         let field_name = field_name(name)?;
         Ok(Limit {
             prebuilt: Arc::new(Prebuilt::new(name, &field_name, limiter.quota())),
             metrics: LimitMetrics::new(name),
             field_name,
             name: name.into(),
-            store: Store::Shared(Arc::new(limiter)),
+            store: Store::Shared(limiter),
             source,
             table_full: TableFull::default(),
             cost: Cost::One,
