@@ -449,10 +449,26 @@ def test_a_slow_redis_is_an_outage_after_the_timeout(fresh):
         with pytest.raises(pr.RedisUnavailable):
             await closed.try_acquire("s")
         assert time.monotonic() - t0 < 1.0
+        # The caller's own cancellation stays a cancellation, not an outage.
+        task = asyncio.ensure_future(closed.try_acquire("s2"))
+        await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
         await r.aclose()
 
     run(go())
     time.sleep(0.6)
+
+
+def test_a_failure_that_is_not_redis_is_raised_as_it_is():
+    class Broken:
+        async def execute_command(self, *args):
+            raise RuntimeError("a bug, not an answer")
+
+    limiter = pr.RedisLimiter(Broken(), 10, 1.0, 1, on_failure="open")
+    with pytest.raises(RuntimeError, match="a bug"):
+        run(limiter.try_acquire("k"))
 
 
 def test_noscript_after_a_flush_and_after_a_restart_is_answered_transparently(fresh):

@@ -47,6 +47,7 @@ import secrets
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Dict, Optional, Tuple, Union
 
 try:
@@ -81,6 +82,7 @@ MAX_KEY_LEN = 1024
 
 _DECIDE_SHA = hashlib.sha1(DECIDE_SCRIPT.encode()).hexdigest()
 _REFUND_SHA = hashlib.sha1(REFUND_SCRIPT.encode()).hexdigest()
+_DECIDE_SHA_B = _DECIDE_SHA.encode()
 
 # A refund is sent up to this many times, this far apart, each within this long, before
 # the cell is left spent (the strict side), as the Rust limiter does.
@@ -91,7 +93,8 @@ _REFUND_TIMEOUT = 2.0
 # Keys Redis refused, remembered locally at most (the map is cleared when it fills).
 _MAX_REMEMBERED = 100_000
 
-_HAS_TIMEOUT = sys.version_info >= (3, 11)
+# Python 3.11+ tells a cancellation of ours from another's (Task.uncancel).
+_UNCANCEL = sys.version_info >= (3, 11)
 
 
 class RedisLimitError(Exception):
@@ -137,9 +140,12 @@ for _name in ("ClusterDownError", "MasterDownError", "RedisClusterException", "A
 
 
 def _answered(e: BaseException) -> Optional[RedisLimitError]:
-    """The exception to raise for an error Redis answered, or ``None`` for an outage."""
+    """The exception to raise for an error Redis answered, or ``None`` for an outage.
+    Anything that is not redis-py's is raised as it is: a bug is not Redis's answer."""
     if isinstance(e, _UNREACHABLE):
         return None
+    if not isinstance(e, _rexc.RedisError):
+        raise e
     message = str(e)
     oom = getattr(_rexc, "OutOfMemoryError", ())
     if (oom and isinstance(e, oom)) or message.startswith("OOM"):
@@ -222,6 +228,7 @@ class _Base:
         rate, per, burst = _quota(rate, per, burst)
         self._interval, self._tau = redis_quota(rate, per, burst)
         self._rate, self._per, self._burst = rate, per, burst
+        self._interval_b, self._tau_b = b"%d" % self._interval, b"%d" % self._tau
         self._client = client
         self._prefix = _prefix(prefix)
         self._timeout = _call_timeout(timeout)
@@ -283,13 +290,14 @@ class _Base:
         self._refused[key] = time.monotonic() + one / 1e9
 
     def _decide_args(self, key: str, cost: int, extra: int, booking: str) -> tuple:
+        # The constant arguments as bytes already: redis-py passes bytes as they are.
         return (
-            "EVALSHA",
-            _DECIDE_SHA,
+            "EVALSHA",  # a str: redis-py's cluster routing looks the name up as text
+            _DECIDE_SHA_B,
             1,
             self._redis_key(key),
-            self._interval,
-            self._tau,
+            self._interval_b,
+            self._tau_b,
             cost,
             self._time,
             extra,
@@ -362,6 +370,11 @@ class RedisLimiter(_Base):
         super().__init__(client, rate, per, burst, prefix, timeout, on_failure)
         # Refunds in flight, kept alive until they end.
         self._refunds: "set[asyncio.Task]" = set()
+        # The timer that bounds calls, per event loop (a client serves one loop; a loop
+        # that ends takes its entry with it).
+        self._watchdogs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog]" = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def _send(self, args: tuple) -> Any:
         """The script's answer; a server without it in its cache (``NOSCRIPT``) gets the
@@ -370,14 +383,33 @@ class RedisLimiter(_Base):
         try:
             return await execute(*args)
         except _rexc.NoScriptError:
-            script = DECIDE_SCRIPT if args[1] == _DECIDE_SHA else REFUND_SCRIPT
+            script = DECIDE_SCRIPT if args[1] == _DECIDE_SHA_B else REFUND_SCRIPT
             return await execute("EVAL", script, *args[2:])
 
     async def _run(self, args: tuple, seconds: float) -> Any:
-        if _HAS_TIMEOUT:
-            async with asyncio.timeout(seconds):  # type: ignore[attr-defined]
-                return await self._send(args)
-        return await asyncio.wait_for(self._send(args), seconds)
+        """``_send`` within ``seconds``: past them, ``asyncio.TimeoutError``. The bound
+        is kept by one timer per event loop for every call in flight (``_Watchdog``), not
+        by a timer per call: ``asyncio.timeout`` costs more than a tenth of a loopback
+        round trip, and this is every check's path."""
+        loop = asyncio.get_running_loop()
+        watchdog = self._watchdogs.get(loop)
+        if watchdog is None:
+            watchdog = self._watchdogs[loop] = _Watchdog(self._timeout / 4)
+        task = asyncio.current_task()
+        watchdog.watch(loop, task, loop.time() + seconds)
+        try:
+            return await self._send(args)
+        except asyncio.CancelledError:
+            if task not in watchdog.expired:
+                raise  # someone else's cancellation
+            watchdog.expired.discard(task)
+            if _UNCANCEL and task.uncancel() > 0:  # type: ignore[union-attr]
+                raise  # cancelled by someone else as well
+            raise asyncio.TimeoutError(f"no answer from Redis within {seconds} s") from None
+        finally:
+            del watchdog.calls[task]
+            if watchdog.expired:
+                watchdog.expired.discard(task)
 
     async def try_acquire(self, key: str, n: int = 1) -> bool:
         """Takes ``n`` cells of ``key`` now if they fit fleet-wide and no booked turn is
@@ -509,6 +541,37 @@ class RedisLimiter(_Base):
         return _Turn(self, key, n, timeout)
 
 
+class _Watchdog:
+    """Bounds the calls in flight on one event loop with one timer: every ``period``
+    while calls are in flight, it cancels those past their deadline (so a call is cut
+    between its deadline and a period after it). Touched only from its loop's thread."""
+
+    __slots__ = ("period", "calls", "expired", "armed")
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self.calls: Dict[Any, float] = {}  # task -> deadline (loop time)
+        self.expired: "set[Any]" = set()  # tasks cancelled for their deadline
+        self.armed = False
+
+    def watch(self, loop: asyncio.AbstractEventLoop, task: Any, deadline: float) -> None:
+        self.calls[task] = deadline
+        if not self.armed:
+            self.armed = True
+            loop.call_later(self.period, self.tick, loop)
+
+    def tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for task, deadline in list(self.calls.items()):
+            if deadline <= now and task not in self.expired:
+                self.expired.add(task)
+                task.cancel()
+        if self.calls:
+            loop.call_later(self.period, self.tick, loop)
+        else:
+            self.armed = False
+
+
 class _Turn:
     __slots__ = ("_limiter", "_key", "_n", "_timeout")
 
@@ -586,7 +649,7 @@ class SyncRedisLimiter(_Base):
         try:
             return execute(*args)
         except _rexc.NoScriptError:
-            script = DECIDE_SCRIPT if args[1] == _DECIDE_SHA else REFUND_SCRIPT
+            script = DECIDE_SCRIPT if args[1] == _DECIDE_SHA_B else REFUND_SCRIPT
             return execute("EVAL", script, *args[2:])
 
     def try_acquire(self, key: str, n: int = 1) -> bool:
