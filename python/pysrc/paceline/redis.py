@@ -119,6 +119,16 @@ class RedisOutOfMemory(RedisRejected):
     policy."""
 
 
+class _TooFar(TimeoutError):
+    """The turn is further away than the caller's timeout: nothing was booked."""
+
+    def __init__(self, wait_ns: int) -> None:
+        super().__init__(
+            f"the turn is {wait_ns / 1e9:.6f} s away, longer than the timeout; nothing was booked"
+        )
+        self.wait_ns = wait_ns
+
+
 # Errors that mean "no answer": the failure policy decides. Redirections the client could
 # not follow and a cluster without coverage count, as do a loading server, a replica that
 # was a master (READONLY) and a master that is down; and a timeout of ours.
@@ -273,11 +283,13 @@ class _Base:
         self._time = "" if micros is None else str(max(int(micros), 1))
         self._refused.clear()
 
-    def _locally_refused(self, key: str, n: int) -> bool:
+    def _locally_refused(self, key: str, n: int) -> int:
+        """Nanoseconds that ``n`` cells of ``key`` are still refused locally (0: ask)."""
         one_fits = self._refused.get(key)
         if one_fits is None:
-            return False
-        return one_fits + (n - 1) * self._interval / 1e9 > time.monotonic()
+            return 0
+        left = one_fits + (n - 1) * self._interval / 1e9 - time.monotonic()
+        return max(int(left * 1e9), 1) if left > 0 else 0
 
     def _remember_refusal(self, key: str, n: int, wait_ns: int) -> None:
         if self._time:
@@ -310,9 +322,7 @@ class _Base:
         return min(int(timeout * 1e9), MAX_WINDOW_NS)
 
     def _too_far(self, wait_ns: int) -> TimeoutError:
-        return TimeoutError(
-            f"the turn is {wait_ns / 1e9:.6f} s away, longer than the timeout; nothing was booked"
-        )
+        return _TooFar(wait_ns)
 
     def _try_on_failure(self, key: str, n: int, e: BaseException) -> bool:
         policy = self._policy
@@ -323,6 +333,14 @@ class _Base:
         if isinstance(policy, Limiter):
             return policy.try_acquire(n)
         raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {e!r}") from e
+
+    def _local_wait(self, key: str, n: int) -> float:
+        policy = self._policy
+        if isinstance(policy, KeyedLimiter):
+            return policy.wait_time(key, n)
+        if isinstance(policy, Limiter):
+            return policy.wait_time(n)
+        return 0.0
 
     def _wait_from(self, reply: Any, n: int) -> float:
         ahead = int(reply[2])
@@ -415,24 +433,35 @@ class RedisLimiter(_Base):
         """Takes ``n`` cells of ``key`` now if they fit fleet-wide and no booked turn is
         ahead: True, or False. Never waits. A key Redis just refused is refused locally
         until the instant Redis gave (no round trip); admissions always ask Redis."""
+        return (await self._try(key, n))[0] == 0
+
+    async def _try(self, key: str, n: int) -> Tuple[int, int]:
+        """``try_acquire``'s decision as ``(wait, ahead)`` in nanoseconds: ``wait`` 0 when
+        admitted, else until ``n`` cells fit; ``ahead`` how far the key's TAT is past now
+        after the decision (0 when the failure policy decided)."""
         key = _key(key)
         if n.__class__ is not int or not 0 < n <= self._burst:
             n = self._n(n)
             if n == 0:
-                return True  # nothing asked for: granted, as in process
-        if key in self._refused and self._locally_refused(key, n):
-            return False
+                return 0, 0  # nothing asked for: granted, as in process
+        if key in self._refused:
+            wait = self._locally_refused(key, n)
+            if wait:
+                return wait, wait + self._tau - self._interval * n
         try:
             reply = await self._run(self._decide_args(key, self._interval * n, 0, ""), self._timeout)
         except Exception as e:
             answered = _answered(e)
             if answered is not None:
                 raise answered from e
-            return self._try_on_failure(key, n, e)
+            if self._try_on_failure(key, n, e):
+                return 0, 0
+            return max(int(self._local_wait(key, n) * 1e9), 1), 0
         if reply[0] == 1:
-            return True
-        self._remember_refusal(key, n, int(reply[1]))
-        return False
+            return 0, int(reply[1])
+        wait = int(reply[1])
+        self._remember_refusal(key, n, wait)
+        return wait, wait + self._tau - self._interval * n
 
     async def acquire(self, key: str, n: int = 1, timeout: Optional[float] = None) -> None:
         """Waits this task's booked turn for ``n`` cells of ``key``, fleet-wide: the
@@ -446,12 +475,17 @@ class RedisLimiter(_Base):
         even when Redis's answer never arrived: unless a plain check was admitted on that
         key after it, or a later booking is still waiting (then the cells stay spent: the
         limit only errs on the strict side)."""
+        await self._acquire(key, n, timeout)
+
+    async def _acquire(self, key: str, n: int, timeout: Optional[float]) -> int:
+        """``acquire``, returning how far the key's TAT is past its instant, in
+        nanoseconds (0 when the failure policy decided)."""
         key = _key(key)
         n = self._n(n)
         if timeout is not None:
             timeout = _timeout(timeout)
         if n == 0:
-            return
+            return 0
         booking = _booking_id()
         args = self._decide_args(key, self._interval * n, self._extra(timeout), booking)
         try:
@@ -466,7 +500,7 @@ class RedisLimiter(_Base):
             if answered is not None:
                 raise answered from e
             await self._acquire_on_failure(key, n, timeout, e)
-            return
+            return 0
         if reply[0] != 1:
             raise self._too_far(int(reply[1]))
         wait = int(reply[2])
@@ -476,6 +510,15 @@ class RedisLimiter(_Base):
             except BaseException:
                 await self._give_back(args[3], booking)
                 raise
+        return int(reply[1]) - wait
+
+    async def _wait(self, key: str, timeout: float) -> Tuple[int, int]:
+        """One cell's booked turn within ``timeout``, as ``(wait, ahead)`` (see
+        ``_try``): waited (0), or refused for a turn ``wait`` away, booking nothing."""
+        try:
+            return 0, await self._acquire(key, 1, timeout)
+        except _TooFar as e:
+            return e.wait_ns, e.wait_ns + self._tau - self._interval
 
     async def _acquire_on_failure(
         self, key: str, n: int, timeout: Optional[float], e: BaseException
