@@ -1257,6 +1257,8 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<asgi::AsgiCore>()?;
     m.add_class::<asgi::Waiting>()?;
     m.add_function(wrap_pyfunction!(asgi::new_asgi_core, m)?)?;
+    m.add_class::<asgi::KeyReader>()?;
+    m.add_function(wrap_pyfunction!(asgi::new_key_reader, m)?)?;
     m.add_function(wrap_pyfunction!(new_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_keyed_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_core, m)?)?;
