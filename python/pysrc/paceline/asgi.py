@@ -144,7 +144,16 @@ class Limit:
     quota is refused at start-up unless ``on_mismatch`` is ``"adopt"`` (use the file's) or
     ``"replace"`` (set this quota for every process: for a deploy that changes it).
     ``name`` is the limit's name in the ``RateLimit`` fields (1 to 64 printable ASCII
-    characters)."""
+    characters).
+
+    ``redis`` (a ``redis.asyncio.Redis`` or ``RedisCluster``) keeps the limit in Redis
+    instead: one bound per client for every server of a fleet that uses the same Redis
+    and limit name (``paceline.redis``'s decisions, at Redis's clock; Redis keys
+    ``paceline-asgi:<name>:{<client key>}``). ``redis_timeout`` bounds each call (seconds);
+    past it, or when Redis cannot be reached, ``on_redis_failure`` decides: ``"closed"``
+    (default: ``503`` with ``Retry-After: 1`` and no ``RateLimit`` field), ``"open"``, or a
+    local ``paceline.KeyedLimiter`` share. An error Redis answers is a ``503`` too, logged.
+    """
 
     __slots__ = (
         "name",
@@ -158,6 +167,7 @@ class Limit:
         "on_mismatch",
         "trust_user",
         "trust_group",
+        "redis",
     )
 
     def __init__(
@@ -174,6 +184,9 @@ class Limit:
         on_mismatch: str = "refuse",
         trust_user: "int | str | None" = None,
         trust_group: "int | str | None" = None,
+        redis: Any = None,
+        redis_timeout: float = 0.25,
+        on_redis_failure: Any = "closed",
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a limit's name must be a non-empty str, got {name!r}")
@@ -196,6 +209,9 @@ class Limit:
                 f'on_mismatch must be "refuse", "adopt" or "replace", got {on_mismatch!r}'
             )
         self.on_mismatch = on_mismatch
+        self.redis = None
+        if redis is not None:
+            self.redis = _fleet_limiter(self, redis, redis_timeout, on_redis_failure, max_keys)
 
     def __repr__(self) -> str:
         return (
@@ -221,6 +237,29 @@ class Limit:
                 self.trust_group,
             ),
         )
+
+
+def _fleet_limiter(limit: Limit, client: Any, timeout: float, on_failure: Any, max_keys: Any) -> Any:
+    """The ``paceline.redis.RedisLimiter`` of a limit kept in Redis."""
+    if limit.shared is not None:
+        raise ValueError("a limit is kept in a shared file or in Redis, not both")
+    if max_keys is not None:
+        raise ValueError("a limit kept in Redis has no max_keys: Redis keeps its keys")
+    if "{" in limit.name or "}" in limit.name:
+        raise ValueError(
+            f"a limit kept in Redis names its Redis keys, which take no braces: {limit.name!r}"
+        )
+    from .redis import RedisLimiter
+
+    return RedisLimiter(
+        client,
+        limit.rate,
+        limit.per,
+        limit.burst,
+        prefix=f"paceline-asgi:{limit.name}",
+        timeout=timeout,
+        on_failure=on_failure,
+    )
 
 
 class RefusalInfo:
@@ -295,7 +334,21 @@ class _Checker:
         if on_refusal is not None and not callable(on_refusal):
             raise TypeError("on_refusal must be a function (scope, RefusalInfo) -> ASGI app")
         missing = _missing(on_missing_key)
-        self.core = new_asgi_core(
+        # Limits kept in Redis are decided in Python after the layer's (_asgi_fleet).
+        self.fleet = None
+        if any(limit.redis is not None for limit in limits):
+            from ._asgi_fleet import FleetLimits
+
+            self.fleet = FleetLimits(
+                [limit for limit in limits if limit.redis is not None],
+                missing=missing,
+                headers_on_success=bool(headers_on_success),
+                wait_up_to=None if wait_up_to is None else float(wait_up_to),
+                python_refusals=on_refusal is not None,
+            )
+            every = limits
+            limits = [limit for limit in limits if limit.redis is None]
+        self.core = None if not limits else new_asgi_core(
             [limit._spec() for limit in limits],
             bool(headers_on_success),
             bool(legacy_headers),
@@ -314,7 +367,8 @@ class _Checker:
         self.needs_address = None
         if missing is None:
             self.needs_address = next(
-                (limit.name for limit in limits if limit.key._by_address), None
+                (limit.name for limit in (every if self.fleet else limits) if limit.key._by_address),
+                None,
             )
 
     def keys(self, scope: Scope) -> Optional[List[Optional[str]]]:
@@ -337,6 +391,8 @@ class _Checker:
         client = scope.get("client")
         if self.needs_address is not None and (not client or not client[0]):
             return _no_address(self.needs_address)
+        if self.core is None:
+            return (True, [])  # only limits kept in Redis: the middleware asks them next
         return self.core.check(
             scope["method"], scope["path"], scope["headers"], client, self.keys(scope)
         )
@@ -532,6 +588,13 @@ class RateLimitMiddleware:
             if outcome is None:
                 return  # the client went away while it waited
             receive = _replaying(kept, receive)
+        if outcome[0] and checker.fleet is not None:
+            # The limits kept in Redis, once the others admitted the request.
+            refusal, more, kept = await checker.fleet.check(scope, receive)
+            receive = _replaying(kept, receive)
+            if refusal == ():
+                return  # the client went away while it waited
+            outcome = refusal if refusal is not None else (True, outcome[1] + more)
         if outcome[0]:
             fields = outcome[1]
             await self.app(scope, receive, _adding(send, fields) if fields else send)
@@ -578,6 +641,11 @@ class RouteLimit:
             on_refusal=None,
             exempt=exempt,
         )
+        if self._checker.fleet is not None:
+            raise ValueError(
+                "a Limit kept in Redis needs RateLimitMiddleware (RouteLimit decides "
+                "without awaiting)"
+            )
 
     def decide(self, scope: Scope) -> Tuple[bool, int, Dict[str, str], bytes]:
         """The decision for a request's scope: ``(admitted, status, fields, body)``, with
