@@ -195,6 +195,14 @@ def test_an_outage_is_a_503_when_closed_and_passes_when_open(fresh):
         assert status == 503 and fields["retry-after"] == ["1"] and "ratelimit" not in fields
         assert [(await call(opened))[0] for _ in range(3)] == [200, 200, 200]
         assert [(await call(local))[0] for _ in range(2)] == [200, 429]
+        # Wait mode on the local share: a turn beyond wait_up_to is a 429, not an error.
+        waiting = RateLimitMiddleware(
+            ok_app,
+            [Limit("w", rate=1, per=HOUR, key=PROXY, redis=r, redis_timeout=0.2,
+                   on_redis_failure=paceline.KeyedLimiter(1, HOUR, 1))],
+            wait_up_to=0.1,
+        )
+        assert [(await call(waiting))[0] for _ in range(2)] == [200, 429]
         fresh.start()
         await r.aclose()
         # An error Redis answers (a foreign value at the key) admits nothing either.

@@ -138,6 +138,19 @@ def test_decisions_at_a_fixed_time_are_the_gcra_model(fresh):
     run(go())
 
 
+def test_clients_that_decode_replies_or_speak_resp3_decide_alike(fresh):
+    async def go():
+        for kw in ({"decode_responses": True}, {"protocol": 3}):
+            r = client(fresh, **kw)
+            limiter = pr.RedisLimiter(r, 10, 1.0, 2, prefix=f"p{len(kw)}{list(kw)[0][:3]}")
+            assert [await limiter.try_acquire("k") for _ in range(3)] == [True, True, False]
+            assert await limiter.remaining("k") == 0
+            assert 0.0 < await limiter.wait_time("k") <= 0.1
+            await r.aclose()
+
+    run(go())
+
+
 def test_the_keys_are_hash_tagged_with_the_prefix_and_expire(fresh):
     async def go():
         r = client(fresh)

@@ -163,6 +163,12 @@ def _answered(e: BaseException) -> Optional[RedisLimitError]:
     return RedisRejected(f"Redis refused the rate-limit call: {message}")
 
 
+def _describe(e: BaseException) -> str:
+    """An error in a message: its class and what it says."""
+    said = e.args[0] if e.args else ""
+    return f"{type(e).__name__}: {said}" if said else type(e).__name__
+
+
 # Booking ids: a random part per process, drawn again in a forked child (so a parent and
 # its children never share ids on a key), and a counter. Neither spaces nor colons: the
 # scripts list bookings as " id:cost".
@@ -332,7 +338,7 @@ class _Base:
             return bool(policy.try_acquire(key, n))
         if isinstance(policy, Limiter):
             return policy.try_acquire(n)
-        raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {e!r}") from e
+        raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {_describe(e)}") from e
 
     def _local_wait(self, key: str, n: int) -> float:
         policy = self._policy
@@ -526,13 +532,17 @@ class RedisLimiter(_Base):
         policy = self._policy
         if policy == "open":
             return
-        if isinstance(policy, KeyedLimiter):
-            await policy.acquire(key, n, timeout)
-            return
-        if isinstance(policy, Limiter):
-            await policy.acquire(n, timeout)
-            return
-        raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {e!r}") from e
+        try:
+            if isinstance(policy, KeyedLimiter):
+                await policy.acquire(key, n, timeout)
+                return
+            if isinstance(policy, Limiter):
+                await policy.acquire(n, timeout)
+                return
+        except TimeoutError:
+            # The local turn is beyond the timeout: refused, with its wait, as Redis's.
+            raise self._too_far(max(int(self._local_wait(key, n) * 1e9), 1)) from None
+        raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {_describe(e)}") from e
 
     async def _give_back(self, redis_key: str, booking: str) -> None:
         """Sends the refund of ``booking`` (retried in the background while Redis cannot
@@ -577,7 +587,7 @@ class RedisLimiter(_Base):
             answered = _answered(e)
             if answered is not None:
                 raise answered from e
-            raise RedisUnavailable(f"Redis unreachable or too slow: {e!r}") from e
+            raise RedisUnavailable(f"Redis unreachable or too slow: {_describe(e)}") from e
 
     def __call__(self, key: str, n: int = 1, timeout: Optional[float] = None) -> "_Turn":
         """``async with limiter(key):`` waits the booked turn, as ``acquire``."""
@@ -762,7 +772,7 @@ class SyncRedisLimiter(_Base):
         if isinstance(policy, Limiter):
             policy.acquire_blocking(n, timeout)
             return
-        raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {e!r}") from e
+        raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {_describe(e)}") from e
 
     def _give_back(self, redis_key: str, booking: str) -> None:
         """Sends the refund once now; if Redis cannot take it, a daemon thread tries
@@ -804,7 +814,7 @@ class SyncRedisLimiter(_Base):
             answered = _answered(e)
             if answered is not None:
                 raise answered from e
-            raise RedisUnavailable(f"Redis unreachable or too slow: {e!r}") from e
+            raise RedisUnavailable(f"Redis unreachable or too slow: {_describe(e)}") from e
 
     def __call__(self, key: str, n: int = 1, timeout: Optional[float] = None) -> _Turn:
         """``with limiter(key):`` waits the booked turn, as ``acquire_blocking``."""
