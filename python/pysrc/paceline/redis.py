@@ -418,7 +418,8 @@ class RedisLimiter(_Base):
         loop = asyncio.get_running_loop()
         watchdog = self._watchdogs.get(loop)
         if watchdog is None:
-            watchdog = self._watchdogs[loop] = _Watchdog(self._timeout / 4)
+            # A quarter of the shortest bound it keeps (a call's, or a refund's).
+            watchdog = self._watchdogs[loop] = _Watchdog(min(self._timeout, _REFUND_TIMEOUT) / 4)
         task = asyncio.current_task()
         watchdog.watch(loop, task, loop.time() + seconds)
         try:
@@ -427,6 +428,8 @@ class RedisLimiter(_Base):
             if task not in watchdog.expired:
                 raise  # someone else's cancellation
             watchdog.expired.discard(task)
+            # Before 3.11 a cancellation by someone else at the same moment cannot be told
+            # apart, and is taken for the timeout.
             if _UNCANCEL and task.uncancel() > 0:  # type: ignore[union-attr]
                 raise  # cancelled by someone else as well
             raise asyncio.TimeoutError(f"no answer from Redis within {seconds} s") from None
