@@ -399,6 +399,25 @@ def test_a_booking_whose_answer_was_lost_is_refunded(fresh):
         hole.dropping = False
         await until_given_back("lost2")
         assert await check.wait_time("lost2") <= before
+        # Cancelled again while it gives the booking back: it ends at once, and the refund
+        # goes on by itself until Redis takes it.
+        before = await check.wait_time("lost2")
+        await via.connection_pool.disconnect()
+        await limiter.remaining("lost2")
+        hole.dropping = True
+        task = asyncio.ensure_future(limiter.acquire("lost2"))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)  # now in the refund's wait
+        task.cancel()
+        t0 = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - t0 < 0.15
+        assert len(await bookings("lost2")) == 1
+        hole.dropping = False
+        await until_given_back("lost2")
+        assert await check.wait_time("lost2") <= before
         await hole.close()
         await direct.aclose()
 
