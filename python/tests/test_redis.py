@@ -58,6 +58,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def limiter_of(r, *args, **kw):
+    """A RedisLimiter whose calls may take 5 s unless the test says otherwise: tests of
+    decisions must not turn into tests of a loaded machine's round trips."""
+    kw.setdefault("timeout", 5.0)
+    return pr.RedisLimiter(r, *args, **kw)
+
+
 def client(server, **kw):
     return redis.asyncio.Redis.from_url(server.url, **kw)
 
@@ -75,7 +82,7 @@ def test_the_scripts_are_the_rust_limiters_and_are_what_is_sent(fresh):
 
     async def go():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 10, 1.0, 2)
+        limiter = limiter_of(r, 10, 1.0, 2)
         assert await limiter.try_acquire("k")
         await limiter.acquire("k")
         task = asyncio.ensure_future(limiter.acquire("k"))
@@ -111,7 +118,7 @@ def test_the_scripts_match_the_rust_source_when_it_is_there():
 def test_decisions_at_a_fixed_time_are_the_gcra_model(fresh):
     async def go():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 10, 1.0, 3)  # T = 100 ms, burst 3
+        limiter = limiter_of(r, 10, 1.0, 3)  # T = 100 ms, burst 3
         limiter._set_fixed_time(T0)
         assert await limiter.remaining("k") == 3
         assert await limiter.wait_time("k", 3) == 0.0
@@ -142,7 +149,7 @@ def test_clients_that_decode_replies_or_speak_resp3_decide_alike(fresh):
     async def go():
         for kw in ({"decode_responses": True}, {"protocol": 3}):
             r = client(fresh, **kw)
-            limiter = pr.RedisLimiter(r, 10, 1.0, 2, prefix=f"p{len(kw)}{list(kw)[0][:3]}")
+            limiter = limiter_of(r, 10, 1.0, 2, prefix=f"p{len(kw)}{list(kw)[0][:3]}")
             assert [await limiter.try_acquire("k") for _ in range(3)] == [True, True, False]
             assert await limiter.remaining("k") == 0
             assert 0.0 < await limiter.wait_time("k") <= 0.1
@@ -154,7 +161,7 @@ def test_clients_that_decode_replies_or_speak_resp3_decide_alike(fresh):
 def test_the_keys_are_hash_tagged_with_the_prefix_and_expire(fresh):
     async def go():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 10, 1.0, 2, prefix="api")
+        limiter = limiter_of(r, 10, 1.0, 2, prefix="api")
         assert await limiter.try_acquire("user:42")
         ttl = await r.pttl("api:{user:42}")
         assert 0 < ttl <= 1 + 100  # refilled after one interval (100 ms) + 1 ms
@@ -166,7 +173,7 @@ def test_the_keys_are_hash_tagged_with_the_prefix_and_expire(fresh):
 def test_acquire_serves_booked_turns_in_order_spaced_by_the_interval(fresh):
     async def go():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 20, 1.0, 1)  # T = 50 ms
+        limiter = limiter_of(r, 20, 1.0, 1)  # T = 50 ms
         t0 = time.monotonic()
         done = []
 
@@ -205,7 +212,7 @@ def _hammer(url, cluster, fixed, seconds, loops, out):
                 r = redis.asyncio.cluster.RedisCluster.from_url(url)
             else:
                 r = redis.asyncio.Redis.from_url(url)
-            limiter = pr.RedisLimiter(r, 100, 1.0, 7, timeout=5.0)
+            limiter = limiter_of(r, 100, 1.0, 7, timeout=5.0)
             limiter._set_fixed_time(fixed)
             admitted = 0
             until = time.monotonic() + seconds
@@ -261,7 +268,7 @@ def test_processes_on_the_real_clock_never_pass_more_than_the_quota(fresh):
         def loop_thread():
             async def go():
                 r = redis.asyncio.Redis.from_url(fresh.url)
-                limiter = pr.RedisLimiter(r, 40, 1.0, 2, timeout=5.0)
+                limiter = limiter_of(r, 40, 1.0, 2, timeout=5.0)
                 until = time.time() + 1.5
                 while True:
                     await limiter.acquire("real")
@@ -299,12 +306,12 @@ def test_processes_on_the_real_clock_never_pass_more_than_the_quota(fresh):
 def test_a_cancelled_wait_gives_its_turn_back(fresh):
     async def go():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 10, 1.0, 1)  # T = 100 ms
+        limiter = limiter_of(r, 1, 1.0, 1)  # T = 1 s
         assert await limiter.try_acquire("c")
         before = await limiter.wait_time("c")
         waiter = asyncio.ensure_future(limiter.acquire("c"))
         await asyncio.sleep(0.02)
-        assert await limiter.wait_time("c") > before + 0.05  # booked
+        assert await limiter.wait_time("c") > before + 0.5  # booked
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
@@ -361,8 +368,8 @@ def test_a_booking_whose_answer_was_lost_is_refunded(fresh):
         hole = BlackHole(fresh.port)
         port = await hole.start()
         via = redis.asyncio.Redis(host="127.0.0.1", port=port)
-        limiter = pr.RedisLimiter(via, 1, 10.0, 1, timeout=0.2)  # T = 10 s
-        check = pr.RedisLimiter(direct, 1, 10.0, 1)
+        limiter = limiter_of(via, 1, 10.0, 1, timeout=1.0)  # T = 10 s
+        check = limiter_of(direct, 1, 10.0, 1)
 
         async def bookings(key):
             value = await direct.get(f"paceline:{{{key}}}")
@@ -413,7 +420,7 @@ def test_a_booking_whose_answer_was_lost_is_refunded(fresh):
         t0 = time.monotonic()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert time.monotonic() - t0 < 0.15
+        assert time.monotonic() - t0 < 0.9  # not the refund's wait of up to 1 s
         assert len(await bookings("lost2")) == 1
         hole.dropping = False
         await until_given_back("lost2")
@@ -430,10 +437,10 @@ def test_a_booking_whose_answer_was_lost_is_refunded(fresh):
 def test_the_server_killed_mid_run_applies_the_policy_and_recovers(fresh):
     async def go():
         r = client(fresh)
-        closed = pr.RedisLimiter(r, 10, 1.0, 2, timeout=0.2)
-        opened = pr.RedisLimiter(r, 10, 1.0, 2, timeout=0.2, on_failure="open")
-        local = pr.RedisLimiter(r, 10, 1.0, 2, timeout=0.2, on_failure=paceline.KeyedLimiter(1, 1.0, 2))
-        one = pr.RedisLimiter(r, 10, 1.0, 2, timeout=0.2, on_failure=paceline.Limiter(1, 1.0, 1))
+        closed = limiter_of(r, 10, 1.0, 2, timeout=0.2)
+        opened = limiter_of(r, 10, 1.0, 2, timeout=0.2, on_failure="open")
+        local = limiter_of(r, 10, 1.0, 2, timeout=0.2, on_failure=paceline.KeyedLimiter(1, 1.0, 2))
+        one = limiter_of(r, 10, 1.0, 2, timeout=0.2, on_failure=paceline.Limiter(1, 1.0, 1))
         assert await closed.try_acquire("a")
         fresh.stop()  # killed mid-run
         t0 = time.monotonic()
@@ -471,8 +478,8 @@ def test_the_server_killed_mid_run_applies_the_policy_and_recovers(fresh):
 def test_a_slow_redis_is_an_outage_after_the_timeout(fresh):
     async def go():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 10, 1.0, 2, timeout=0.1, on_failure="open")
-        closed = pr.RedisLimiter(r, 10, 1.0, 2, timeout=0.1)
+        limiter = limiter_of(r, 10, 1.0, 2, timeout=0.1, on_failure="open")
+        closed = limiter_of(r, 10, 1.0, 2, timeout=0.1)
         await r.ping()
         # DEBUG SLEEP would need the debug command; CLIENT PAUSE holds every write.
         await r.execute_command("CLIENT", "PAUSE", "600", "ALL")
@@ -498,7 +505,7 @@ def test_a_failure_that_is_not_redis_is_raised_as_it_is():
         async def execute_command(self, *args):
             raise RuntimeError("a bug, not an answer")
 
-    limiter = pr.RedisLimiter(Broken(), 10, 1.0, 1, on_failure="open")
+    limiter = limiter_of(Broken(), 10, 1.0, 1, on_failure="open")
     with pytest.raises(RuntimeError, match="a bug"):
         run(limiter.try_acquire("k"))
 
@@ -506,7 +513,7 @@ def test_a_failure_that_is_not_redis_is_raised_as_it_is():
 def test_noscript_after_a_flush_and_after_a_restart_is_answered_transparently(fresh):
     async def go():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 1000, 1.0, 1000, timeout=2.0)
+        limiter = limiter_of(r, 1000, 1.0, 1000, timeout=2.0)
         stop = time.monotonic() + 0.6
         errors = []
 
@@ -531,7 +538,7 @@ def test_noscript_after_a_flush_and_after_a_restart_is_answered_transparently(fr
 
     async def after_restart():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 10, 1.0, 3, timeout=2.0)
+        limiter = limiter_of(r, 10, 1.0, 3, timeout=2.0)
         assert await limiter.try_acquire("k")
         fresh.restart()  # its script cache is empty
         for _ in range(100):
@@ -552,7 +559,7 @@ def test_errors_redis_answers_are_their_own_and_admit_nothing(fresh):
     async def go():
         r = client(fresh)
         # Open: an outage would admit. An answered error must not.
-        limiter = pr.RedisLimiter(r, 10, 1.0, 2, on_failure="open")
+        limiter = limiter_of(r, 10, 1.0, 2, on_failure="open")
         await r.lpush("paceline:{list}", "x")
         await r.set("paceline:{junk}", "not a state")
         secs, micros = await r.time()
@@ -579,7 +586,7 @@ def test_a_full_server_is_out_of_memory_and_admits_nothing():
 
         async def go():
             r = redis.asyncio.Redis.from_url(s.url)
-            limiter = pr.RedisLimiter(r, 10, 1.0, 2, on_failure="open")
+            limiter = limiter_of(r, 10, 1.0, 2, on_failure="open")
             # 3 MB of data, then a 2 MB limit: every write is refused from then on.
             for i in range(30):
                 await r.set(f"fill:{i}", b"x" * 100_000)
@@ -601,7 +608,7 @@ def test_a_full_server_is_out_of_memory_and_admits_nothing():
 def test_bad_input_is_refused_in_words_and_changes_nothing(fresh):
     async def go():
         r = client(fresh)
-        limiter = pr.RedisLimiter(r, 10, 1.0, 3)
+        limiter = pr.RedisLimiter(r, 10, 1.0, 3, timeout=5.0)
         for bad in (b"k", 1, None):
             with pytest.raises(TypeError, match="key must be a str"):
                 await limiter.try_acquire(bad)
@@ -652,7 +659,7 @@ def test_bad_input_is_refused_in_words_and_changes_nothing(fresh):
     with pytest.raises(ValueError, match="socket_timeout"):
         pr.SyncRedisLimiter(redis.Redis.from_url(fresh.url), 1)
     # The largest burst a microsecond interval allows, and its largest n.
-    big = pr.RedisLimiter(r, 1_000_000, 1.0, 2**32 - 1)
+    big = pr.RedisLimiter(r, 1_000_000, 1.0, 2**32 - 1, timeout=5.0)
     assert run(big.try_acquire("big", 2**32 - 1))
 
 
@@ -660,23 +667,24 @@ def test_bad_input_is_refused_in_words_and_changes_nothing(fresh):
 
 
 def sync_client(server):
-    return redis.Redis.from_url(server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    return redis.Redis.from_url(server.url, socket_timeout=5.0, socket_connect_timeout=5.0)
 
 
 def test_the_sync_twin_decides_alike_and_blocks_its_turn(fresh):
     r = sync_client(fresh)
-    limiter = pr.SyncRedisLimiter(r, 20, 1.0, 2)  # T = 50 ms
+    limiter = pr.SyncRedisLimiter(r, 4, 1.0, 2)  # T = 250 ms
     assert [limiter.try_acquire("s") for _ in range(3)] == [True, True, False]
     assert limiter.remaining("s") == 0
-    assert 0.0 < limiter.wait_time("s") <= 0.05
+    assert 0.0 < limiter.wait_time("s") <= 0.25
     t0 = time.monotonic()
     limiter.acquire_blocking("s")
     with limiter("s"):
         pass
-    assert time.monotonic() - t0 >= 0.09
+    assert time.monotonic() - t0 >= 0.45
     with pytest.raises(TimeoutError):
         limiter.acquire_blocking("s", timeout=0.01)
     # Threads share the key's turns.
+    limiter = pr.SyncRedisLimiter(r, 20, 1.0, 2)  # T = 50 ms
     starts = []
 
     def thread():
@@ -768,7 +776,7 @@ def test_a_cluster_spreads_hash_tagged_keys_and_decides_exactly(cluster):
 
     async def go():
         r = redis.asyncio.cluster.RedisCluster.from_url(url)
-        limiter = pr.RedisLimiter(r, 1, 10.0, 2, timeout=2.0)
+        limiter = limiter_of(r, 1, 10.0, 2, timeout=2.0)
         keys = [f"tenant-{i}" for i in range(12)]
         for key in keys:
             assert [await limiter.try_acquire(key) for _ in range(3)] == [True, True, False]
