@@ -668,8 +668,10 @@ class SyncRedisLimiter(_Base):
     thread. Its decisions, keys and policies are ``RedisLimiter``'s.
 
     A synchronous call cannot be cut short from outside, so each call is bounded by the
-    client's own ``socket_timeout`` (and ``socket_connect_timeout``): the client must
-    have one, and it plays ``RedisLimiter``'s ``timeout``. A thread interrupted while it
+    client's own ``socket_timeout`` (and ``socket_connect_timeout``, times its retry
+    policy: redis-py retries a failed connection, with backoff, unless told otherwise):
+    the client must have a ``socket_timeout``, and it plays ``RedisLimiter``'s
+    ``timeout``. A thread interrupted while it
     waits its turn (Ctrl-C) gives the booking back, as a cancelled task does.
     """
 
