@@ -103,6 +103,12 @@ mod quota;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+// The fleet limiter's Lua, apart from it: other clients of the same keys (the Python
+// package) run the very same text without the Redis client crate.
+#[cfg(feature = "redis-scripts")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-scripts")))]
+#[path = "redis/scripts.rs"]
+pub mod redis_scripts;
 #[cfg(feature = "std")]
 mod reservation;
 #[cfg(all(feature = "shared", unix, not(loom)))]

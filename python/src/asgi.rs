@@ -387,6 +387,7 @@ fn head(
 
 /// What Python computed for a request, by limit index: keys, costs, and the limits that do
 /// not apply.
+#[derive(Default)]
 struct PythonParts {
     keys: Option<Vec<Option<String>>>,
     costs: Option<Vec<u32>>,
@@ -550,5 +551,47 @@ impl Waiting {
     fn cancel(&self) {
         let future = self.future.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(future);
+    }
+}
+
+/// One limit's key source on its own: a request's client key as text, for a limit kept
+/// in Redis (`paceline.asgi.Limit(redis=...)`), which Python decides through
+/// `paceline.redis`. The key is read as the layer reads it (the peer address grouped by
+/// its IPv6 prefix, behind trusted proxies only; a header; one global key); text keys
+/// come whole, and Python bounds them with a digest every process computes alike.
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct KeyReader {
+    source: KeySource,
+}
+
+/// A [`KeyReader`] for a key spec as [`LimitSpec`] holds it (not `("callable",)`:
+/// Python calls those itself).
+#[pyfunction]
+pub(crate) fn new_key_reader(spec: &Bound<'_, PyTuple>) -> PyResult<KeyReader> {
+    let kind: String = spec.get_item(0)?.extract()?;
+    if kind == "callable" {
+        return Err(PyValueError::new_err(
+            "a key function is called by Python, not read by a KeyReader",
+        ));
+    }
+    Ok(KeyReader {
+        source: source(spec, 0)?,
+    })
+}
+
+#[pymethods]
+impl KeyReader {
+    /// The request's key as text, or None when it has none.
+    fn key(
+        &self,
+        headers: Vec<(Vec<u8>, Vec<u8>)>,
+        client: Option<(String, u16)>,
+    ) -> Option<String> {
+        let request = head("GET", "/", headers, client, PythonParts::default());
+        Some(match self.source.key_of(&Head::of(&request))? {
+            ClientKey::Ip(ip) => ip.to_string(),
+            ClientKey::Text(text) => text.into(),
+            ClientKey::Global => "*".to_owned(),
+        })
     }
 }

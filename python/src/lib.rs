@@ -1335,6 +1335,33 @@ fn new_shared_keyed_core(
     }))
 }
 
+/// The fleet limiter's quota arguments for `count` cells per `per` seconds with `burst`:
+/// `(interval, tolerance)` in whole nanoseconds, as the Rust `RedisLimiter` sends them
+/// (the interval truncated to the nanosecond, as every paceline quota; the tolerance
+/// `interval × burst`). A `ValueError` in the Python API's words for a quota no limiter
+/// takes, one finer than Redis time's microsecond, or a burst window past what the
+/// scripts keep exact.
+#[pyfunction]
+fn redis_quota(count: u32, per: f64, burst: u32) -> PyResult<(u64, u64)> {
+    let quota = quota(count, per, burst)?;
+    let interval = u64::try_from(quota.emission_interval().as_nanos()).unwrap_or(u64::MAX);
+    if interval < 1_000 {
+        return Err(PyValueError::new_err(format!(
+            "per / rate = {per:?} s / {count} is below 1 µs, the resolution of Redis time: \
+             a fleet limiter keeps at most a million cells per second"
+        )));
+    }
+    let window = u128::from(interval) * u128::from(burst);
+    if window > u128::from(paceline::redis_scripts::MAX_WINDOW) {
+        return Err(PyValueError::new_err(format!(
+            "the burst window (per / rate × burst = {:.0} s) is longer than 2^52 ns (about \
+             52 days), the most a fleet limiter keeps exact",
+            window as f64 / 1e9
+        )));
+    }
+    Ok((interval, window as u64))
+}
+
 /// The module. Declared free-threading safe: every class is `frozen` and synchronised in
 /// Rust (atomics and paceline's own locks), and no Python object is shared unguarded.
 #[pymodule(gil_used = false)]
@@ -1349,6 +1376,11 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TABLE_FULL", table_full(m.py())?.clone_ref(m.py()))?;
     m.add("MAX_CAPACITY", paceline::shared::MAX_CAPACITY)?;
     m.add("MAX_HOLD", paceline::shared::MAX_HOLD.as_secs_f64())?;
+    // paceline.redis runs the Rust fleet limiter's very scripts (one source of truth).
+    m.add("REDIS_DECIDE_SCRIPT", paceline::redis_scripts::DECIDE)?;
+    m.add("REDIS_REFUND_SCRIPT", paceline::redis_scripts::REFUND)?;
+    m.add("REDIS_MAX_WINDOW_NS", paceline::redis_scripts::MAX_WINDOW)?;
+    m.add_function(wrap_pyfunction!(redis_quota, m)?)?;
     m.add_class::<Follower>()?;
     m.add_class::<asgi::AsgiCore>()?;
     m.add_class::<asgi::Admitted>()?;
@@ -1360,6 +1392,8 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(asgi::check_key_source, m)?)?;
     m.add_function(wrap_pyfunction!(asgi::parse_rates, m)?)?;
     m.add_function(wrap_pyfunction!(asgi::new_asgi_core, m)?)?;
+    m.add_class::<asgi::KeyReader>()?;
+    m.add_function(wrap_pyfunction!(asgi::new_key_reader, m)?)?;
     m.add_function(wrap_pyfunction!(new_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_keyed_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_core, m)?)?;

@@ -315,6 +315,34 @@ impl KeySource {
         }
     }
 
+    /// The key `head` counts under, or `None` when it has none (no such header, no peer
+    /// address, a forwarding chain that cannot be read): for a store of your own, such
+    /// as a limit kept in Redis for a fleet of servers. Addresses come grouped by the
+    /// IPv6 prefix and read behind trusted proxies only, as the layer reads them; text
+    /// comes as the request sent it, whatever its length (the layer's own table stores a
+    /// long key as a digest seeded per process, which other processes could not
+    /// recompute).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::http::{ClientKey, Head, KeySource};
+    /// let request = http::Request::get("/").header("x-api-key", "k-123").body(()).unwrap();
+    /// let source = KeySource::header(http::HeaderName::from_static("x-api-key"));
+    /// assert_eq!(source.key_of(&Head::of(&request)), Some(ClientKey::Text("k-123".into())));
+    /// assert_eq!(KeySource::peer_ip().key_of(&Head::of(&request)), None); // no peer address
+    /// ```
+    pub fn key_of(&self, head: &Head<'_>) -> Option<ClientKey> {
+        match &self.kind {
+            Kind::Header(name) => {
+                let value = head.headers().get(name)?.to_str().ok()?;
+                Some(ClientKey::Text(value.into()))
+            }
+            Kind::Custom(f) => f(head),
+            Kind::Peer { .. } | Kind::Global => self.key(head).ok(),
+        }
+    }
+
     /// The key of a request, or why it has none.
     #[inline]
     pub(crate) fn key(&self, head: &Head<'_>) -> Result<ClientKey, Missing> {

@@ -175,7 +175,7 @@ impl RedisLimiter {
         // `SCRIPT LOAD` goes to all of them), so a server that cannot run them is refused
         // here with its reason, not on every later call.
         let load = async {
-            for script in [SCRIPT, REFUND] {
+            for script in [DECIDE, REFUND] {
                 redis::cmd("SCRIPT")
                     .arg("LOAD")
                     .arg(script)
@@ -189,7 +189,7 @@ impl RedisLimiter {
             .map_err(RedisLimitError::NoScripts)?;
         Ok(RedisLimiter {
             conn,
-            script: redis::Script::new(SCRIPT),
+            script: redis::Script::new(DECIDE),
             refund: Arc::new(redis::Script::new(REFUND)),
             quota,
             prefix: "paceline".into(),

@@ -61,11 +61,11 @@ mod conn;
 mod error;
 mod limiter;
 mod policy;
-mod scripts;
+use crate::redis_scripts as scripts;
 mod waiting;
 use booking::Booking;
 use conn::Conn;
-use scripts::{MAX_WINDOW, REFUND, SCRIPT};
+use scripts::{DECIDE, MAX_WINDOW, REFUND};
 
 use error::check_key;
 pub use error::{RedisDenied, RedisLimitError, MAX_KEY_LEN};

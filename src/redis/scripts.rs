@@ -1,5 +1,17 @@
-//! The two Lua scripts the fleet limiter runs on the Redis server, and the format of the
-//! value they keep at each limited key.
+//! The two Lua scripts the fleet limiter (`redis::RedisLimiter`, feature `redis`) runs on
+//! the Redis server, and the format of the value they keep at each limited key (cargo
+//! feature `redis-scripts`, which needs no Redis client).
+//!
+//! Another client of the same keys runs this very text, so that its decisions are the
+//! fleet limiter's: paceline's Python package ships it from here. The calling convention:
+//! `KEYS[1]` is `<prefix>:{<key>}` (default prefix `paceline`; the key is its own hash
+//! tag); [`DECIDE`]'s and [`REFUND`]'s `ARGV` are listed on each.
+//!
+//! ```
+//! use paceline::redis_scripts::{DECIDE, MAX_WINDOW, REFUND};
+//! assert!(DECIDE.contains("redis.call('TIME')") && REFUND.contains("redis.call('GET'"));
+//! assert_eq!(MAX_WINDOW, 1 << 52);
+//! ```
 //!
 //! # Implementation notes
 //!
@@ -34,19 +46,22 @@
 //! `OOM`. The limiter reports those as what they are, not as Redis being unreachable.
 
 /// The longest burst window a fleet limiter accepts, in nanoseconds: 2^52 (about 52
-/// days), so that a TAT plus the longest booking stays exact in a double.
-pub(super) const MAX_WINDOW: u64 = 1 << 52;
+/// days), so that a TAT plus the longest booking stays exact in a double. Also the
+/// furthest a booking may reach past the tolerance (`DECIDE`'s fifth argument).
+///
+/// # Examples
+///
+/// ```
+/// // 1 per day with a burst of 60 is a 60-day window: more than a fleet limiter keeps.
+/// let window_ns: u64 = 86_400 * 1_000_000_000 * 60;
+/// assert!(window_ns > paceline::redis_scripts::MAX_WINDOW);
+/// ```
+pub const MAX_WINDOW: u64 = 1 << 52;
 
-/// Bookings remembered per key for refunds (module docs): the `32` in [`SCRIPT`].
+/// Bookings remembered per key for refunds (module docs): the `32` in [`DECIDE`].
 #[cfg(test)]
-pub(super) const MAX_BOOKINGS: usize = 32;
+pub(crate) const MAX_BOOKINGS: usize = 32;
 
-/// The GCRA decision in nanoseconds. `ARGV`: interval, tolerance, cost (-1 for a read),
-/// a fixed time in µs (empty: the server's `TIME`), how far past the tolerance a booking
-/// may reach (0 for a plain check), and the booking's id (empty for a plain check).
-/// Returns `{1, ahead, wait}` when admitted (`ahead`: the new TAT minus now; booked:
-/// `wait` until its instant), `{0, wait, 0}` when not (`wait` at least 1), `{2,
-/// remaining, 0}` for a read.
 /// Lua that sets `now` (µs): the fixed time in `ARGV[$arg]` when it is not empty (test
 /// mode), else the server's `TIME`.
 macro_rules! lua_now {
@@ -63,7 +78,21 @@ macro_rules! lua_now {
     };
 }
 
-pub(super) const SCRIPT: &str = concat!(
+/// The GCRA decision in nanoseconds. `ARGV`: interval, tolerance (interval × burst),
+/// cost (interval × cells; -1 for a read), a fixed time in µs (empty: the server's
+/// `TIME`), how far past the tolerance a booking may reach (0 for a plain check), and the
+/// booking's id (empty for a plain check). Returns `{1, ahead, wait}` when admitted
+/// (`ahead`: the new TAT minus now; booked: `wait` until its instant), `{0, wait, 0}` when
+/// not (`wait` at least 1), `{2, remaining, ahead}` for a read (`ahead`: the TAT minus
+/// now, so `n` cells wait `ahead - (tolerance - n × interval)`). All times in nanoseconds.
+///
+/// # Examples
+///
+/// ```
+/// // Sent with EVALSHA by its SHA-1, loaded once per server with SCRIPT LOAD.
+/// assert!(paceline::redis_scripts::DECIDE.starts_with("\nlocal interval = tonumber(ARGV[1])"));
+/// ```
+pub const DECIDE: &str = concat!(
     r"
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
@@ -93,8 +122,8 @@ end
 if ahead < 0 then ahead = 0 end
 if ahead == 0 then list = '' end
 if cost < 0 then
-  if ahead >= tau then return {2, 0, 0} end
-  return {2, math.floor((tau - ahead) / interval), 0}
+  if ahead >= tau then return {2, 0, ahead} end
+  return {2, math.floor((tau - ahead) / interval), ahead}
 end
 if ahead > tau + extra - cost then
   return {0, ahead - (tau - cost), 0}
@@ -129,7 +158,13 @@ return {1, new, wait}
 /// (empty: the server's `TIME`). Returns 1 if the booking was found live and is now
 /// cancelled (its cost taken off the TAT at once or once the bookings after it are
 /// cancelled too), 0 otherwise.
-pub(super) const REFUND: &str = concat!(
+///
+/// # Examples
+///
+/// ```
+/// assert!(paceline::redis_scripts::REFUND.contains("ARGV[1]"));
+/// ```
+pub const REFUND: &str = concat!(
     lua_now!(2),
     r"local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
@@ -174,6 +209,6 @@ mod tests {
 
     #[test]
     fn the_script_keeps_the_documented_number_of_bookings() {
-        assert!(SCRIPT.contains(&format!("while n > {MAX_BOOKINGS} do")));
+        assert!(DECIDE.contains(&format!("while n > {MAX_BOOKINGS} do")));
     }
 }

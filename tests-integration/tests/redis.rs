@@ -311,3 +311,47 @@ fn a_waiter_dropped_before_its_instant_gives_its_cell_back() {
         );
     });
 }
+
+#[test]
+fn the_limiter_loads_the_scripts_redis_scripts_exports() {
+    // Other clients of the same keys (the Python package) run `paceline::redis_scripts`:
+    // it must be the very text the limiter loads and runs.
+    let server = Server::start();
+    runtime().block_on(async {
+        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(10))
+            .await
+            .unwrap();
+        assert!(limiter.check_key("k").await.is_ok());
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        for text in [
+            paceline::redis_scripts::DECIDE,
+            paceline::redis_scripts::REFUND,
+        ] {
+            let sha = redis::Script::new(text).get_hash().to_owned();
+            let exists: Vec<bool> = redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(&sha)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(exists, [true], "{sha}");
+        }
+        // A read tells how far ahead the key's state is: one cell of 100 ms spent.
+        let (kind, remaining, ahead): (i64, i64, i64) = redis::cmd("EVAL")
+            .arg(paceline::redis_scripts::DECIDE)
+            .arg(1)
+            .arg("paceline:{k}")
+            .arg(100_000_000u64)
+            .arg(1_000_000_000u64)
+            .arg(-1)
+            .arg("")
+            .arg(0)
+            .arg("")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!((kind, remaining), (2, 9));
+        assert!(0 < ahead && ahead <= 100_000_000, "{ahead}");
+    });
+}

@@ -166,3 +166,22 @@ def open_shared_table(
 def check_limit_name(name: str) -> None: ...
 def check_key_source(spec: tuple) -> None: ...
 def parse_rates(text: str) -> List[Tuple[int, float, int]]: ...
+
+
+class KeyReader:
+    """One limit's key source on its own, for a limit kept in Redis."""
+
+    def key(
+        self, headers: Sequence[Tuple[bytes, bytes]], client: Optional[Tuple[str, int]]
+    ) -> Optional[str]:
+        """The request's client key as text, or None when it has none."""
+
+def new_key_reader(spec: tuple) -> KeyReader: ...
+
+# The Rust fleet limiter's Lua scripts (paceline::redis_scripts), which paceline.redis runs.
+REDIS_DECIDE_SCRIPT: str
+REDIS_REFUND_SCRIPT: str
+REDIS_MAX_WINDOW_NS: int
+
+def redis_quota(count: int, per: float, burst: int) -> Tuple[int, int]:
+    """`(interval, tolerance)` in nanoseconds, as the Rust fleet limiter sends them."""

@@ -24,7 +24,7 @@ import httpx
 from . import KeyedLimiter, Limiter
 from ._upstream import IDEMPOTENT, Following
 
-__all__ = ["AsyncTransport", "Transport", "IDEMPOTENT"]
+__all__ = ["AsyncTransport", "Transport", "IDEMPOTENT", "AsyncFleetTransport", "FleetTransport"]
 
 
 def _headers(response: httpx.Response):
@@ -133,3 +133,93 @@ class Transport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._transport.close()
+
+
+class AsyncFleetTransport(httpx.AsyncBaseTransport):
+    """An ``httpx.AsyncClient`` transport that paces requests by a fleet-wide limiter
+    (``paceline.redis.RedisLimiter``): every request waits its booked turn in Redis, in
+    one first-come-first-served line with every process and host that uses the same
+    limiter, then goes through ``transport`` (httpx's default one unless given).
+
+    Named for what it paces: the whole fleet, where ``AsyncTransport`` paces one
+    process's limiter. ``key`` is the limiter key a request waits on: a ``str`` for one
+    quota, or a function of the request's host (default: the host, a quota per
+    upstream). To also follow what the upstream says (429, ``Retry-After``, the
+    ``RateLimit`` fields) in this process, put it under an ``AsyncTransport``::
+
+        fleet = paceline.httpx.AsyncFleetTransport(redis_limiter, key="partner-api")
+        transport = paceline.httpx.AsyncTransport(paceline.Limiter(100), transport=fleet)
+
+    (a refused request sent again then waits a new fleet turn too). ``max_wait``
+    (seconds) bounds the wait: a turn further away raises ``TimeoutError`` without
+    booking it.
+    """
+
+    def __init__(
+        self,
+        limiter: object,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+        *,
+        key: Union[str, Callable[[str], str], None] = None,
+        max_wait: Optional[float] = None,
+    ) -> None:
+        from .redis import RedisLimiter
+
+        if not isinstance(limiter, RedisLimiter):
+            raise TypeError(
+                "limiter must be a paceline.redis.RedisLimiter (for httpx.Client and a "
+                f"SyncRedisLimiter, use FleetTransport), got {type(limiter).__name__}"
+            )
+        self._limiter = limiter
+        self._key = _fleet_key(key)
+        self._max_wait = max_wait
+        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await self._limiter.acquire(self._key(request.url.host), 1, self._max_wait)
+        return await self._transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+class FleetTransport(httpx.BaseTransport):
+    """An ``httpx.Client`` transport: the same as ``AsyncFleetTransport``, for threads,
+    on a ``paceline.redis.SyncRedisLimiter`` (the wait blocks the calling thread)."""
+
+    def __init__(
+        self,
+        limiter: object,
+        transport: Optional[httpx.BaseTransport] = None,
+        *,
+        key: Union[str, Callable[[str], str], None] = None,
+        max_wait: Optional[float] = None,
+    ) -> None:
+        from .redis import SyncRedisLimiter
+
+        if not isinstance(limiter, SyncRedisLimiter):
+            raise TypeError(
+                "limiter must be a paceline.redis.SyncRedisLimiter (for httpx.AsyncClient "
+                f"and a RedisLimiter, use AsyncFleetTransport), got {type(limiter).__name__}"
+            )
+        self._limiter = limiter
+        self._key = _fleet_key(key)
+        self._max_wait = max_wait
+        self._transport = transport if transport is not None else httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self._limiter.acquire_blocking(self._key(request.url.host), 1, self._max_wait)
+        return self._transport.handle_request(request)
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+def _fleet_key(key: Union[str, Callable[[str], str], None]) -> Callable[[str], str]:
+    if key is None:
+        return lambda host: host
+    if isinstance(key, str):
+        return lambda host: key
+    if callable(key):
+        return key
+    raise TypeError(f"key must be a str, a function of the host, or None, got {key!r}")

@@ -32,6 +32,16 @@ def _missing(value: object) -> Optional[str]:
     )
 
 
+class _Pass:
+    """Admitted, with no fields: the layer's answer when every limit is kept in Redis."""
+
+    __slots__ = ()
+    fields: List[Any] = []
+
+
+PASS = _Pass()
+
+
 class _NoAddress:
     """The 500 of a server that gives no client address (a ``Refused``'s shape)."""
 
@@ -94,6 +104,7 @@ class _Checker:
         on_missing_key: object,
         on_refusal: Optional[Callable[..., Any]],
         exempt: Optional[Callable[[Scope], bool]],
+        wait_buffer: int = 64 * 1024,
     ) -> None:
         if isinstance(limits, Limit):
             limits = [limits]
@@ -114,6 +125,21 @@ class _Checker:
             raise TypeError("exempt must be a function of the scope returning a bool")
         if on_refusal is not None and not callable(on_refusal):
             raise TypeError("on_refusal must be a function (scope, RefusalInfo) -> ASGI app")
+        # Limits kept in Redis are decided after the layer's, in Python (`_fleet.py`).
+        self.fleet = None
+        fleet = [limit for limit in limits if limit.redis is not None]
+        if fleet:
+            from ._fleet import FleetLimits
+
+            self.fleet = FleetLimits(
+                fleet,
+                missing=_missing(on_missing_key),
+                headers_on_success=bool(headers_on_success),
+                wait_up_to=None if wait_up_to is None else float(wait_up_to),
+                buffer=wait_buffer,
+            )
+        every = limits
+        limits = [limit for limit in limits if limit.redis is None]
         self.limits = limits
         self.options = (
             bool(headers_on_success),
@@ -131,10 +157,10 @@ class _Checker:
         self.needs_address = None
         if missing is None:
             self.needs_address = next(
-                (limit.name for limit in limits if limit.key._by_address), None
+                (limit.name for limit in every if limit.key._by_address), None
             )
         self.behind_proxies = next(
-            (limit.name for limit in limits if limit.key._spec[0] == "proxies"), None
+            (limit.name for limit in every if limit.key._spec[0] == "proxies"), None
         )
         self.watch_at = time.monotonic() + _WATCH_EVERY
         self.watched = [limit for limit in limits if limit.shared is not None]
@@ -142,7 +168,7 @@ class _Checker:
     def _build(self) -> None:
         """The Rust layer, and what Python computes per request, by Rust limit index."""
         specs = [spec for limit in self.limits for spec in limit._specs()]
-        self.core = new_asgi_core(specs, *self.options)
+        self.core = new_asgi_core(specs, *self.options) if specs else None
         self.key_fns = [spec.limit.key._fn for spec in specs]
         self.tiers = [spec.limit.quota_for for spec in specs]
         self.cost_fns = [spec.limit.cost if callable(spec.limit.cost) else None for spec in specs]
@@ -209,6 +235,8 @@ class _Checker:
             # uvicorn's proxy middleware writes port 0 into the client it resolved.
             if any(name == b"x-forwarded-for" for name, _ in scope.get("headers", ())):
                 _proxy_rewritten(self.behind_proxies)
+        if self.core is None:
+            return PASS  # only limits kept in Redis: the middleware asks them next
         keys, costs, skips = parts
         return self.core.check(
             scope["method"], scope["path"], scope["headers"], client, keys, costs, skips
@@ -260,4 +288,4 @@ def _cost(cost: Any) -> int:
     return cost
 
 
-__all__ = ["_Checker", "Admitted", "Refused"]
+__all__ = ["_Checker", "Admitted", "Refused", "PASS"]

@@ -181,6 +181,14 @@ class Limit:
     - ``when_full``: what a new client gets when the table has no room for it: ``"503"``
       (default: ``503`` with ``Retry-After`` and no ``RateLimit`` field: it spent
       nothing) or ``"admit"`` (let through untracked).
+    - ``redis`` (a ``redis.asyncio.Redis`` or ``RedisCluster``) keeps the limit in Redis
+      instead: one bound per client for every server of a fleet that uses the same Redis
+      and limit name (``paceline.redis``'s decisions, at Redis's clock; Redis keys
+      ``paceline-asgi:<name>:{<client key>}``). ``redis_timeout`` bounds each call
+      (seconds); past it, or when Redis cannot be reached, ``on_redis_failure`` decides:
+      ``"closed"`` (default: ``503`` with ``Retry-After: 1`` and no ``RateLimit`` field),
+      ``"open"``, or a local ``paceline.KeyedLimiter`` share. An error Redis answers is a
+      ``503`` too, logged. One rate per limit; no ``quota_for``.
     - ``name`` is the limit's name in the ``RateLimit`` fields (1 to 64 printable ASCII
       characters; with several rates each is named after its rate too).
     """
@@ -199,6 +207,7 @@ class Limit:
         "trust_user",
         "trust_group",
         "when_full",
+        "redis",
         "_rates",
         "_tables",
         "_cost_async",
@@ -223,6 +232,9 @@ class Limit:
         trust_user: "int | str | None" = None,
         trust_group: "int | str | None" = None,
         when_full: str = "503",
+        redis: Any = None,
+        redis_timeout: float = 0.25,
+        on_redis_failure: Any = "closed",
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a limit's name must be a non-empty str, got {name!r}")
@@ -281,6 +293,9 @@ class Limit:
         if when_full not in ("503", "admit"):
             raise ValueError(f'when_full must be "503" or "admit", got {when_full!r}')
         self.when_full = when_full
+        self.redis = None
+        if redis is not None:
+            self.redis = _fleet_limiter(self, redis, redis_timeout, on_redis_failure, max_keys)
         self._tables: List[Any] = []
         self._open()
 
@@ -332,6 +347,34 @@ class Limit:
             spec.limit = self
             specs.append(spec)
         return specs
+
+
+def _fleet_limiter(limit: Limit, client: Any, timeout: float, on_failure: Any, max_keys: Any) -> Any:
+    """The ``paceline.redis.RedisLimiter`` of a limit kept in Redis."""
+    if limit.shared is not None:
+        raise ValueError("a limit is kept in a shared file or in Redis, not both")
+    if max_keys is not None:
+        raise ValueError("a limit kept in Redis has no max_keys: Redis keeps its keys")
+    if limit.quota_for is not None:
+        raise ValueError("a limit kept in Redis has one quota: quota_for is for in-process limits")
+    if len(limit._rates) > 1:
+        raise ValueError("a limit kept in Redis has one rate: give each rate a Limit of its own")
+    if "{" in limit.name or "}" in limit.name:
+        raise ValueError(
+            f"a limit kept in Redis names its Redis keys, which take no braces: {limit.name!r}"
+        )
+    from ..redis import RedisLimiter
+
+    count, per, burst, _ = limit._rates[0]
+    return RedisLimiter(
+        client,
+        count,
+        per,
+        burst,
+        prefix=f"paceline-asgi:{limit.name}",
+        timeout=timeout,
+        on_failure=on_failure,
+    )
 
 
 def _tier(rate: object) -> str:

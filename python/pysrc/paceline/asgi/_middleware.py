@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, List, MutableMapping, Optional, Sequence, Tuple, Union
 
-from ._checker import Admitted, Refused, _Checker, _NoAddress
+from ._checker import PASS, Admitted, Refused, _Checker, _NoAddress
 from ._limit import Limit, Scope
+from ._listen import replaying, watching
 from ._route import _exempt_route
 
 Message = MutableMapping[str, Any]
@@ -70,74 +71,6 @@ def _ignore() -> None:
 def _settle(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-
-async def _wait_watching(
-    waiting: Any, receive: Receive, buffer: int
-) -> Tuple[Any, List[Message]]:
-    """Waits the turn while listening for the client going away: the messages read
-    meanwhile (the request's body) are kept for the app; once more than ``buffer`` bytes
-    of body are kept, nothing more is read until the turn comes (the server's
-    backpressure holds the rest, and a client that leaves then is noticed by the app). A
-    disconnect cancels the wait, giving its booking back, and returns ``None``."""
-    kept: List[Message] = []
-
-    async def listen() -> bool:
-        """True when the client went away; False once the buffer is full."""
-        held = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                kept.append(message)
-                return True
-            kept.append(message)
-            held += len(message.get("body", b""))
-            if held > buffer or not message.get("more_body", False):
-                break
-        # The body is read (or the buffer full): from here on only a disconnect matters,
-        # and a conforming server's next message is one. Anything else ends the watch.
-        if held > buffer:
-            return False
-        message = await receive()
-        kept.append(message)
-        return message["type"] == "http.disconnect"
-
-    turn = asyncio.ensure_future(_wait(waiting))
-    listener = asyncio.ensure_future(listen())
-    try:
-        await asyncio.wait((turn, listener), return_when=asyncio.FIRST_COMPLETED)
-        if not turn.done() and listener.done() and not listener.result():
-            await turn  # the body is read (or the buffer full): just wait the turn
-    except BaseException:
-        turn.cancel()
-        listener.cancel()
-        raise
-    if not turn.done():
-        turn.cancel()
-        try:
-            await turn
-        except asyncio.CancelledError:
-            pass
-        return None, kept
-    if not listener.done():
-        listener.cancel()
-        try:
-            await listener
-        except asyncio.CancelledError:
-            pass
-    return turn.result(), kept
-
-
-def _replaying(kept: List[Message], receive: Receive) -> Receive:
-    if not kept:
-        return receive
-
-    async def replay() -> Message:
-        if kept:
-            return kept.pop(0)
-        return await receive()
-
-    return replay
 
 
 def _adding(send: Send, fields: List[Tuple[bytes, bytes]]) -> Send:
@@ -227,6 +160,7 @@ class RateLimitMiddleware:
             on_missing_key=on_missing_key,
             on_refusal=on_refusal,
             exempt=exempt,
+            wait_buffer=wait_buffer,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -239,18 +173,30 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         kind = outcome.__class__
-        if kind is not Admitted and kind is not Refused and kind is not _NoAddress:
+        if outcome is PASS:
+            kind = Admitted
+        elif kind is not Admitted and kind is not Refused and kind is not _NoAddress:
             now = outcome.poll(_ignore)  # a turn that is due now is taken without a task
             if now is not None:
                 outcome = now
             else:
-                outcome, kept = await _wait_watching(outcome, receive, self._buffer)
+                outcome, kept = await watching(_wait(outcome), receive, self._buffer)
                 if outcome is None:
                     return  # the client went away while it waited
-                receive = _replaying(kept, receive)
+                receive = replaying(kept, receive)
             kind = outcome.__class__
         if kind is Admitted:
             fields = outcome.fields
+            if checker.fleet is not None:
+                # The limits kept in Redis, once the others admitted the request.
+                refusal, more, kept, gone = await checker.fleet.check(scope, receive)
+                receive = replaying(kept, receive)
+                if gone:
+                    return  # the client went away while it waited
+                if refusal is not None:
+                    await _refuse(checker, scope, receive, send, refusal)
+                    return
+                fields = fields + more
             await self.app(scope, receive, _adding(send, fields) if fields else send)
             return
         await _refuse(checker, scope, receive, send, outcome)

@@ -7,7 +7,7 @@ import asyncio
 import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ._checker import Admitted, _Checker
+from ._checker import PASS, Admitted, _Checker
 from ._limit import Limit, Scope
 
 #: Whether any endpoint was marked exempt (only then does the middleware look routes up).
@@ -102,12 +102,17 @@ class RouteLimit:
             on_refusal=None,
             exempt=exempt,
         )
+        if self._checker.fleet is not None:
+            raise ValueError(
+                "a Limit kept in Redis needs RateLimitMiddleware (RouteLimit decides "
+                "without waiting for Redis)"
+            )
 
     @staticmethod
     def _decision(outcome: Any) -> Tuple[bool, int, Dict[str, str], bytes]:
         if outcome is None:
             return True, 200, {}, b""
-        if outcome.__class__ is Admitted:
+        if outcome.__class__ is Admitted or outcome is PASS:
             return True, 200, _as_dict(outcome.fields), b""
         fields = {
             name: value
