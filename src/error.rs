@@ -28,7 +28,7 @@ pub(crate) fn cost(params: &Params, n: u32) -> Result<u64, Denied> {
 /// let denied = limiter.check().unwrap_err();
 /// assert_eq!(denied.wait_time(), Duration::from_millis(100));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NotUntil {
     /// The wait in nanoseconds: turned into a `Duration` only when asked for, so that a
     /// denied check (the path a flood takes) does no division.
@@ -67,11 +67,12 @@ impl NotUntil {
     /// ```
     /// use paceline::{KeyedLimiter, Quota};
     ///
+    /// // The bound is kept per shard: a few keys past it may be stored.
     /// let limiter = KeyedLimiter::new(Quota::per_hour(1)).with_max_keys(1);
-    /// limiter.check_key(&"a").unwrap();
-    /// let spent = limiter.check_key(&"a").unwrap_err();
+    /// limiter.check_key(&0).unwrap();
+    /// let spent = limiter.check_key(&0).unwrap_err();
     /// assert!(!spent.is_table_full());
-    /// let no_room = limiter.check_key(&"b").unwrap_err();
+    /// let no_room = (1..1000).find_map(|key| limiter.check_key(&key).err()).unwrap();
     /// assert!(no_room.is_table_full());
     /// ```
     pub fn is_table_full(&self) -> bool {
@@ -123,7 +124,7 @@ impl core::error::Error for NotUntil {}
 ///     other => panic!("{other:?}"),
 /// }
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct InsufficientCapacity {
     requested: u32,
     burst: u32,
@@ -185,7 +186,7 @@ impl core::error::Error for InsufficientCapacity {}
 /// assert!(matches!(limiter.check_n(1), Err(Denied::NotUntil(_))));
 /// assert!(matches!(limiter.check_n(3), Err(Denied::InsufficientCapacity(_))));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Denied {
     /// Not now; the request fits the burst and will be admissible after the wait.
     NotUntil(NotUntil),
@@ -206,6 +207,8 @@ impl fmt::Display for Denied {
 }
 
 impl core::error::Error for Denied {}
+
+debug_as_display!(NotUntil, InsufficientCapacity, Denied);
 
 impl From<NotUntil> for Denied {
     fn from(e: NotUntil) -> Self {

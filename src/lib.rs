@@ -79,6 +79,18 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// `Debug` as `Display` for the crate's errors: what a `main` returning one prints (and an
+/// `unwrap` panics with) reads as the message, not as a struct dump.
+macro_rules! debug_as_display {
+    ($($t:ty),+ $(,)?) => {$(
+        impl core::fmt::Debug for $t {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                core::fmt::Display::fmt(self, f)
+            }
+        }
+    )+};
+}
+
 // Three layers, bottom up: `gcra` (the pure arithmetic), `cell` (the one atomic word; with
 // `shared_quota`, the quota read beside it), and the adapters (`wait` and `clock`, the
 // limiters in `limiter` and `keyed`, `reservation`, `stream`, and the integrations in

@@ -39,7 +39,7 @@ pub struct Quota {
 ///
 /// assert_eq!(Quota::try_new(5, Duration::ZERO), Err(QuotaError::ZeroPeriod));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum QuotaError {
     /// The count of cells per period was 0.
@@ -79,6 +79,8 @@ impl fmt::Display for QuotaError {
 }
 
 impl core::error::Error for QuotaError {}
+
+debug_as_display!(QuotaError);
 
 /// A rate as text, in the grammar the Python `limits` package (and so slowapi and
 /// flask-limiter) reads: a count, `/` or `per`, an optional number, and a unit (`second`,
@@ -128,15 +130,21 @@ impl core::str::FromStr for Quota {
             Some((n, unit)) => (n, unit),
             None => (1, rest),
         };
-        let unit_secs: u64 = match unit.trim_end().to_ascii_lowercase().as_str() {
-            "s" | "sec" | "secs" | "second" | "seconds" => 1,
-            "m" | "min" | "mins" | "minute" | "minutes" => 60,
-            "h" | "hr" | "hrs" | "hour" | "hours" => 3_600,
-            "d" | "day" | "days" => 86_400,
-            "month" | "months" => 30 * 86_400,
-            "y" | "year" | "years" => 365 * 86_400,
-            _ => return Err(QuotaError::Unparsable),
-        };
+        /// Each unit's names (matched without regard to case) and its length in seconds.
+        const UNITS: [(&[&str], u64); 6] = [
+            (&["s", "sec", "secs", "second", "seconds"], 1),
+            (&["m", "min", "mins", "minute", "minutes"], 60),
+            (&["h", "hr", "hrs", "hour", "hours"], 3_600),
+            (&["d", "day", "days"], 86_400),
+            (&["month", "months"], 30 * 86_400),
+            (&["y", "year", "years"], 365 * 86_400),
+        ];
+        let unit = unit.trim_end();
+        let unit_secs = UNITS
+            .iter()
+            .find(|(names, _)| names.iter().any(|name| name.eq_ignore_ascii_case(unit)))
+            .map(|&(_, secs)| secs)
+            .ok_or(QuotaError::Unparsable)?;
         let secs = times
             .checked_mul(unit_secs)
             .ok_or(QuotaError::IntervalTooLong)?;

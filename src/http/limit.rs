@@ -78,7 +78,7 @@ pub(super) const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// let err = Limit::try_new("per-ip\n", Quota::per_second(1), KeySource::peer_ip()).unwrap_err();
 /// assert!(err.to_string().contains("printable ASCII"));
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct InvalidLimitName {
     name: String,
 }
@@ -95,6 +95,8 @@ impl fmt::Display for InvalidLimitName {
 }
 
 impl core::error::Error for InvalidLimitName {}
+
+debug_as_display!(InvalidLimitName);
 
 /// `name` as a structured-field string (RFC 8941 `sf-string`), or why it cannot be one.
 pub(super) fn field_name(name: &str) -> Result<Arc<str>, InvalidLimitName> {

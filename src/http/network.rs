@@ -27,7 +27,7 @@ pub struct Network {
 }
 
 /// Why a network could not be parsed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct NetworkError(String);
 
 impl fmt::Display for NetworkError {
@@ -37,6 +37,8 @@ impl fmt::Display for NetworkError {
 }
 
 impl core::error::Error for NetworkError {}
+
+debug_as_display!(NetworkError);
 
 impl core::str::FromStr for Network {
     type Err = NetworkError;

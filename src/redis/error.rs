@@ -16,7 +16,6 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// assert!(matches!(bad, Err(RedisLimitError::Connect(_))));
 /// # }
 /// ```
-#[derive(Debug)]
 #[non_exhaustive]
 pub enum RedisLimitError {
     /// The URL is not a Redis URL, or the server could not be reached or is not Redis.
@@ -76,7 +75,6 @@ impl core::error::Error for RedisLimitError {
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
 #[non_exhaustive]
 pub enum RedisDenied {
     /// Rate limited; try again after the wait.
@@ -112,6 +110,8 @@ impl fmt::Display for RedisDenied {
 }
 
 impl core::error::Error for RedisDenied {}
+
+debug_as_display!(RedisLimitError, RedisDenied);
 
 /// Keys are 1 to [`MAX_KEY_LEN`] bytes.
 pub(super) fn check_key(key: &str) -> Result<(), RedisDenied> {

@@ -410,12 +410,8 @@ impl fmt::Display for Describe {
     }
 }
 
-/// The same text as `Display`: what a `main` that returns the error prints.
-impl fmt::Debug for SharedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+// The same text as `Display`: what a `main` that returns the error prints.
+debug_as_display!(SharedError);
 
 impl std::error::Error for SharedError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
