@@ -9,10 +9,11 @@ use super::*;
 /// each limit's state (`states`, read after the request's own cells were given back).
 pub(super) fn longest_wait(states: &[Option<Snapshot>], refused: RefusedBy) -> RefusedBy {
     if let [Some(state)] = states {
-        // One limit: the state read is the refusal's own.
+        // One limit: the state read is the refusal's own, but a request of several cells
+        // (`Limit::cost`) waits for all of them, longer than for the next one.
         return RefusedBy {
             limit: 0,
-            wait: state.until_next(),
+            wait: state.until_next().max(refused.wait),
             table_full: false,
         };
     }
@@ -110,8 +111,10 @@ pub(super) fn refusal<C: Clock, R: RefusalBody>(
         return unavailable(config, grpc, refused);
     }
     if let [Some(state)] = states {
+        // Prebuilt for a wait until the next cell; a costlier request waits longer.
+        let one_cell = refused.wait <= state.until_next();
         if let Some(cached) = usual_limit(config).and_then(|p| p.none_left(state)) {
-            if !grpc {
+            if !grpc && one_cell {
                 return cached.response();
             }
         }

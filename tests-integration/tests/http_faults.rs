@@ -285,8 +285,11 @@ async fn a_request_costs_its_limit_what_the_limit_says_and_one_over_the_burst_ne
         assert_eq!(get("4").await.status, StatusCode::OK, "{wait:?}");
         let refused = get("4").await;
         assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{wait:?}");
-        assert_ne!(refused.header("retry-after"), "<none>");
+        // Its wait is for the 2 cells it lacks (a cell every 360 s), not for the next one.
+        assert_eq!(refused.header("retry-after"), "720", "{wait:?}");
         assert_eq!(get("2").await.status, StatusCode::OK, "{wait:?}");
+        // None left: the 4 cells it needs, not the prebuilt refusal's one.
+        assert_eq!(get("4").await.header("retry-after"), "1440", "{wait:?}");
         // More than the burst can never pass, and the refusal says so (no Retry-After).
         let never = get("11").await;
         assert_eq!(never.status, StatusCode::TOO_MANY_REQUESTS);
