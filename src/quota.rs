@@ -67,7 +67,8 @@ impl fmt::Display for QuotaError {
                 "period / count is below one nanosecond, the finest interval paceline keeps"
             }
             QuotaError::IntervalTooLong => {
-                "period / count exceeds u64::MAX nanoseconds (about 584 years)"
+                "period / count is longer than about 584 years, the longest interval paceline \
+                 keeps"
             }
             QuotaError::Unparsable => {
                 "not a rate: write a count, \"/\" or \"per\", an optional number and a unit \

@@ -25,14 +25,33 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
-/// Keys that Python computed for the limits keyed by a callable, by limit index.
+/// What Python computed for one request, for the limits of the core that asks: keys from
+/// functions, costs from functions, and the limits that do not apply, each by the limit's
+/// position in `ids` (its [`BuiltLimit::id`]). A limit finds its own by its id, so one
+/// built limit serves every core it is part of.
 #[derive(Clone)]
-struct PythonKeys(Arc<[Option<String>]>);
+struct PythonRequest {
+    ids: Arc<[u64]>,
+    keys: Option<Vec<Option<String>>>,
+    costs: Option<Vec<u32>>,
+    skips: Option<Vec<bool>>,
+}
+
+impl PythonRequest {
+    /// What Python computed for the limit `id` in `of` (the keys, costs or skips).
+    fn of<'a, T>(head: &'a Head<'_>, id: u64, of: fn(&Self) -> &Option<Vec<T>>) -> Option<&'a T> {
+        let python = head.extensions().get::<PythonRequest>()?;
+        let at = python.ids.iter().position(|&i| i == id)?;
+        of(python).as_ref()?.get(at)
+    }
+}
 
 /// The layer for one middleware (Python's `RateLimitMiddleware`, or a `RouteLimit`).
 #[pyclass(frozen, module = "paceline._paceline")]
 pub(crate) struct AsgiCore {
     layer: RateLimitLayer,
+    /// Its limits' ids, in order ([`PythonRequest`]).
+    ids: Arc<[u64]>,
 }
 
 /// One limit of the layer as Python describes it (`paceline.asgi._Spec`, made by
@@ -121,21 +140,19 @@ pub(crate) fn open_shared_table(
     })
 }
 
-/// What each limit costs this request, by limit index (those Python computes).
-#[derive(Clone)]
-struct PythonCosts(Arc<[u32]>);
-
-/// Which limits Python says do not apply to this request, by limit index.
-#[derive(Clone)]
-struct PythonSkips(Arc<[bool]>);
-
-/// A key that carries its own quota: `"{count}/{per in ns}/{burst}\u{1f}{key}"`, made by
-/// Python's `quota_for` (so a client whose quota changes starts a bucket of the new one).
+/// A tiered limit's key carries its quota: `"{count}/{per in ns}/{burst}\u{1f}{key}"`, or
+/// `"\u{1f}{key}"` for the limit's own, made by Python's `quota_for` (so a client whose
+/// quota changes starts a bucket of the new one). Python prefixes every key of such a
+/// limit, so the client's own text always follows the first `\u{1f}` and never reads as a
+/// quota.
 fn tiered(key: &ClientKey) -> Option<Quota> {
     let ClientKey::Text(text) = key else {
         return None;
     };
     let (quota, _) = text.split_once('\u{1f}')?;
+    if quota.is_empty() {
+        return None;
+    }
     let mut parts = quota.splitn(3, '/').map(str::parse::<u64>);
     let (Some(Ok(count)), Some(Ok(per)), Some(Ok(burst))) =
         (parts.next(), parts.next(), parts.next())
@@ -190,7 +207,7 @@ pub(crate) fn parse_rates(text: &str) -> PyResult<Vec<(u32, f64, u32)>> {
         .collect()
 }
 
-fn source(spec: &Bound<'_, PyTuple>, index: usize) -> PyResult<KeySource> {
+fn source(spec: &Bound<'_, PyTuple>, id: u64) -> PyResult<KeySource> {
     let kind: String = spec.get_item(0)?.extract()?;
     let bad = |what: String| PyValueError::new_err(what);
     Ok(match kind.as_str() {
@@ -219,19 +236,88 @@ fn source(spec: &Bound<'_, PyTuple>, index: usize) -> PyResult<KeySource> {
         }
         "global" => KeySource::global(),
         "callable" => KeySource::from_fn(move |head| {
-            let keys = head.extensions().get::<PythonKeys>()?;
-            let key = keys.0.get(index)?.as_ref()?;
+            let key = PythonRequest::of(head, id, |p| &p.keys)?.as_ref()?;
             Some(ClientKey::Text(key.as_str().into()))
         }),
         other => return Err(bad(format!("unknown key source {other:?}"))),
     })
 }
 
+/// One limit of the layer, built once (when Python's `Limit` is made, so a bad one fails
+/// where it is written) and shared by every core it is part of: its keys' counts live in
+/// it, so rebuilding a core keeps them.
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct BuiltLimit {
+    id: u64,
+    limit: Limit,
+}
+
+/// Builds one limit from its spec; every check of the Rust layer runs here.
+#[pyfunction]
+pub(crate) fn build_limit(py: Python<'_>, spec: LimitSpec) -> PyResult<BuiltLimit> {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    // Relaxed: an id only has to be unique.
+    let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let quota = crate::quota(spec.count, spec.per, spec.burst)?;
+    let source = source(spec.key.bind(py), id)?;
+    let invalid = |e: layer::InvalidLimitName| PyValueError::new_err(e.to_string());
+    let mut limit = match &spec.table {
+        None => {
+            let limit = Limit::try_new(&spec.name, quota, source).map_err(invalid)?;
+            match spec.max_keys {
+                Some(max) => limit.with_max_keys(max),
+                None => limit,
+            }
+        }
+        Some(table) => {
+            Limit::shared(&spec.name, Arc::clone(&table.get().limiter), source).map_err(invalid)?
+        }
+    };
+    limit = match spec.cost {
+        Some(n) => limit.cost(n),
+        None => limit.cost_fn(move |head| {
+            PythonRequest::of(head, id, |p| &p.costs)
+                .copied()
+                .unwrap_or(1)
+        }),
+    };
+    let methods: Option<Vec<http::Method>> = spec
+        .methods
+        .as_ref()
+        .map(|names| {
+            names
+                .iter()
+                .map(|m| {
+                    http::Method::from_bytes(m.as_bytes())
+                        .map_err(|_| PyValueError::new_err(format!("{m:?} is not a method")))
+                })
+                .collect()
+        })
+        .transpose()?;
+    let python_when = spec.python_when;
+    if methods.is_some() || python_when {
+        limit = limit.only_when(move |head| {
+            let method = methods.as_ref().is_none_or(|m| m.contains(head.method()));
+            let skipped = python_when
+                && PythonRequest::of(head, id, |p| &p.skips)
+                    .copied()
+                    .unwrap_or(false);
+            method && !skipped
+        });
+    }
+    if spec.tiered {
+        limit = limit.quota_for(tiered);
+    }
+    if spec.admit_when_full {
+        limit = limit.when_table_full(layer::TableFull::Admit);
+    }
+    Ok(BuiltLimit { id, limit })
+}
+
 #[pyfunction]
 #[pyo3(signature = (limits, headers_on_success, legacy_headers, wait_up_to, missing, exempt_options=true))]
 pub(crate) fn new_asgi_core(
-    py: Python<'_>,
-    limits: Vec<LimitSpec>,
+    limits: Vec<PyRef<'_, BuiltLimit>>,
     headers_on_success: bool,
     legacy_headers: bool,
     wait_up_to: Option<f64>,
@@ -246,64 +332,10 @@ pub(crate) fn new_asgi_core(
     let mut layer = RateLimitLayer::new()
         .headers_on_success(headers_on_success)
         .legacy_headers(legacy_headers);
-    for (i, spec) in limits.iter().enumerate() {
-        let quota = crate::quota(spec.count, spec.per, spec.burst)?;
-        let source = source(spec.key.bind(py), i)?;
-        let invalid = |e: layer::InvalidLimitName| PyValueError::new_err(e.to_string());
-        let mut limit = match &spec.table {
-            None => {
-                let limit = Limit::try_new(&spec.name, quota, source).map_err(invalid)?;
-                match spec.max_keys {
-                    Some(max) => limit.with_max_keys(max),
-                    None => limit,
-                }
-            }
-            Some(table) => Limit::shared(&spec.name, Arc::clone(&table.get().limiter), source)
-                .map_err(invalid)?,
-        };
-        limit = match spec.cost {
-            Some(n) => limit.cost(n),
-            None => limit.cost_fn(move |head| {
-                head.extensions()
-                    .get::<PythonCosts>()
-                    .and_then(|costs| costs.0.get(i).copied())
-                    .unwrap_or(1)
-            }),
-        };
-        let methods: Option<Vec<http::Method>> = spec
-            .methods
-            .as_ref()
-            .map(|names| {
-                names
-                    .iter()
-                    .map(|m| {
-                        http::Method::from_bytes(m.as_bytes())
-                            .map_err(|_| PyValueError::new_err(format!("{m:?} is not a method")))
-                    })
-                    .collect()
-            })
-            .transpose()?;
-        let python_when = spec.python_when;
-        if methods.is_some() || python_when {
-            limit = limit.only_when(move |head| {
-                let method = methods.as_ref().is_none_or(|m| m.contains(head.method()));
-                let skipped = python_when
-                    && head
-                        .extensions()
-                        .get::<PythonSkips>()
-                        .and_then(|skips| skips.0.get(i).copied())
-                        .unwrap_or(false);
-                method && !skipped
-            });
-        }
-        if spec.tiered {
-            limit = limit.quota_for(tiered);
-        }
-        if spec.admit_when_full {
-            limit = limit.when_table_full(layer::TableFull::Admit);
-        }
-        layer = layer.limit(limit);
+    for built in &limits {
+        layer = layer.limit(built.limit.clone());
     }
+    let ids: Arc<[u64]> = limits.iter().map(|built| built.id).collect();
     if !exempt_options {
         // Python decides what is exempt (its `exempt` callable) before it asks the layer.
         layer = layer.exempt(|_| false);
@@ -331,7 +363,7 @@ pub(crate) fn new_asgi_core(
             }
         },
     };
-    Ok(AsgiCore { layer })
+    Ok(AsgiCore { layer, ids })
 }
 
 /// The request's head, as the layer reads it.
@@ -340,7 +372,7 @@ fn head(
     path: &str,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     client: Option<(String, u16)>,
-    python: PythonParts,
+    python: Option<PythonRequest>,
 ) -> http::Request<()> {
     let mut request = http::Request::new(());
     if let Ok(method) = http::Method::from_bytes(method.as_bytes()) {
@@ -351,13 +383,15 @@ fn head(
     }
     let map = request.headers_mut();
     for (name, value) in headers {
-        // A field the http crate cannot hold is not one a key is read from.
-        if let (Ok(name), Ok(value)) = (
-            http::HeaderName::from_bytes(&name),
-            http::HeaderValue::from_bytes(&value),
-        ) {
-            map.append(name, value);
+        let Ok(name) = http::HeaderName::from_bytes(&name) else {
+            continue; // a name no HTTP server accepts: no key is read from it
+        };
+        // An ASGI app answers in HTTP, never gRPC: a client's gRPC content type must not
+        // turn its refusals into gRPC statuses (HTTP 200).
+        if name == http::header::CONTENT_TYPE && value.starts_with(b"application/grpc") {
+            continue;
         }
+        map.append(name, field_value(value));
     }
     if let Some((host, port)) = client {
         // ASGI writes the client's address as text ("203.0.113.7", "::1"); a host that is
@@ -372,26 +406,33 @@ fn head(
             Err(_) => {}
         }
     }
-    let extensions = request.extensions_mut();
-    if let Some(keys) = python.keys {
-        extensions.insert(PythonKeys(keys.into()));
-    }
-    if let Some(costs) = python.costs {
-        extensions.insert(PythonCosts(costs.into()));
-    }
-    if let Some(skips) = python.skips {
-        extensions.insert(PythonSkips(skips.into()));
+    if let Some(python) = python {
+        request.extensions_mut().insert(python);
     }
     request
 }
 
-/// What Python computed for a request, by limit index: keys, costs, and the limits that do
-/// not apply.
-#[derive(Default)]
-struct PythonParts {
-    keys: Option<Vec<Option<String>>>,
-    costs: Option<Vec<u32>>,
-    skips: Option<Vec<bool>>,
+/// A field's value as the http crate holds it. A server may pass bytes the crate refuses
+/// (control characters: uvicorn's h11 parser lets some through); dropping the field would
+/// drop a proxy's `X-Forwarded-For` with them, and make the client keyless. So each such
+/// byte reads as `?`, and the entries around it are read as they are.
+fn field_value(value: Vec<u8>) -> http::HeaderValue {
+    match http::HeaderValue::from_bytes(&value) {
+        Ok(value) => value,
+        Err(_) => {
+            let clean: Vec<u8> = value
+                .into_iter()
+                .map(|b| {
+                    if (b < 0x20 && b != b'\t') || b == 0x7f {
+                        b'?'
+                    } else {
+                        b
+                    }
+                })
+                .collect();
+            http::HeaderValue::from_bytes(&clean).unwrap_or(http::HeaderValue::from_static(""))
+        }
+    }
 }
 
 /// ASGI `(name, value)` byte pairs of a header map.
@@ -477,13 +518,14 @@ impl AsgiCore {
         costs: Option<Vec<u32>>,
         skips: Option<Vec<bool>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let request = head(
-            method,
-            path,
-            headers,
-            client,
-            PythonParts { keys, costs, skips },
-        );
+        let python =
+            (keys.is_some() || costs.is_some() || skips.is_some()).then(|| PythonRequest {
+                ids: Arc::clone(&self.ids),
+                keys,
+                costs,
+                skips,
+            });
+        let request = head(method, path, headers, client, python);
         // The GIL let go: storing a new client in a shared file may wait (briefly) for
         // another process's claim of its bucket.
         let decision = py.detach(|| self.layer.decide::<Bytes>(&Head::of(&request)));
@@ -587,7 +629,7 @@ impl KeyReader {
         headers: Vec<(Vec<u8>, Vec<u8>)>,
         client: Option<(String, u16)>,
     ) -> Option<String> {
-        let request = head("GET", "/", headers, client, PythonParts::default());
+        let request = head("GET", "/", headers, client, None);
         Some(match self.source.key_of(&Head::of(&request))? {
             ClientKey::Ip(ip) => ip.to_string(),
             ClientKey::Text(text) => text.into(),

@@ -1392,6 +1392,8 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(asgi::check_key_source, m)?)?;
     m.add_function(wrap_pyfunction!(asgi::parse_rates, m)?)?;
     m.add_function(wrap_pyfunction!(asgi::new_asgi_core, m)?)?;
+    m.add_class::<asgi::BuiltLimit>()?;
+    m.add_function(wrap_pyfunction!(asgi::build_limit, m)?)?;
     m.add_class::<asgi::KeyReader>()?;
     m.add_function(wrap_pyfunction!(asgi::new_key_reader, m)?)?;
     m.add_function(wrap_pyfunction!(new_core, m)?)?;

@@ -33,7 +33,8 @@ from __future__ import annotations
 from ._checker import Admitted, Refused
 from ._limit import KeySource, Limit, Rate
 from ._middleware import RateLimitMiddleware, RefusalInfo
-from ._route import RouteLimit, exempt
+from ._exempt import exempt
+from ._route import RouteLimit
 
 __all__ = [
     "KeySource",

@@ -10,12 +10,14 @@ import time
 from typing import Any, Callable, List, Optional, Sequence
 
 from .._paceline import Admitted, Refused, new_asgi_core
-from ._limit import Limit, Scope, _tier
+from ._limit import Limit, Scope, _is_async, _tier
 
 _log = logging.getLogger("paceline.asgi")
 
 #: How often the shared files are checked for having been removed or replaced (seconds).
 _WATCH_EVERY = 1.0
+#: How often a shared file that cannot be opened again is logged (seconds).
+_LOG_AGAIN = 60.0
 
 _MISSING = ("shared", "skip")
 
@@ -91,6 +93,32 @@ def _proxy_rewritten(limit: str) -> None:
     )
 
 
+def _check_rewritten(limit: str, client: Any, scope: Scope) -> None:
+    """Logs (once) when the server already resolved the client from ``X-Forwarded-For``
+    while ``limit`` reads it behind its own trusted proxies: uvicorn's proxy middleware
+    writes the address it read there (with port 0, or the port written beside it) as the
+    client, so the connection's address is the header's right-most entry."""
+    if "x-forwarded-for" in _warned_about:
+        return
+    forwarded = None
+    for name, value in scope.get("headers", ()):
+        if name == b"x-forwarded-for":
+            forwarded = value
+    if forwarded is None:
+        return
+    last = forwarded.rsplit(b",", 1)[-1].strip().decode("latin-1")
+    if last.startswith("["):  # [v6]:port
+        last = last[1 : last.find("]")] if "]" in last else last
+    elif last.count(":") == 1:  # v4:port
+        last = last.split(":", 1)[0]
+    if client[1] == 0 or last == client[0]:
+        _warned_about.add("x-forwarded-for")
+        _proxy_rewritten(limit)
+
+
+_warned_about: set = set()
+
+
 class _Checker:
     """The Rust layer for ``limits`` and the per-request Python around it."""
 
@@ -149,16 +177,19 @@ class _Checker:
             exempt is None,
         )
         self.exempt = exempt
+        self.exempt_async = exempt is not None and _is_async(exempt)
         self.on_refusal = on_refusal
         self._build()
         missing = self.options[3]
         # The first limit keyed by the client's address, when a server that gives none is
         # a misconfiguration to answer with a 500.
-        self.needs_address = None
+        # The limits keyed by the client's address, when a server that gives none is a
+        # misconfiguration to answer with a 500 (for requests such a limit applies to).
+        self.needs_address = []
         if missing is None:
-            self.needs_address = next(
-                (limit.name for limit in every if limit.key._by_address), None
-            )
+            self.needs_address = [
+                (limit.name, limit.methods) for limit in every if limit.key._by_address
+            ]
         self.behind_proxies = next(
             (limit.name for limit in every if limit.key._spec[0] == "proxies"), None
         )
@@ -167,8 +198,12 @@ class _Checker:
 
     def _build(self) -> None:
         """The Rust layer, and what Python computes per request, by Rust limit index."""
+        # Each Limit's built limits (its counts), in order: `_watch` rebuilds the core when
+        # a Limit was built anew (its shared file reopened, by this core or another).
+        self.built = [limit._built for limit in self.limits]
+        built = [one for limit in self.limits for one in limit._built]
+        self.core = new_asgi_core(built, *self.options) if built else None
         specs = [spec for limit in self.limits for spec in limit._specs()]
-        self.core = new_asgi_core(specs, *self.options) if specs else None
         self.key_fns = [spec.limit.key._fn for spec in specs]
         self.tiers = [spec.limit.quota_for for spec in specs]
         self.cost_fns = [spec.limit.cost if callable(spec.limit.cost) else None for spec in specs]
@@ -176,8 +211,11 @@ class _Checker:
         self.any_keys = any(self.key_fns)
         self.any_costs = any(self.cost_fns)
         self.any_when = any(self.when_fns)
-        self.is_async = any(
-            spec.limit.key._is_async or spec.limit._cost_async for spec in specs
+        self.is_async = self.exempt_async or any(
+            spec.limit.key._is_async
+            or spec.limit._cost_async
+            or (spec.limit.exempt_when is not None and _is_async(spec.limit.exempt_when))
+            for spec in specs
         )
 
     def _watch(self) -> None:
@@ -185,16 +223,33 @@ class _Checker:
         a cleaner of /tmp): every worker then joins the file the path leads to now,
         within a second, instead of each keeping a bound of its own."""
         self.watch_at = time.monotonic() + _WATCH_EVERY
-        stale = [limit for limit in self.watched if limit._stale()]
-        if stale:
-            for limit in stale:
-                _log.warning(
-                    "paceline: the shared file %s of limit %r was removed or replaced: "
-                    "opening the path again",
-                    limit.shared,
-                    limit.name,
-                )
+        for limit in self.watched:
+            if not limit._stale():
+                continue
+            try:
                 limit._open()
+            except Exception as e:  # noqa: BLE001 - the file keeps serving until it opens
+                # A path that cannot be opened now (another user's file planted there,
+                # say): this process keeps the file it has, and tries again later.
+                now = time.monotonic()
+                if now >= limit._reopen_logged + _LOG_AGAIN:
+                    limit._reopen_logged = now
+                    _log.error(
+                        "paceline: the shared file %s of limit %r was removed or replaced, "
+                        "and cannot be opened again (this process keeps the file it has, "
+                        "and tries every second): %s",
+                        limit.shared,
+                        limit.name,
+                        e,
+                    )
+                continue
+            _log.warning(
+                "paceline: the shared file %s of limit %r was removed or replaced: "
+                "opened the path again",
+                limit.shared,
+                limit.name,
+            )
+        if any(limit._built is not built for limit, built in zip(self.limits, self.built)):
             self._build()
 
     def _parts(self, scope: Scope) -> tuple:
@@ -208,7 +263,7 @@ class _Checker:
         if self.any_costs:
             costs = [1 if fn is None else _cost(fn(scope)) for fn in self.cost_fns]
         if self.any_when:
-            skips = [False if fn is None else bool(fn(scope)) for fn in self.when_fns]
+            skips = [False if fn is None else _flag(fn(scope)) for fn in self.when_fns]
         return keys, costs, skips
 
     async def _parts_async(self, scope: Scope) -> tuple:
@@ -222,19 +277,22 @@ class _Checker:
         if self.any_costs:
             costs = [1 if fn is None else _cost(await _maybe(fn(scope))) for fn in self.cost_fns]
         if self.any_when:
-            skips = [False if fn is None else bool(fn(scope)) for fn in self.when_fns]
+            skips = [
+                False if fn is None else _flag(await _maybe(fn(scope))) for fn in self.when_fns
+            ]
         return keys, costs, skips
 
     def _ask(self, scope: Scope, parts: tuple) -> Any:
         if time.monotonic() >= self.watch_at:
             self._watch()
         client = scope.get("client")
-        if self.needs_address is not None and (not client or not client[0]):
-            return _no_address(self.needs_address)
-        if self.behind_proxies is not None and client and client[1] == 0:
-            # uvicorn's proxy middleware writes port 0 into the client it resolved.
-            if any(name == b"x-forwarded-for" for name, _ in scope.get("headers", ())):
-                _proxy_rewritten(self.behind_proxies)
+        if self.needs_address and (not client or not client[0]):
+            method = scope.get("method")
+            for name, methods in self.needs_address:
+                if methods is None or method in methods:
+                    return _no_address(name)
+        if self.behind_proxies is not None and client:
+            _check_rewritten(self.behind_proxies, client, scope)
         if self.core is None:
             return PASS  # only limits kept in Redis: the middleware asks them next
         keys, costs, skips = parts
@@ -245,18 +303,18 @@ class _Checker:
     def check(self, scope: Scope) -> Any:
         """The layer's answer for this request: ``None`` when exempt, ``Admitted``,
         ``Refused``, or a ``Waiting``. For limits whose functions are all plain ones."""
-        if self.exempt is not None and self.exempt(scope):
-            return None
         if self.is_async:
             raise TypeError(
-                "a limit's key or cost function is async: this path decides synchronously "
-                "(use the RouteLimit as a FastAPI dependency, or the middleware)"
+                "a limit's key, cost or exemption function is async: this path decides "
+                "synchronously (use the RouteLimit as a FastAPI dependency, or the middleware)"
             )
+        if self.exempt is not None and _flag(self.exempt(scope)):
+            return None
         return self._ask(scope, self._parts(scope))
 
     async def acheck(self, scope: Scope) -> Any:
         """[`check`], awaiting async key and cost functions."""
-        if self.exempt is not None and self.exempt(scope):
+        if self.exempt is not None and _flag(await _maybe(self.exempt(scope))):
             return None
         if self.is_async:
             return self._ask(scope, await self._parts_async(scope))
@@ -275,11 +333,22 @@ def _key(key: Any, tier: Optional[Callable[[str], Any]]) -> Optional[str]:
     if not isinstance(key, str):
         raise TypeError(f"a key function must return a str or None, got {key!r}")
     if tier is not None:
+        # The Rust layer reads the client's quota from the key's prefix, which is always
+        # there (empty: the limit's own), so the key's own text never reads as a quota.
         rate = tier(key)
-        if rate is not None:
-            # The Rust layer reads the client's quota from its key.
-            return f"{_tier(rate)}\x1f{key}"
+        return f"{'' if rate is None else _tier(rate)}\x1f{key}"
     return key
+
+
+def _flag(value: Any) -> bool:
+    if hasattr(value, "__await__"):
+        if hasattr(value, "close"):
+            value.close()  # never awaited: no warning about it
+        raise TypeError(
+            "an exemption function returned an awaitable where a bool was expected: make "
+            "it a plain function, or pass the async def itself (it is then awaited)"
+        )
+    return bool(value)
 
 
 def _cost(cost: Any) -> int:

@@ -76,10 +76,15 @@ class FleetLimit:
         self.tau = self.limiter._tau
         self.logged_at = -_LOG_EVERY
 
-    def applies(self, scope: Any) -> bool:
+    async def applies(self, scope: Any) -> bool:
         if self.methods is not None and scope["method"] not in self.methods:
             return False
-        return self.exempt_when is None or not self.exempt_when(scope)
+        if self.exempt_when is None:
+            return True
+        skip = self.exempt_when(scope)
+        if hasattr(skip, "__await__"):
+            skip = await skip
+        return not skip
 
     async def key(self, scope: Any) -> Optional[str]:
         if self.key_fn is not None:
@@ -190,7 +195,7 @@ class FleetLimits:
         fields: List[Tuple[bytes, bytes]] = []
         kept: List[Any] = []
         for limit in self.limits:
-            if not limit.applies(scope):
+            if not await limit.applies(scope):
                 continue
             key = await limit.key(scope)
             if key is None:

@@ -12,7 +12,13 @@ import os
 from typing import Any, Awaitable, Callable, Iterable, List, MutableMapping, Optional, Tuple, Union
 
 from .. import _capacity, _count, _gid, _path, _quota, _trusted, _uid
-from .._paceline import check_key_source, check_limit_name, open_shared_table, parse_rates
+from .._paceline import (
+    build_limit,
+    check_key_source,
+    check_limit_name,
+    open_shared_table,
+    parse_rates,
+)
 
 Scope = MutableMapping[str, Any]
 
@@ -167,7 +173,8 @@ class Limit:
       allowed); default: the peer address.
     - ``cost``: the cells a request takes (an int, or a function of the scope returning
       one, ``async`` allowed); a request costing more than the burst never passes.
-    - ``methods``: the HTTP methods the limit applies to (default: all);
+    - ``methods``: the HTTP methods the limit applies to (default: all; ``GET`` includes
+      ``HEAD``, which the frameworks serve with the ``GET`` endpoint);
       ``exempt_when``: a function of the scope, true for requests this limit skips.
     - ``quota_for``: a function of the key (a ``str``; the key must come from a function)
       returning that client's rate (as ``rate``, or ``(rate, per)``, ``(rate, per,
@@ -191,6 +198,9 @@ class Limit:
       ``503`` too, logged. One rate per limit; no ``quota_for``.
     - ``name`` is the limit's name in the ``RateLimit`` fields (1 to 64 printable ASCII
       characters; with several rates each is named after its rate too).
+
+    A ``Limit`` keeps its clients' counts: used by two middlewares or routes, it is one
+    count for both (make two ``Limit``s for two counts).
     """
 
     __slots__ = (
@@ -210,6 +220,8 @@ class Limit:
         "redis",
         "_rates",
         "_tables",
+        "_built",
+        "_reopen_logged",
         "_cost_async",
     )
 
@@ -259,6 +271,9 @@ class Limit:
             if isinstance(methods, str):
                 methods = [methods]
             methods = [str(m).upper() for m in methods]
+            if "GET" in methods and "HEAD" not in methods:
+                # Starlette and FastAPI serve HEAD with the GET endpoint: limit it alike.
+                methods.append("HEAD")
         self.methods = methods
         if exempt_when is not None and not callable(exempt_when):
             raise TypeError("exempt_when must be a function of the scope returning a bool")
@@ -297,13 +312,20 @@ class Limit:
         if redis is not None:
             self.redis = _fleet_limiter(self, redis, redis_timeout, on_redis_failure, max_keys)
         self._tables: List[Any] = []
+        self._reopen_logged = -math.inf
         self._open()
 
     def _open(self) -> None:
-        """Opens (again) the shared file, if any: at start-up, and when the path no longer
-        leads to the file this process has open."""
-        if self.shared is None:
-            return
+        """Opens (again) the shared file, if any, and builds the limit in the Rust layer
+        (every check of the layer runs here, so a bad limit fails where it is written): at
+        start-up, and when the path no longer leads to the file this process has open.
+        The built limit holds the counts, so every middleware or route it is part of
+        shares them."""
+        if self.shared is not None:
+            self._open_file()
+        self._built = [build_limit(spec) for spec in self._specs()]
+
+    def _open_file(self) -> None:
         count, per, burst, _ = self._rates[0]
         self._tables = [
             open_shared_table(

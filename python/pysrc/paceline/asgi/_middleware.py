@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Callable, List, MutableMapping, Optional, Seq
 from ._checker import PASS, Admitted, Refused, _Checker, _NoAddress
 from ._limit import Limit, Scope
 from ._listen import replaying, watching
-from ._route import _exempt_route
+from ._exempt import is_exempt
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -116,8 +116,10 @@ class RateLimitMiddleware:
       tightest limit.
     - ``wait_up_to``: seconds a request may wait for its turn instead of being refused
       (booked in line, first come first served; a client that goes away gives its turn
-      back). ``wait_buffer``: the most of a waiting request's body read meanwhile
-      (default 64 KiB; the rest waits in the server's buffers). Default: refuse at once.
+      back). ``wait_buffer``: how much of a waiting request's body is read meanwhile
+      (default 64 KiB; the message that crosses it is kept whole, the rest waits in the
+      server's buffers, and a client that leaves after that is noticed by the app).
+      Default: refuse at once.
     - ``on_missing_key``: a request without a key for a limit (no such header, a key
       function returning ``None``): ``None`` (default: keyless requests share one bucket,
       but a limit keyed by the client's address behind a server that gives none answers
@@ -164,7 +166,7 @@ class RateLimitMiddleware:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _exempt_route(scope):
+        if scope["type"] != "http" or is_exempt(scope):
             await self.app(scope, receive, send)
             return
         checker = self._checker

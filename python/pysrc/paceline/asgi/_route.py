@@ -10,52 +10,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from ._checker import PASS, Admitted, _Checker
 from ._limit import Limit, Scope
 
-#: Whether any endpoint was marked exempt (only then does the middleware look routes up).
-_any_exempt = False
-
-
-def exempt(endpoint: Callable[..., Any]) -> Callable[..., Any]:
-    """Marks a route's endpoint as not limited by any ``RateLimitMiddleware`` (a health
-    check, a webhook with limits of its own)::
-
-        @app.get("/health")
-        @paceline.asgi.exempt
-        async def health(): ...
-
-    The middleware finds the endpoint by matching the request against the app's routes
-    (Starlette's and FastAPI's, mounts included), which it does only once some endpoint is
-    marked."""
-    global _any_exempt
-    _any_exempt = True
-    endpoint.__paceline_exempt__ = True  # type: ignore[attr-defined]
-    return endpoint
-
-
-def _exempt_route(scope: Scope) -> bool:
-    """Whether the request's route has an endpoint marked ``exempt``."""
-    if not _any_exempt:
-        return False
-    app = scope.get("app")
-    routes = getattr(getattr(app, "router", app), "routes", None)
-    return routes is not None and _matches_exempt(routes, scope)
-
-
-def _matches_exempt(routes: Sequence[Any], scope: Scope) -> bool:
-    try:
-        from starlette.routing import Match
-    except ImportError:  # no Starlette: no routes to match
-        return False
-    for route in routes:
-        match, child = route.matches(scope)
-        if match == Match.FULL:
-            inner = getattr(route, "routes", None)
-            if inner is not None and not hasattr(route, "endpoint"):
-                return _matches_exempt(inner, {**scope, **child})
-            endpoint = getattr(route, "endpoint", None)
-            return bool(getattr(endpoint, "__paceline_exempt__", False))
-    return False
-
-
 def _as_dict(headers: List[Tuple[bytes, bytes]]) -> Dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
 
@@ -173,14 +127,14 @@ class RouteLimit:
                 result = await endpoint(*args, **kwargs)
             else:
                 result = await run_in_threadpool(endpoint, *args, **kwargs)
+            if not isinstance(result, Response):
+                try:
+                    from fastapi.encoders import jsonable_encoder
+                except ImportError:  # Starlette alone: the result as it is
+                    def jsonable_encoder(value: Any) -> Any:
+                        return value
+                result = JSONResponse(jsonable_encoder(result))
             if fields:
-                if not isinstance(result, Response):
-                    try:
-                        from fastapi.encoders import jsonable_encoder
-                    except ImportError:  # Starlette alone: the result as it is
-                        def jsonable_encoder(value: Any) -> Any:
-                            return value
-                    result = JSONResponse(jsonable_encoder(result))
                 for name, value in fields.items():
                     if name not in result.headers:
                         result.headers[name] = value
