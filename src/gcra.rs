@@ -53,7 +53,7 @@ impl Params {
     }
 
     /// The parts of a `Params` that `Params::new` made (stored apart and read back
-    /// together by `SharedQuota`): `interval` and `burst` at least 1, `tau` their
+    /// together by `QuotaCell`): `interval` and `burst` at least 1, `tau` their
     /// saturated product.
     #[inline]
     pub(crate) const fn from_parts(interval: u64, burst: u32, tau: u64) -> Params {

@@ -92,7 +92,7 @@ macro_rules! debug_as_display {
 }
 
 // Three layers, bottom up: `gcra` (the pure arithmetic), `cell` (the one atomic word; with
-// `shared_quota`, the quota read beside it), and the adapters (`wait` and `clock`, the
+// `quota_cell`, the quota read beside it), and the adapters (`wait` and `clock`, the
 // limiters in `limiter` and `keyed`, `reservation`, `stream`, and the integrations in
 // `http/` and `redis/`, which use only the public API). `sync` is the std/loom switch
 // under all of them. Each layer imports only from the ones below it.
@@ -112,6 +112,7 @@ pub mod metrics;
 #[cfg(all(feature = "std", not(feature = "metrics")))]
 mod metrics;
 mod quota;
+mod quota_cell;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -127,7 +128,6 @@ mod reservation;
 #[cfg_attr(docsrs, doc(cfg(feature = "shared")))]
 pub mod shared;
 // Under loom, the key slots' claim protocol alone, for the models.
-mod shared_quota;
 #[cfg(all(feature = "shared", loom))]
 #[path = "shared/table.rs"]
 mod shared_table;

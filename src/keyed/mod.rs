@@ -28,7 +28,7 @@ use core::time::Duration;
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 use crate::quota::Quota;
-use crate::shared_quota::SharedQuota;
+use crate::quota_cell::QuotaCell;
 use crate::snapshot::Snapshot;
 use crate::sync::Mutex;
 use crate::wait::queue::Waiters;
@@ -65,7 +65,7 @@ type QuotaFor<K> = Box<dyn Fn(&K) -> Option<Quota> + Send + Sync>;
 pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
     store: Store<K>,
     /// The default quota (keys without one of their own), changeable by `set_quota`.
-    quota: SharedQuota,
+    quota: QuotaCell,
     quota_for: Option<QuotaFor<K>>,
     clock: C,
     /// Queues of the keys that have waiters. Locked only on the waiting path.
@@ -129,7 +129,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         crate::clock::forks();
         KeyedLimiter {
             store: Store::new(),
-            quota: SharedQuota::new(quota),
+            quota: QuotaCell::new(quota),
             quota_for: None,
             clock,
             waiters: Mutex::new(Queues {

@@ -9,7 +9,7 @@ use crate::clock::Clock;
 use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra;
 use crate::quota::Quota;
-use crate::shared_quota::SharedQuota;
+use crate::quota_cell::QuotaCell;
 use crate::snapshot::Snapshot;
 
 // Waiting (`waiting.rs`), blocking and the default clock need `std`.
@@ -46,7 +46,7 @@ pub struct Limiter<
 > {
     cell: CachePadded<TatWord>,
     /// The quota, changeable by `set_quota`; read once per decision.
-    quota: SharedQuota,
+    quota: QuotaCell,
     /// The same clock as `waiters` holds: kept here too so that `check()` reads it
     /// without following the `Arc`.
     clock: C,
@@ -93,7 +93,7 @@ impl<C: Clock> Limiter<C> {
     pub fn with_clock(quota: Quota, clock: C) -> Limiter<C> {
         Limiter {
             cell: CachePadded::new(TatWord::new()),
-            quota: SharedQuota::new(quota),
+            quota: QuotaCell::new(quota),
             #[cfg(feature = "std")]
             waiters: Waiters::new(clock.clone()),
             clock,

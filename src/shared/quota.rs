@@ -2,7 +2,7 @@
 //!
 //! # Implementation notes
 //!
-//! In one process a quota change is a sequence lock (`crate::shared_quota`): a writer makes
+//! In one process a quota change is a sequence lock (`crate::quota_cell`): a writer makes
 //! the version odd, writes, makes it even. Across processes that lock has a flaw: a writer
 //! killed while the version is odd leaves every reader of every process spinning for ever.
 //! So the file keeps [`QUOTA_SLOTS`] quota slots, each with its own sequence word, and a
@@ -29,7 +29,7 @@
 //! and treats a slot where they do not as unstable. Values a hostile writer stores give
 //! wrong decisions for that file, never an overflow or a panic.
 //!
-//! Orderings are the sequence lock's (`crate::shared_quota` explains them); the current
+//! Orderings are the sequence lock's (`crate::quota_cell` explains them); the current
 //! word is read `Acquire` and written `Release`, so a reader that sees a slot named sees
 //! its finished fields.
 

@@ -1,4 +1,4 @@
-//! The quota a limiter enforces (a `SharedQuota`), changeable at runtime without a lock
+//! The quota a limiter enforces (a `QuotaCell`), changeable at runtime without a lock
 //! on the check path.
 //!
 //! # Implementation notes
@@ -30,7 +30,7 @@ use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// A [`Params`] that can be replaced while checks read it.
 #[derive(Debug)]
-pub(crate) struct SharedQuota {
+pub(crate) struct QuotaCell {
     /// Even: stable; odd: a change is being written.
     version: AtomicU64,
     interval: AtomicU64,
@@ -41,10 +41,10 @@ pub(crate) struct SharedQuota {
     room: AtomicU64,
 }
 
-impl SharedQuota {
-    pub(crate) fn new(quota: Quota) -> SharedQuota {
+impl QuotaCell {
+    pub(crate) fn new(quota: Quota) -> QuotaCell {
         let params = quota.params();
-        SharedQuota {
+        QuotaCell {
             version: AtomicU64::new(0),
             interval: AtomicU64::new(params.interval()),
             burst: AtomicU32::new(params.burst()),
