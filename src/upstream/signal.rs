@@ -25,6 +25,12 @@ use super::sf::{self, Number};
 
 /// Policies whose window is this long or shorter set a pace; longer ones are budgets
 /// (see [`Signal::pace`]).
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(paceline::upstream::PACE_WINDOW.as_secs(), 60);
+/// ```
 pub const PACE_WINDOW: Duration = Duration::from_secs(60);
 
 /// Values of one field read; a response with more is hostile, and the rest are ignored.

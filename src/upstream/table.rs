@@ -18,8 +18,14 @@ use super::{Follower, FollowerConfig};
 use crate::clock::{Clock, DefaultClock};
 use crate::Quota;
 
-/// The most hosts a table keeps by default: about 1.2 KiB each (two limiters and what the
-/// follower learned), so 5 MiB.
+/// The most idle hosts a table keeps by default: about 1.2 KiB each (two limiters and
+/// what the follower learned), so 5 MiB.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(paceline::upstream::MAX_HOSTS, 4_096);
+/// ```
 pub const MAX_HOSTS: usize = 4_096;
 
 /// One [`Follower`] per upstream host, each configured alike, in a bounded table (see
