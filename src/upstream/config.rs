@@ -30,13 +30,13 @@ pub struct FollowerConfig {
 
 impl Default for FollowerConfig {
     /// Waits of up to 5 minutes, never faster than configured, an announced quota kept
-    /// until another is announced, no execution bound.
+    /// until another is announced, the execution bound on.
     fn default() -> FollowerConfig {
         FollowerConfig {
             max_hold: Duration::from_secs(300),
             above_configured: false,
             revert_after: None,
-            execution_bound: false,
+            execution_bound: true,
         }
     }
 }
@@ -100,15 +100,18 @@ impl FollowerConfig {
         self
     }
 
-    /// Takes each request's cell again, from a second limiter of the same pace, at the
-    /// moment it is sent (see the crate's "bound when the work runs"): a task that resumes
-    /// late (an executor or event loop that stalled) waits again instead of leaving with
-    /// the others that were late. Off by default in Rust; the Python package turns it on.
+    /// Takes each request's cell again, from a second limiter of the same pace and holds,
+    /// at the moment it is about to be sent (see the crate's "bound when the work runs"):
+    /// a task that resumes late (an executor or event loop that stalled, a machine too
+    /// busy to run it) waits again instead of leaving together with the others that were
+    /// late, and a turn that came just before a hold does not leave inside it. On by
+    /// default: the limit a follower keeps is the upstream's, where arriving together is
+    /// what gets refused. It costs each request one more check.
     ///
     /// # Examples
     ///
     /// ```
-    /// let config = paceline::upstream::FollowerConfig::default().execution_bound(true);
+    /// let config = paceline::upstream::FollowerConfig::default().execution_bound(false);
     /// # let _ = config;
     /// ```
     pub fn execution_bound(mut self, on: bool) -> FollowerConfig {

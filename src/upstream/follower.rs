@@ -219,9 +219,10 @@ impl<C: Clock> Follower<C> {
     ///
     /// ```
     /// use paceline::upstream::{Follower, FollowerConfig};
-    /// let on = FollowerConfig::default().execution_bound(true);
-    /// let follower = Follower::new(paceline::Quota::per_second(10), on);
+    /// let follower = Follower::new(paceline::Quota::per_second(10), FollowerConfig::default());
     /// assert!(follower.execution_limiter().is_some());
+    /// let off = FollowerConfig::default().execution_bound(false);
+    /// assert!(Follower::new(paceline::Quota::per_second(10), off).execution_limiter().is_none());
     /// ```
     pub fn execution_limiter(&self) -> Option<&Arc<Limiter<C>>> {
         self.run.as_ref()
