@@ -71,3 +71,50 @@ fn a_keyed_default_quota_change_applies_to_keys_without_their_own() {
     assert!(keyed.check_key_n(&1, 2).is_ok());
     assert!(keyed.check_key(&1).is_err());
 }
+
+#[test]
+fn a_slower_quota_respaced_moves_booked_turns_apart_in_order_and_cancels_exactly() {
+    let clock = ManualClock::new();
+    let limiter = Limiter::with_clock(quota(1), clock.clone());
+    limiter.check().unwrap();
+    // Five booked turns 100 ms apart, at 100, 200, ..., 500 ms.
+    let mut turns: Vec<_> = (0..5).map(|_| Box::pin(limiter.until_ready())).collect();
+    for turn in &mut turns {
+        assert!(poll(turn.as_mut()).is_pending());
+    }
+    clock.advance(T); // the first turn's instant has come: spent, it stays
+    let slow = Quota::try_new(1, 3 * T).unwrap().with_burst(1);
+    limiter.set_quota_respaced(slow);
+    assert!(poll(turns[0].as_mut()).is_ready());
+    // The others from 200 ms on, 300 ms apart: 200, 500, 800, 1100 ms.
+    let due: [u32; 4] = [2, 5, 8, 11];
+    for (i, at) in due.iter().enumerate() {
+        clock.advance(T * *at - clock_now(&clock) - T / 2);
+        assert!(
+            poll(turns[i + 1].as_mut()).is_pending(),
+            "turn {} early",
+            i + 1
+        );
+        clock.advance(T / 2);
+        assert!(
+            poll(turns[i + 1].as_mut()).is_ready(),
+            "turn {} late",
+            i + 1
+        );
+    }
+    // The word followed the tail: nothing before 1400 ms.
+    assert_eq!(limiter.check().unwrap_err().wait_time(), 3 * T);
+    // A turn given back before its instant returns exactly its new cost.
+    let mut late = Box::pin(limiter.until_ready());
+    assert!(poll(late.as_mut()).is_pending());
+    drop(late);
+    assert_eq!(limiter.check().unwrap_err().wait_time(), 3 * T);
+    // A faster quota is set as set_quota does: booked turns keep their places.
+    limiter.set_quota_respaced(quota(1));
+    assert_eq!(limiter.quota(), quota(1));
+}
+
+fn clock_now(clock: &ManualClock) -> std::time::Duration {
+    use paceline::clock::Clock;
+    std::time::Duration::from_nanos(clock.now())
+}

@@ -23,7 +23,7 @@ use paceline::shared::{
     OnMismatch, OpenOptions, OwnedSharedKeyReservation, OwnedSharedReservation, SharedError,
     SharedKeyedLimiter, SharedLimiter,
 };
-use paceline::upstream::{Follow, Following, Signal, Steer};
+use paceline::upstream::{FollowerConfig, Sent, Signal};
 use paceline::{
     Denied, KeyedLimiter, Limiter, OwnedKeyReservation, OwnedReservation, Quota, QuotaError,
     TextKey,
@@ -920,62 +920,54 @@ impl<L: Cell> Pair<L> {
     }
 }
 
-/// One pair (and key) as something an upstream's signals steer: both cells held, both
-/// quotas set.
-struct PairKey<'a, 'py, L: Cell> {
-    py: Python<'py>,
-    pair: &'a Pair<L>,
-    key: &'a L::Key,
+/// The quota in force of a core of any of the four kinds (a keyed core's is every key's).
+fn core_quota(py: Python<'_>, core: &Py<PyAny>) -> PyResult<Quota> {
+    let core = core.bind(py);
+    if let Ok(c) = core.cast::<Core>() {
+        return Ok(c.get().0.booked.quota());
+    }
+    if let Ok(c) = core.cast::<SharedCore>() {
+        return Ok(c.get().0.booked.quota());
+    }
+    if let Ok(c) = core.cast::<KeyedCore>() {
+        return Ok(c.get().0.booked.quota());
+    }
+    if let Ok(c) = core.cast::<SharedKeyedCore>() {
+        return Ok(c.get().0.booked.quota());
+    }
+    Err(PyValueError::new_err("not a paceline core"))
 }
 
-impl<L: Cell> Steer for PairKey<'_, '_, L> {
-    fn hold_for(&self, d: Duration) {
-        self.pair.booked.hold(self.py, self.key, d);
-        if let Some(exec) = &self.pair.exec {
-            exec.hold(self.py, self.key, d);
-        }
-    }
-
-    fn quota(&self) -> Quota {
-        self.pair.booked.quota()
-    }
-
-    fn set_quota(&self, quota: Quota) {
-        // A shared file whose quota slots are all held by dead writers keeps its quota:
-        // following the upstream is best effort.
-        let _ = self.pair.booked.set_quota(quota);
-        if let Some(exec) = &self.pair.exec {
-            let _ = exec.set_quota(quota);
-        }
-    }
-}
-
-/// Follows an upstream's signals for one core (and key): `paceline::upstream::Following`.
+/// One follower per upstream (a host, or whatever key the caller picks), in a bounded
+/// table: `paceline::upstream::Followers`, for Python. Each follower's limiter carries
+/// what its upstream says (holds, an announced or learned pace); the caller's own
+/// limiter (`core`) stays as the caller set it, and its quota is each follower's
+/// configured one.
 #[pyclass(frozen, module = "paceline._paceline")]
-struct Follower {
-    following: Following,
+struct Followers {
+    table: paceline::upstream::Followers,
     core: Py<PyAny>,
-    key: Option<String>,
-    /// Whether announced quotas are followed (holds always are).
-    quotas: bool,
+}
+
+/// A timeout in seconds as the longest wait: `None` is none.
+fn wait_budget(timeout: Option<f64>) -> PyResult<Duration> {
+    max_wait(timeout)
 }
 
 #[pymethods]
-impl Follower {
-    /// Follows for `core` (and `key`, for a keyed core): holds of at most `max_hold`
-    /// seconds, announced quotas above the core's quota now only if `above_configured`,
-    /// back to that quota after `revert_after` seconds without an announcement.
+impl Followers {
+    /// Followers for the limiter `core` (its quota is theirs): holds of at most `max_hold`
+    /// seconds, announced quotas above the core's followed only if `above_configured`,
+    /// forgotten after `revert_after` seconds without an announcement.
     #[new]
-    #[pyo3(signature = (core, key, max_hold, above_configured, revert_after=None, quotas=true))]
+    #[pyo3(signature = (core, max_hold, above_configured, revert_after=None))]
     fn new(
         py: Python<'_>,
         core: Py<PyAny>,
-        key: Option<String>,
         max_hold: f64,
         above_configured: bool,
         revert_after: Option<f64>,
-        quotas: bool,
-    ) -> PyResult<Follower> {
+    ) -> PyResult<Followers> {
         let seconds = |name: &str, s: f64| {
             Duration::try_from_secs_f64(s).map_err(|_| {
                 PyValueError::new_err(format!(
@@ -983,88 +975,165 @@ impl Follower {
                 ))
             })
         };
-        let mut follow = Follow::default()
+        let mut config = FollowerConfig::default()
             .max_hold(seconds("max_hold", max_hold)?)
-            .above_configured(above_configured);
+            .above_configured(above_configured)
+            // Python's default, as for its limiters: an event loop that stalled does not
+            // send the late requests together.
+            .execution_bound(true);
         if let Some(after) = revert_after {
-            follow = follow.revert_after(seconds("revert_after", after)?);
+            config = config.revert_after(seconds("revert_after", after)?);
         }
-        let configured = steer(py, &core, &key, |s| s.quota())?;
-        Ok(Follower {
-            following: Following::new(configured, follow),
+        let configured = core_quota(py, &core)?;
+        Ok(Followers {
+            table: paceline::upstream::Followers::new(configured, config),
             core,
-            key,
-            quotas,
         })
     }
 
-    /// Reads a response (its status, and its headers as `(name, value)` pairs) and steers
-    /// the core; returns the hold applied in seconds, or None.
-    fn apply(
+    /// Takes the turn of `key`'s upstream now if it is free (nobody waits, the pace has
+    /// room); never waits.
+    fn acquire_now(&self, key: &str) -> bool {
+        let follower = self.table.get(key);
+        let mut limiters = core::iter::once(follower.limiter()).chain(follower.execution_limiter());
+        if !limiters
+            .clone()
+            .all(|l| l.peek().is_zero() && l.next_waiter_due_in().is_none())
+        {
+            return false;
+        }
+        // Room a moment ago; a racing caller may have taken it, and then the cells taken
+        // stay spent (the strict side).
+        limiters.all(|l| l.check().is_ok())
+    }
+
+    /// Books the turn of `key`'s upstream within `timeout` seconds (None: no maximum).
+    #[pyo3(signature = (key, timeout=None))]
+    fn book(&self, key: &str, timeout: Option<f64>) -> PyResult<Ticket> {
+        let follower = self.table.get(key);
+        let held = Arc::clone(follower.limiter())
+            .reserve_within_owned(1, wait_budget(timeout)?)
+            .map_err(too_late)?;
+        Ok(Ticket::new(Held::Direct(held)))
+    }
+
+    /// Takes the turn again from the execution limiter, at the moment the request is sent:
+    /// a ticket, ready at once when the caller is on time.
+    fn run(&self, key: &str) -> PyResult<Option<Ticket>> {
+        let follower = self.table.get(key);
+        let Some(run) = follower.execution_limiter() else {
+            return Ok(None);
+        };
+        let held = Arc::clone(run)
+            .reserve_within_owned(1, Duration::MAX)
+            .map_err(too_late)?;
+        Ok(Some(Ticket::new(Held::Direct(held))))
+    }
+
+    /// Blocks the calling thread (GIL released) for the turn of `key`'s upstream, within
+    /// `timeout` seconds: `TimeoutError` if the turn is further away, or a hold moves it
+    /// past the deadline while it waits (the turn is then given back).
+    #[pyo3(signature = (key, timeout=None))]
+    fn acquire_blocking(&self, py: Python<'_>, key: &str, timeout: Option<f64>) -> PyResult<()> {
+        let follower = self.table.get(key);
+        let budget = wait_budget(timeout)?;
+        let deadline = std::time::Instant::now().checked_add(budget);
+        for limiter in core::iter::once(follower.limiter()).chain(follower.execution_limiter()) {
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+            });
+            let held = Arc::clone(limiter)
+                .reserve_within_owned(1, left)
+                .map_err(too_late)?;
+            block_until(py, Held::Direct(held), deadline)?;
+        }
+        Ok(())
+    }
+
+    /// The instant a request to `key`'s upstream leaves (to pass to `observe`).
+    fn sent(&self, key: &str) -> u64 {
+        self.table.get(key).sent().nanos()
+    }
+
+    /// Reads a response (its status, and its headers as `(name, value)` pairs) to a request
+    /// sent at `sent` and steers `key`'s follower; returns the hold applied in seconds (or
+    /// None), and whether waiting turns may have moved (a hold, a new pace).
+    fn observe(
         &self,
         py: Python<'_>,
+        key: &str,
         status: u16,
         headers: Vec<(String, Vec<u8>)>,
-    ) -> PyResult<Option<f64>> {
-        let mut signal = Signal::read(
+        sent: u64,
+    ) -> PyResult<(Option<f64>, bool)> {
+        let signal = Signal::read(
             status,
             headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
             SystemTime::now(),
         );
-        if !self.quotas {
-            signal.policy = None;
-        }
-        steer(py, &self.core, &self.key, |s| {
-            self.following
-                .apply(s, &signal)
-                .map(|hold| hold.as_secs_f64())
-        })
+        let follower = self.table.get(key);
+        let before = follower.limiter().quota();
+        // The caller may have changed its own limiter's quota: the configured one.
+        follower.set_configured(core_quota(py, &self.core)?);
+        let hold = follower.apply(&signal, Sent::from_nanos(sent));
+        let moved = hold.is_some() || follower.limiter().quota() != before;
+        Ok((hold.map(|d| d.as_secs_f64()), moved))
+    }
+
+    /// The pace `key`'s follower keeps now: `(1, seconds between requests, burst)`.
+    fn quota(&self, key: &str) -> (u32, f64, u32) {
+        let quota = self.table.get(key).limiter().quota();
+        (1, quota.emission_interval().as_secs_f64(), quota.burst())
+    }
+
+    /// Whether `key`'s follower's pace is above the caller's own quota (it may be, with
+    /// `above_configured`).
+    fn above_configured(&self, key: &str) -> bool {
+        let follower = self.table.get(key);
+        follower.limiter().quota().emission_interval() < follower.configured().emission_interval()
+    }
+
+    /// The rate `key`'s upstream announced (requests per second), if one is in force.
+    fn announced(&self, key: &str) -> Option<f64> {
+        self.table.get(key).announced()
+    }
+
+    /// Seconds until `key`'s upstream takes a request (0.0: now); spends nothing.
+    fn wait_time(&self, key: &str) -> f64 {
+        self.table.get(key).limiter().peek().as_secs_f64()
+    }
+
+    fn __len__(&self) -> usize {
+        self.table.len()
     }
 }
 
-/// Runs `f` on `core` (any of the four kinds; `key` for the keyed ones) as a `Steer`.
-fn steer<R>(
+/// [`block`] with a deadline: past it, `held` is dropped (the turn given back) and the
+/// wait ends with `TimeoutError`.
+fn block_until(
     py: Python<'_>,
-    core: &Py<PyAny>,
-    key: &Option<String>,
-    f: impl FnOnce(&dyn Steer) -> R,
-) -> PyResult<R> {
-    let core = core.bind(py);
-    let keyed = || {
-        key.clone()
-            .ok_or_else(|| PyValueError::new_err("a keyed limiter is followed per key"))
-    };
-    if let Ok(c) = core.cast::<Core>() {
-        return Ok(f(&PairKey {
-            py,
-            pair: &c.get().0,
-            key: &(),
-        }));
+    mut held: Held,
+    deadline: Option<std::time::Instant>,
+) -> PyResult<()> {
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if held.poll(&mut cx).is_ready() {
+            return Ok(());
+        }
+        let wait = held.ready_in();
+        if let Some(deadline) = deadline {
+            if std::time::Instant::now() + wait > deadline {
+                return Err(PyTimeoutError::new_err(format!(
+                    "the turn is {:.6} s away, past the timeout; it was given back",
+                    wait.as_secs_f64()
+                )));
+            }
+        }
+        let sleep = wait.clamp(Duration::from_micros(1), SIGNAL_CHECK);
+        py.detach(|| thread::park_timeout(sleep));
+        py.check_signals()?;
     }
-    if let Ok(c) = core.cast::<SharedCore>() {
-        return Ok(f(&PairKey {
-            py,
-            pair: &c.get().0,
-            key: &(),
-        }));
-    }
-    if let Ok(c) = core.cast::<KeyedCore>() {
-        let key = TextKey::from(keyed()?);
-        return Ok(f(&PairKey {
-            py,
-            pair: &c.get().0,
-            key: &key,
-        }));
-    }
-    if let Ok(c) = core.cast::<SharedKeyedCore>() {
-        let key = keyed()?;
-        return Ok(f(&PairKey {
-            py,
-            pair: &c.get().0,
-            key: &key,
-        }));
-    }
-    Err(PyValueError::new_err("not a paceline core"))
 }
 
 /// The methods every core has, for a direct (`keyed` absent) or keyed pair.
@@ -1381,7 +1450,7 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("REDIS_REFUND_SCRIPT", paceline::redis_scripts::REFUND)?;
     m.add("REDIS_MAX_WINDOW_NS", paceline::redis_scripts::MAX_WINDOW)?;
     m.add_function(wrap_pyfunction!(redis_quota, m)?)?;
-    m.add_class::<Follower>()?;
+    m.add_class::<Followers>()?;
     m.add_class::<asgi::AsgiCore>()?;
     m.add_class::<asgi::Admitted>()?;
     m.add_class::<asgi::Refused>()?;

@@ -3,19 +3,36 @@
 use super::*;
 
 /// A limit's policy as the `RateLimit-Policy` field writes it: `q` cells per `w` seconds,
-/// with `w` the burst window in whole seconds (at least 1) and `q` the cells the
-/// sustained rate admits in `w`, rounded down. So `q / w` is never above the real rate and
-/// within one cell per window of it (2/s with a burst of 3 is `q=4;w=2`, 100/s with a
-/// burst of 1 is `q=100;w=1`); the burst itself is what `r` says when the client is idle.
+/// the sustained rate. `w` is the burst window in whole seconds (at least 1) or, when the
+/// rate is not a whole number of cells in it, the first longer whole number of seconds
+/// (at most a minute longer) in which it is within 1 % of one; `q` is the cells the rate
+/// admits in `w`, rounded down. So `q / w` is never above the real rate, and a client that
+/// spaces its requests `w / q` apart is never refused (2/s with a burst of 3 is `q=4;w=2`,
+/// 100/s with a burst of 1 is `q=100;w=1`, one cell per 700 ms is `q=10;w=7`). The policy
+/// is a rate, not a burst: how many a client may send at once is what `r` says (the
+/// burst, when it has been idle).
 pub(super) fn policy(quota: Quota) -> (u64, u64) {
     let interval = quota.emission_interval().as_nanos().max(1);
     let window = quota
         .emission_interval()
         .checked_mul(quota.burst())
         .unwrap_or(Duration::MAX);
-    let w = ceil_secs(window).max(1);
-    let q = u128::from(w) * 1_000_000_000 / interval;
-    (u64::try_from(q).unwrap_or(u64::MAX), w)
+    let first = ceil_secs(window).max(1);
+    let cells = |w: u64| u128::from(w) * 1_000_000_000 / interval;
+    let mut best = (cells(first), first);
+    for w in first..first.saturating_add(60) {
+        let q = cells(w);
+        // Within 1 % of the rate: q T >= 0.99 w.
+        if q * interval * 100 >= u128::from(w) * 99_000_000_000 {
+            best = (q, w);
+            break;
+        }
+        // Else the closest so far: q / w above best.0 / best.1.
+        if q * u128::from(best.1) > best.0 * u128::from(w) {
+            best = (q, w);
+        }
+    }
+    (u64::try_from(best.0).unwrap_or(u64::MAX), best.1)
 }
 
 /// The `RateLimit-Policy` field's name (made at compile time: `from_static` checks a name
@@ -139,6 +156,43 @@ impl Joined {
             Joined::None => None,
             Joined::One(value) => Some(value),
             Joined::Many(joined) => HeaderValue::from_bytes(&joined).ok(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::policy;
+    use crate::Quota;
+    use core::time::Duration;
+
+    #[test]
+    fn the_policy_is_the_rate_within_a_percent_and_never_above_it() {
+        let every = |ms: u64, burst: u32| {
+            Quota::try_new(1, Duration::from_millis(ms))
+                .unwrap()
+                .with_burst(burst)
+        };
+        assert_eq!(policy(Quota::per_second(2).with_burst(3)), (4, 2));
+        assert_eq!(policy(Quota::per_second(100).with_burst(1)), (100, 1));
+        assert_eq!(policy(Quota::per_second(50).with_burst(10)), (50, 1));
+        assert_eq!(policy(Quota::per_second(2).with_burst(1)), (2, 1));
+        assert_eq!(policy(every(700, 1)), (10, 7));
+        assert_eq!(policy(Quota::per_minute(1)), (1, 60));
+        for (ms, burst) in [
+            (700, 1),
+            (333, 2),
+            (1_234, 1),
+            (7, 3),
+            (45_000, 1),
+            (60_001, 2),
+        ] {
+            let quota = every(ms, burst);
+            let (q, w) = policy(quota);
+            let rate = 1000.0 / ms as f64;
+            let announced = q as f64 / w as f64;
+            assert!(announced <= rate * (1.0 + 1e-12), "{ms} {burst}: {q}/{w}");
+            assert!(announced >= rate * 0.95, "{ms} {burst}: {q}/{w}");
         }
     }
 }

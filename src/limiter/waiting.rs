@@ -10,6 +10,7 @@ use crate::cell::{Ours, TatWord, ALWAYS_OURS};
 use crate::clock::Clock;
 use crate::error::{Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::Params;
+use crate::quota::Quota;
 use crate::reservation::{OwnedReservation, Reservation};
 use crate::wait::{
     self,
@@ -366,6 +367,44 @@ impl<C: Clock> Limiter<C> {
         {
             self.waiters.schedule(arm);
         }
+    }
+
+    /// [`Limiter::set_quota`], and the turns already booked whose instants have not
+    /// come are spaced again at the new quota when it is slower: in their order, from
+    /// where the first of them booked, each at the new interval (its instant read against
+    /// the new burst window). Following a lower quota an upstream announced, 600 tasks
+    /// that booked their turns at the old rate then leave at the new one, not at the old
+    /// spacing. A quota no slower than the one in force is set as by `set_quota` (booked
+    /// turns keep their places). Turns whose instants have come are spent and stay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{clock::ManualClock, Limiter, Quota};
+    /// use std::{future::Future, pin::pin, task::{Context, Waker}, time::Duration};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Quota::per_second(10).with_burst(1), clock.clone());
+    /// limiter.check().unwrap();
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// let (mut a, mut b) = (pin!(limiter.until_ready()), pin!(limiter.until_ready()));
+    /// let _ = (a.as_mut().poll(&mut cx), b.as_mut().poll(&mut cx)); // due at 100 and 200 ms
+    /// limiter.set_quota_respaced(Quota::per_second(2).with_burst(1));
+    /// clock.advance(Duration::from_millis(100));
+    /// assert!(a.as_mut().poll(&mut cx).is_ready()); // where it booked from
+    /// clock.advance(Duration::from_millis(400));
+    /// assert!(b.as_mut().poll(&mut cx).is_pending()); // 500 ms after it, not 100
+    /// clock.advance(Duration::from_millis(100));
+    /// assert!(b.as_mut().poll(&mut cx).is_ready());
+    /// ```
+    pub fn set_quota_respaced(&self, quota: Quota) {
+        let slower = quota.params().interval() > self.quota.load().interval();
+        if !slower {
+            return self.set_quota(quota);
+        }
+        self.quota.store(quota);
+        let arm = self.waiters.respace(&self.cell, quota.params(), self.now());
+        self.waiters.schedule(arm);
     }
 
     /// How long until the next waiter is due, by this limiter's clock (zero if it is due

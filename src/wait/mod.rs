@@ -7,6 +7,7 @@
 //!   invariant and the fairness argument);
 //! * `future` — the future that books on first poll and refunds on drop;
 //! * `block` — blocking a thread on that same future;
+//! * `deadline` — a wait that ends at a clock's deadline if it has not ended before;
 //! * `turn` — a booking held as a value, behind every reservation type.
 //!
 //! The functions here turn one [`future::Acquire`] into each public result type, so the
@@ -14,6 +15,8 @@
 
 pub(crate) mod alarm;
 pub(crate) mod block;
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) mod deadline;
 pub(crate) mod future;
 pub(crate) mod list;
 mod node;

@@ -33,6 +33,9 @@ pub(super) struct Slot {
     pub(super) lag: u64,
     /// The booked cost in nanoseconds (`n * T`).
     pub(super) cost: u64,
+    /// The cells booked (`n`), to price the booking again at another interval
+    /// (`Waiters::respace`).
+    pub(super) cells: u64,
     /// How far before its TAT the booking becomes admissible: `max(tau, cost)` of the
     /// quota at booking, or at the last quota change before its instant came.
     pub(super) window: u64,

@@ -6,29 +6,51 @@ upstream says (429, ``Retry-After``, the IETF ``RateLimit`` fields, ``X-RateLimi
     limiter = paceline.Limiter(100, burst=1)  # 100 calls per second to the API
     client = httpx.AsyncClient(transport=paceline.httpx.AsyncTransport(limiter))
 
-Each request waits its booked turn before it leaves. Each response steers the limiter
-for every task at once: a ``Retry-After`` (or a field saying nothing is left until a
-reset) holds every turn until then, booked turns included, and the pace resumes spaced;
-a ``RateLimit-Policy`` below the limiter's quota becomes its quota. With a
-``KeyedLimiter`` each host has its own turns and holds. A request refused with a 429 is
-sent again in a new turn, up to ``retries`` times, for idempotent methods unless
-``retry_methods`` says otherwise.
+Each request waits its booked turn on ``limiter``, then on its upstream's follower,
+which carries what the upstream says, for every task at once: a ``Retry-After`` (or a
+field saying nothing is left until a reset) holds every turn until then, booked turns
+included, and the pace resumes spaced; a ``RateLimit-Policy`` sets the pace (95 % of its
+rate, never above the limiter's quota unless ``above_configured``); an upstream that only
+refuses has its rate learned from the refusals. Nothing it says makes a request wait
+longer than ``max_hold`` seconds. With a ``KeyedLimiter`` each host has its own turns and
+follower. A request refused with a 429 is sent again in a new turn, up to ``retries``
+times, for idempotent methods unless ``retry_methods`` says otherwise.
+
+The wait for a turn counts against the client's ``timeout`` (its ``pool`` part, the one
+for waiting to send): a turn further away than that raises ``httpx.PoolTimeout`` at once,
+having booked nothing.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Collection, Optional, Union
 
 import httpx
 
 from . import KeyedLimiter, Limiter
-from ._upstream import IDEMPOTENT, Following
+from ._upstream import IDEMPOTENT, Hosts
 
 __all__ = ["AsyncTransport", "Transport", "IDEMPOTENT", "AsyncFleetTransport", "FleetTransport"]
 
 
 def _headers(response: httpx.Response):
     return [(name.decode("latin-1"), value) for name, value in response.headers.raw]
+
+
+def _pool_timeout(request: httpx.Request) -> Optional[float]:
+    """The request's timeout for waiting to send (httpx's ``pool`` timeout), if any."""
+    timeout = request.extensions.get("timeout") or {}
+    pool = timeout.get("pool")
+    return None if pool is None else float(pool)
+
+
+def _late(request: httpx.Request) -> httpx.PoolTimeout:
+    return httpx.PoolTimeout(
+        "paceline: the turn to send this request is further away than the client's "
+        "timeout allows (nothing was sent)",
+        request=request,
+    )
 
 
 class _Options:
@@ -44,7 +66,7 @@ class _Options:
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        self.following = Following(limiter, key, max_hold, above_configured, revert_after)
+        self.hosts = Hosts(limiter, key, max_hold, above_configured, revert_after)
         self.retries = retries
         self.retry_methods = frozenset(m.upper() for m in retry_methods)
 
@@ -58,10 +80,14 @@ class _Options:
         )
 
 
+def _left(deadline: Optional[float]) -> Optional[float]:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 class AsyncTransport(httpx.AsyncBaseTransport):
     """An ``httpx.AsyncClient`` transport: every request waits its turn on ``limiter``
-    (see the module docs), then goes through ``transport`` (httpx's default one unless
-    given)."""
+    and its upstream's follower (see the module docs), then goes through ``transport``
+    (httpx's default one unless given)."""
 
     def __init__(
         self,
@@ -80,14 +106,27 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         )
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
+    def pace(self, host: str):
+        """The pace ``host``'s follower keeps now: ``(1, seconds between requests,
+        burst)``."""
+        hosts = self._options.hosts
+        return hosts.followers.quota(hosts.key(host))
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
-        key = options.following.key(request.url.host)
+        hosts = options.hosts
+        key = hosts.key(request.url.host)
+        timeout = _pool_timeout(request)
+        deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
         while True:
-            await options.following.acquire(key)
+            try:
+                await hosts.acquire(key, _left(deadline))
+            except TimeoutError:
+                raise _late(request) from None
+            sent = hosts.sent(key)
             response = await self._transport.handle_async_request(request)
-            options.following.observe(key, response.status_code, _headers(response))
+            hosts.observe(key, response.status_code, _headers(response), sent)
             if not options.retry(request, response, attempt):
                 return response
             await response.aclose()
@@ -118,14 +157,26 @@ class Transport(httpx.BaseTransport):
         )
         self._transport = transport if transport is not None else httpx.HTTPTransport()
 
+    def pace(self, host: str):
+        """As ``AsyncTransport.pace``."""
+        hosts = self._options.hosts
+        return hosts.followers.quota(hosts.key(host))
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
-        key = options.following.key(request.url.host)
+        hosts = options.hosts
+        key = hosts.key(request.url.host)
+        timeout = _pool_timeout(request)
+        deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
         while True:
-            options.following.acquire_blocking(key)
+            try:
+                hosts.acquire_blocking(key, _left(deadline))
+            except TimeoutError:
+                raise _late(request) from None
+            sent = hosts.sent(key)
             response = self._transport.handle_request(request)
-            options.following.observe(key, response.status_code, _headers(response))
+            hosts.observe(key, response.status_code, _headers(response), sent)
             if not options.retry(request, response, attempt):
                 return response
             response.close()

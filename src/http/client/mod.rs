@@ -11,28 +11,25 @@ pub use self::reqwest::PaceMiddleware;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::{Request, Response};
 
-use crate::upstream::{Follow, Following, Signal};
+use crate::upstream::{Follower, FollowerConfig, Followers, Signal};
 use crate::{Limiter, Quota};
-
-/// Hosts a layer keeps a limiter for; past this, new hosts share one.
-const MAX_HOSTS: usize = 10_000;
 
 /// A tower layer for HTTP clients (hyper-util's client, a tonic `Channel`, any
 /// `Service<Request<B>>`): every request waits its booked turn on its upstream host's
-/// limiter, and every response steers that limiter for every caller at once (a
-/// `Retry-After` or a `RateLimit` field saying nothing is left holds the host until then,
-/// booked turns included; a `RateLimit-Policy` below the configured quota becomes the
-/// quota; see [`crate::upstream`]).
+/// [`Follower`], and every response steers that follower for every caller at once (a
+/// `Retry-After`, or a field saying nothing is left until a reset, holds the host until
+/// then, booked turns included; an announced pace is followed; refusals alone teach the
+/// upstream's rate; see [`crate::upstream`]).
 ///
-/// Each host (a request URI's authority, or its `Host` header) gets its own limiter of
-/// `quota`, up to 10 000 hosts (then new hosts share one). A refusal is returned to the
-/// caller, whose next request waits out the hold.
+/// Each host (a request URI's host and port, or its `Host` header; a scheme's default
+/// port is the same host as no port) has its own follower, in a table of at most
+/// [`MAX_HOSTS`](crate::upstream::MAX_HOSTS) idle hosts ([`Followers`]). A refusal is
+/// returned to the caller, whose next request waits out the hold.
 ///
 /// # Examples
 ///
@@ -49,37 +46,12 @@ const MAX_HOSTS: usize = 10_000;
 /// ```
 #[derive(Clone, Debug)]
 pub struct PaceLayer {
-    hosts: Arc<Hosts>,
-}
-
-#[derive(Debug)]
-struct Hosts {
-    quota: Quota,
-    follow: Follow,
-    map: Mutex<HashMap<String, Arc<Host>>>,
-    /// The limiter of hosts beyond `MAX_HOSTS`.
-    overflow: Arc<Host>,
-}
-
-/// One upstream host: its limiter, and how it follows the host's signals.
-#[derive(Debug)]
-struct Host {
-    limiter: Arc<Limiter>,
-    following: Following,
-}
-
-impl Host {
-    fn new(quota: Quota, follow: Follow) -> Arc<Host> {
-        Arc::new(Host {
-            limiter: Arc::new(Limiter::new(quota)),
-            following: Following::new(quota, follow),
-        })
-    }
+    hosts: Arc<Followers>,
 }
 
 impl PaceLayer {
     /// Paces each upstream host by `quota`, following its signals with
-    /// [`Follow::default`] (holds of up to 5 minutes, never faster than `quota`).
+    /// [`FollowerConfig::default`] (waits of up to 5 minutes, never faster than `quota`).
     ///
     /// # Examples
     ///
@@ -88,32 +60,27 @@ impl PaceLayer {
     /// assert_eq!(layer.quota(), paceline::Quota::per_second(10));
     /// ```
     pub fn new(quota: Quota) -> PaceLayer {
-        PaceLayer::following(quota, Follow::default())
+        PaceLayer::with_config(quota, FollowerConfig::default())
     }
 
-    /// [`PaceLayer::new`] with how to follow the upstreams' signals.
+    /// [`PaceLayer::new`] with how to follow the upstreams.
     ///
     /// # Examples
     ///
     /// ```
     /// use paceline::http::client::PaceLayer;
-    /// use paceline::upstream::Follow;
+    /// use paceline::upstream::FollowerConfig;
     /// use std::time::Duration;
     ///
-    /// let layer = PaceLayer::following(
+    /// let layer = PaceLayer::with_config(
     ///     paceline::Quota::per_second(10),
-    ///     Follow::default().max_hold(Duration::from_secs(30)),
+    ///     FollowerConfig::default().max_hold(Duration::from_secs(30)),
     /// );
     /// # let _ = layer;
     /// ```
-    pub fn following(quota: Quota, follow: Follow) -> PaceLayer {
+    pub fn with_config(quota: Quota, config: FollowerConfig) -> PaceLayer {
         PaceLayer {
-            hosts: Arc::new(Hosts {
-                quota,
-                follow,
-                map: Mutex::new(HashMap::new()),
-                overflow: Host::new(quota, follow),
-            }),
+            hosts: Arc::new(Followers::new(quota, config)),
         }
     }
 
@@ -126,36 +93,62 @@ impl PaceLayer {
     /// assert_eq!(layer.quota(), paceline::Quota::per_minute(1));
     /// ```
     pub fn quota(&self) -> Quota {
-        self.hosts.quota
+        self.hosts.configured()
     }
 
-    /// The limiter for `host` (made if it is new): to see its state, or to share it with
-    /// callers that do not go through the layer.
+    /// The follower of `host` (`name` or `name:port`; made if it is new).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let layer = paceline::http::client::PaceLayer::new(paceline::Quota::per_second(5));
+    /// assert!(layer.follower("api.example.com").announced().is_none());
+    /// ```
+    pub fn follower(&self, host: &str) -> Arc<Follower> {
+        self.hosts.get(&authority_key(host, None))
+    }
+
+    /// The limiter of `host`'s follower: to see its pace, to share it with callers that
+    /// do not go through the layer, or to set your own quota for that host (it stays
+    /// yours).
     ///
     /// # Examples
     ///
     /// ```
     /// let layer = paceline::http::client::PaceLayer::new(paceline::Quota::per_second(5));
     /// assert_eq!(layer.limiter("api.example.com").remaining(), 5);
+    /// // The scheme's default port is the same host.
+    /// assert!(std::sync::Arc::ptr_eq(&layer.limiter("api.example.com"), &layer.limiter("api.example.com:443")));
     /// ```
     pub fn limiter(&self, host: &str) -> Arc<Limiter> {
-        Arc::clone(&self.hosts.host(host).limiter)
+        Arc::clone(self.follower(host).limiter())
     }
 }
 
-impl Hosts {
-    fn host(&self, name: &str) -> Arc<Host> {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(host) = map.get(name) {
-            return Arc::clone(host);
-        }
-        if map.len() >= MAX_HOSTS {
-            return Arc::clone(&self.overflow);
-        }
-        let host = Host::new(self.quota, self.follow);
-        map.insert(name.to_owned(), Arc::clone(&host));
-        host
+/// A host's key: its name in lower case, and its port unless it is the scheme's default
+/// (80 for `http`, 443 for `https`; either, when the scheme is not known).
+pub(crate) fn host_key(host: &str, port: Option<u16>, scheme: Option<&str>) -> String {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let default = match scheme.map(str::to_ascii_lowercase).as_deref() {
+        Some("http") | Some("ws") => port == Some(80),
+        Some("https") | Some("wss") => port == Some(443),
+        _ => matches!(port, Some(80 | 443)),
+    };
+    match port {
+        Some(port) if !default => format!("{host}:{port}"),
+        _ => host,
     }
+}
+
+/// [`host_key`] of an authority or `Host` value (`user@name:port`, `[::1]:8080`).
+fn authority_key(authority: &str, scheme: Option<&str>) -> String {
+    let authority = authority.rsplit('@').next().unwrap_or(authority);
+    let (host, port) = match authority.rsplit_once(':') {
+        // Not an IPv6 address's last colon: the port.
+        Some((host, port)) if !port.contains(']') => (host, port.parse().ok()),
+        _ => (authority, None),
+    };
+    host_key(host, port, scheme)
 }
 
 impl<S> tower_layer::Layer<S> for PaceLayer {
@@ -177,7 +170,18 @@ impl<S> tower_layer::Layer<S> for PaceLayer {
 #[derive(Clone, Debug)]
 pub struct Pace<S> {
     inner: S,
-    hosts: Arc<Hosts>,
+    hosts: Arc<Followers>,
+}
+
+/// What a response says, as [`Signal::read`] reads it.
+fn signal_of(status: u16, headers: &http::HeaderMap) -> Signal {
+    Signal::read(
+        status,
+        headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes())),
+        SystemTime::now(),
+    )
 }
 
 impl<S, B, R> tower_service::Service<Request<B>> for Pace<S>
@@ -195,33 +199,58 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let name = request
-            .uri()
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .or_else(|| {
-                let host = request.headers().get(http::header::HOST)?;
-                host.to_str().ok().map(str::to_owned)
-            })
-            .unwrap_or_default();
-        let host = self.hosts.host(&name);
+        let uri = request.uri();
+        let key = match uri.host() {
+            Some(host) => host_key(host, uri.port_u16(), uri.scheme_str()),
+            None => request
+                .headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(|h| authority_key(h, uri.scheme_str()))
+                .unwrap_or_default(),
+        };
+        let follower = self.hosts.get(&key);
         // The service that was made ready goes with the request; a clone stays for the
         // next `poll_ready` (tower's rule for services that are `Clone`).
         let clone = self.inner.clone();
         let mut inner = core::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            Arc::clone(&host.limiter).until_ready_owned().await;
+            follower.until_ready().await;
+            let sent = follower.sent();
             let response = inner.call(request).await?;
-            let signal = Signal::read(
-                response.status().as_u16(),
-                response
-                    .headers()
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
-                SystemTime::now(),
+            follower.apply(
+                &signal_of(response.status().as_u16(), response.headers()),
+                sent,
             );
-            host.following.apply(&*host.limiter, &signal);
             Ok(response)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{authority_key, host_key};
+
+    #[test]
+    fn one_host_one_key_whatever_its_spelling() {
+        assert_eq!(
+            host_key("API.example.com", Some(443), Some("https")),
+            "api.example.com"
+        );
+        assert_eq!(
+            host_key("api.example.com.", None, Some("https")),
+            "api.example.com"
+        );
+        assert_eq!(
+            host_key("api.example.com", Some(80), Some("https")),
+            "api.example.com:80"
+        );
+        assert_eq!(host_key("127.0.0.1", Some(8080), None), "127.0.0.1:8080");
+        assert_eq!(
+            authority_key("user:pw@Example.com:80", Some("http")),
+            "example.com"
+        );
+        assert_eq!(authority_key("[::1]:8080", None), "[::1]:8080");
+        assert_eq!(authority_key("[::1]", None), "[::1]");
     }
 }

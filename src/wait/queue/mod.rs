@@ -105,7 +105,7 @@ mod state;
 use super::list::{self, LinkedList};
 pub(crate) use super::node::Waiter;
 use super::node::{fired, slot, Slot};
-use crate::cell::{Ours, TatWord};
+use crate::cell::{Ours, TatWord, ALWAYS_OURS};
 use crate::clock::Clock;
 use crate::gcra::{self, Params};
 use crate::sync::{thread_local, Mutex, MutexGuard, Ordering, Panic, WakeList};
@@ -298,6 +298,7 @@ impl<C: Clock> Waiters<C> {
             let booked = Slot {
                 tat,
                 cost,
+                cells: (cost / params.interval().max(1)).max(1),
                 window,
                 waker: Some(waker.clone()),
                 epoch: state.epoch,
@@ -538,6 +539,58 @@ impl<C: Clock> Waiters<C> {
         });
         // The front may now be due earlier or later than the wake-up asked for: ask anew
         // (an outstanding later wake-up only finds nothing due and re-arms).
+        state.armed = None;
+        Arm(state.arm_front())
+    }
+
+    /// Spaces the bookings whose instants have not come by `now` again at `params`, a
+    /// quota whose interval is no shorter than the one they were booked at
+    /// (`Limiter::set_quota_respaced`): from where the first of them booked, each takes its
+    /// cells at the new interval, in order, and its instant is read against the new burst
+    /// window; the word moves later by as much as the tail did. Bookings whose instants
+    /// have come are spent and stay where they are. Returns the wake-up to ask for.
+    pub(crate) fn respace(&self, cell: &TatWord, params: &Params, now: u64) -> Arm {
+        let mut state = self.lock();
+        // Every instant read in full (a quota change is rare; O(list)).
+        state.settle(|_| ());
+        let mut node = state.list.front();
+        while let Some(n) = node {
+            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
+            unsafe {
+                if slot(n, |s| s.instant_at(0)) > now {
+                    break;
+                }
+                node = list::next(n);
+            }
+        }
+        if let (Some(first), Some(tail)) = (node, state.list.back()) {
+            // SAFETY: both are linked, so live (list rule 3); we hold the lock. The list is
+            // settled: each slot's `tat` is its TAT.
+            let (mut tat, old_tail) = unsafe {
+                (
+                    slot(first, |s| s.tat.saturating_sub(s.cost)),
+                    slot(tail, |s| s.tat),
+                )
+            };
+            while let Some(n) = node {
+                // SAFETY: as above; every node from the first waiting one on waits too
+                // (instants never decrease along the list).
+                unsafe {
+                    slot(n, |s| {
+                        s.cost = s.cells.saturating_mul(params.interval()).max(s.cost);
+                        tat = tat.saturating_add(s.cost);
+                        s.tat = tat;
+                        s.window = gcra::ready_window(s.cost, params);
+                    });
+                    node = list::next(n);
+                }
+            }
+            // Each cost only grew, so the tail moved later, and the word with it. A plain
+            // admission since the tail booked put the word further still; it moves by as
+            // much (a refund compares the word with the tail, and stays exact).
+            // The word is this limiter's own (a direct limiter's), never another key's.
+            let _ = cell.hold_if(tat.saturating_sub(old_tail), 0, ALWAYS_OURS);
+        }
         state.armed = None;
         Arm(state.arm_front())
     }

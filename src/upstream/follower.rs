@@ -1,0 +1,865 @@
+//! [`Follower`]: one upstream's limiter, steered by what the upstream says.
+//!
+//! # Implementation notes
+//!
+//! The follower owns the limiter every request to its upstream waits on. Its quota is
+//! the lowest of three ceilings, never more than the caller's:
+//!
+//! * the **configured** quota: the caller's (a quota the caller sets on the limiter
+//!   itself is taken as the new configured one, never overridden);
+//! * the **announced** pace: the tightest [`Signal::pace`] policy, at [`PACE_SHARE`]
+//!   (95 %) of its rate, so that requests that arrive a little bunched (timer and network
+//!   jitter) still fit an upstream that allows no burst; kept until another is announced
+//!   (or [`FollowerConfig::revert_after`] of silence), and followed up as well as down, to
+//!   the configured quota (or above it, with [`FollowerConfig::above_configured`]). A
+//!   fixed window the follower recognised (`window.rs`) stands for an announced pace
+//!   when none is announced;
+//! * the **learned** rate (`learn.rs`): AIMD on congestion events.
+//!
+//! Below the configured quota the pace has a burst of one: an upstream's quota of `q`
+//! per window is followed by spacing requests evenly, which never puts more than `q` in
+//! any window, whether the upstream counts in a token bucket or fixed windows.
+//!
+//! **Congestion events.** A `429` is one, unless an announced pace lowered by the same
+//! response explains it; so is a success whose remaining count fell to zero from above
+//! (an upstream that says "that was the last one" before it refuses: the fall, not the
+//! zero, since at the upstream's exact rate the count stays at zero). Only the first
+//! refusal of a run counts, and only for a request sent after the pace last went down
+//! (the others were sent too fast before the client knew: one cut per round trip, as TCP
+//! does).
+//!
+//! **Holds.** `Retry-After` holds (a `429` or `503`). A reset with nothing left holds
+//! when it says something a pace cannot: an exact time, or two seconds or more; a
+//! rounded `t=1` or `t=0` (anything up to a second) is a pace signal instead, except on
+//! a recognised fixed window, where it holds until the window's end. Consecutive bare
+//! `429`s (nothing said about when) back off: the second holds two pace intervals, each
+//! later one twice the one before. Every hold is capped at
+//! [`FollowerConfig::max_hold`], and so is the spacing of any pace the upstream imposes:
+//! nothing it says makes a caller wait longer than that.
+//!
+//! **Lowering the pace re-spaces booked turns** ([`Limiter::set_quota_respaced`]): 600
+//! tasks that booked their turns at the configured rate leave at the new one.
+
+use core::time::Duration;
+use std::sync::{Arc, Mutex};
+
+use super::config::FollowerConfig;
+use super::learn::Learned;
+use super::signal::{Reset, Signal};
+use super::window::Window;
+use crate::clock::{Clock, DefaultClock};
+use crate::{Limiter, NotUntil, Quota};
+
+/// The share of an announced pace the follower runs at (module docs): requests that
+/// reach the upstream a little bunched (timer and network jitter) still fit one that
+/// allows no burst; about 1 ms of slack per request at 50/s.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(paceline::upstream::PACE_SHARE, 0.95);
+/// ```
+pub const PACE_SHARE: f64 = 0.95;
+
+const NANOS: f64 = 1e9;
+
+/// One upstream's limiter, steered by what the upstream says (see the module docs of
+/// [`crate::upstream`] for the model): every request waits its turn on
+/// [`Follower::limiter`] ([`Follower::until_ready`]), and every response goes to
+/// [`Follower::apply`].
+///
+/// (One name per concept: a follower is the thing that follows one upstream, here and in
+/// the Python package; it is configured by a [`FollowerConfig`], and a table of them, one
+/// per upstream host, is [`Followers`](super::Followers).)
+///
+/// # Examples
+///
+/// ```
+/// use paceline::upstream::{Follower, FollowerConfig, Signal};
+/// use paceline::{clock::ManualClock, Quota};
+/// use std::time::{Duration, SystemTime};
+///
+/// let clock = ManualClock::new();
+/// let follower = Follower::with_clock(Quota::per_second(100), FollowerConfig::default(), clock.clone());
+/// let sent = follower.sent();
+/// // Too many requests, come back in 2 s; the quota is 50 per second.
+/// let headers = [("retry-after", &b"2"[..]), ("ratelimit-policy", &b"\"api\";q=50;w=1"[..])];
+/// follower.apply(&Signal::read(429, headers, SystemTime::now()), sent);
+/// assert!(follower.limiter().check().is_err());
+/// clock.advance(Duration::from_secs(2));
+/// assert!(follower.limiter().check().is_ok());
+/// // 95 % of the announced 50 per second, one at a time.
+/// assert_eq!(follower.limiter().quota().burst(), 1);
+/// ```
+#[derive(Debug)]
+pub struct Follower<C: Clock = DefaultClock> {
+    config: FollowerConfig,
+    limiter: Arc<Limiter<C>>,
+    run: Option<Arc<Limiter<C>>>,
+    clock: C,
+    state: Mutex<State>,
+}
+
+/// When a request was sent, by the follower's clock ([`Follower::sent`]).
+///
+/// # Examples
+///
+/// ```
+/// let follower = paceline::upstream::Follower::new(paceline::Quota::per_second(5), Default::default());
+/// let sent = follower.sent();
+/// # let _ = sent;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Sent(u64);
+
+impl Sent {
+    /// The instant as nanoseconds on the follower's clock (to carry it through code that
+    /// holds plain numbers, a foreign-language binding's).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::upstream::{Follower, Sent};
+    /// let follower = Follower::new(paceline::Quota::per_second(5), Default::default());
+    /// let sent = follower.sent();
+    /// assert_eq!(Sent::from_nanos(sent.nanos()), sent);
+    /// ```
+    pub fn nanos(&self) -> u64 {
+        self.0
+    }
+
+    /// The instant `nanos` on the follower's clock (what [`Sent::nanos`] gave).
+    ///
+    /// # Examples
+    ///
+    /// See [`Sent::nanos`].
+    pub fn from_nanos(nanos: u64) -> Sent {
+        Sent(nanos)
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    configured: Quota,
+    /// The quota the follower last set on its limiter.
+    set: Quota,
+    /// The announced pace (requests per second) and when it was last announced.
+    announced: Option<(f64, u64)>,
+    learned: Learned,
+    window: Window,
+    /// The fewest remaining of the previous response that said.
+    last_remaining: Option<u64>,
+    /// Consecutive refusals.
+    streak: u32,
+    /// When the pace last went down.
+    lowered_at: u64,
+}
+
+impl Follower {
+    /// Follows an upstream for a client configured with `configured`, on the default clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::upstream::{Follower, FollowerConfig};
+    /// let follower = Follower::new(paceline::Quota::per_second(10), FollowerConfig::default());
+    /// assert_eq!(follower.limiter().quota(), paceline::Quota::per_second(10));
+    /// ```
+    pub fn new(configured: Quota, config: FollowerConfig) -> Follower {
+        Follower::with_clock(configured, config, DefaultClock::default())
+    }
+}
+
+impl<C: Clock> Follower<C> {
+    /// [`Follower::new`] on `clock`.
+    ///
+    /// # Examples
+    ///
+    /// See [`Follower`].
+    pub fn with_clock(configured: Quota, config: FollowerConfig, clock: C) -> Follower<C> {
+        let make = || Arc::new(Limiter::with_clock(configured, clock.clone()));
+        Follower {
+            config,
+            limiter: make(),
+            run: config.execution_bound.then(make),
+            state: Mutex::new(State {
+                configured,
+                set: configured,
+                announced: None,
+                learned: Learned::default(),
+                window: Window::default(),
+                last_remaining: None,
+                streak: 0,
+                lowered_at: 0,
+            }),
+            clock,
+        }
+    }
+
+    /// The limiter every request to this upstream waits on: its quota is the pace the
+    /// follower keeps (module docs). Setting a quota on it makes that the configured one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::upstream::Follower;
+    /// use paceline::Quota;
+    /// let follower = Follower::new(Quota::per_second(10), Default::default());
+    /// follower.limiter().set_quota(Quota::per_second(2)); // the caller's own retune
+    /// assert_eq!(follower.limiter().quota(), Quota::per_second(2));
+    /// ```
+    pub fn limiter(&self) -> &Arc<Limiter<C>> {
+        &self.limiter
+    }
+
+    /// The second limiter of [`FollowerConfig::execution_bound`], if on: each request
+    /// takes its cell again there when it is about to be sent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::upstream::{Follower, FollowerConfig};
+    /// let follower = Follower::new(paceline::Quota::per_second(10), FollowerConfig::default());
+    /// assert!(follower.execution_limiter().is_some());
+    /// let off = FollowerConfig::default().execution_bound(false);
+    /// assert!(Follower::new(paceline::Quota::per_second(10), off).execution_limiter().is_none());
+    /// ```
+    pub fn execution_limiter(&self) -> Option<&Arc<Limiter<C>>> {
+        self.run.as_ref()
+    }
+
+    /// The configured quota (the caller's: see [`Follower::limiter`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let follower = paceline::upstream::Follower::new(paceline::Quota::per_second(10), Default::default());
+    /// assert_eq!(follower.configured(), paceline::Quota::per_second(10));
+    /// ```
+    pub fn configured(&self) -> Quota {
+        self.lock().configured
+    }
+
+    /// Sets the configured quota (a caller whose own limiter is elsewhere says it
+    /// changed); the pace follows at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::Quota;
+    /// let follower = paceline::upstream::Follower::new(Quota::per_second(10), Default::default());
+    /// follower.set_configured(Quota::per_second(4));
+    /// assert_eq!(follower.limiter().quota(), Quota::per_second(4));
+    /// ```
+    pub fn set_configured(&self, quota: Quota) {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        if state.configured != quota {
+            state.configured = quota;
+            self.steer(&mut state, now, f64::INFINITY);
+        }
+    }
+
+    /// The pace the upstream announced (requests per second, before [`PACE_SHARE`]), if
+    /// one is in force.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::upstream::{Follower, Signal};
+    /// let follower = Follower::new(paceline::Quota::per_second(100), Default::default());
+    /// let headers = [("ratelimit-policy", &b"\"a\";q=50;w=1"[..])];
+    /// follower.apply(&Signal::read(200, headers, std::time::SystemTime::now()), follower.sent());
+    /// assert_eq!(follower.announced(), Some(50.0));
+    /// ```
+    pub fn announced(&self) -> Option<f64> {
+        self.lock().announced.map(|(rate, _)| rate)
+    }
+
+    /// The instant a request leaves, to pass to [`Follower::apply`] with its response.
+    ///
+    /// # Examples
+    ///
+    /// See [`Follower`].
+    pub fn sent(&self) -> Sent {
+        Sent(self.clock.now())
+    }
+
+    /// Waits this request's turn: on [`Follower::limiter`], then (with the execution
+    /// bound) on [`Follower::execution_limiter`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let follower = paceline::upstream::Follower::new(paceline::Quota::per_second(10), Default::default());
+    /// futures::executor::block_on(follower.until_ready());
+    /// ```
+    pub async fn until_ready(&self) {
+        self.limiter.until_ready().await;
+        if let Some(run) = &self.run {
+            run.until_ready().await;
+        }
+    }
+
+    /// [`Follower::until_ready`] within `max`: books nothing if the turn is further
+    /// away than that, and gives the turn back if a hold moves it past `max` while it
+    /// waits.
+    ///
+    /// # Errors
+    ///
+    /// [`NotUntil`] with the wait, when the turn is not within `max`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::upstream::Follower;
+    /// use std::time::Duration;
+    /// let follower = Follower::new(paceline::Quota::per_minute(1), Default::default());
+    /// futures::executor::block_on(async {
+    ///     follower.until_ready_within(Duration::ZERO).await.unwrap();
+    ///     assert!(follower.until_ready_within(Duration::from_secs(1)).await.is_err());
+    /// });
+    /// ```
+    pub async fn until_ready_within(&self, max: Duration) -> Result<(), NotUntil> {
+        let deadline = self
+            .clock
+            .now()
+            .saturating_add(crate::wait::duration_nanos(max));
+        for limiter in core::iter::once(&self.limiter).chain(self.run.as_ref()) {
+            let left = Duration::from_nanos(deadline.saturating_sub(self.clock.now()));
+            let turn = limiter.until_ready_within(left);
+            match crate::wait::deadline::within(&self.clock, deadline, turn).await {
+                Some(outcome) => outcome?,
+                // A hold moved the turn past the deadline while it waited: given back.
+                None => {
+                    let wait = crate::wait::duration_nanos(limiter.peek()).max(1);
+                    return Err(NotUntil::from_nanos(wait));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the follower may be forgotten without changing anything: nobody waits on
+    /// it, nothing is held, and its limiters are whole again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let follower = paceline::upstream::Follower::new(paceline::Quota::per_second(10), Default::default());
+    /// assert!(follower.is_idle());
+    /// ```
+    pub fn is_idle(&self) -> bool {
+        let idle = |l: &Arc<Limiter<C>>| {
+            l.next_waiter_due_in().is_none() && l.snapshot().until_full().is_zero()
+        };
+        idle(&self.limiter) && self.run.as_ref().is_none_or(idle)
+    }
+
+    /// Steers the limiter by a response to a request sent at `sent`: holds it if asked,
+    /// follows an announced pace, learns from refusals (module docs). Returns the hold
+    /// applied, if any.
+    ///
+    /// # Examples
+    ///
+    /// See [`Follower`].
+    pub fn apply(&self, signal: &Signal, sent: Sent) -> Option<Duration> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        // The caller's own quota change, made on the limiter: the new configured quota.
+        let current = self.limiter.quota();
+        if current != state.set {
+            state.configured = current;
+            state.set = current;
+        }
+        let before = self.pace(&state, now);
+        let interval = nanos_per(before);
+        let cap = crate::wait::duration_nanos(self.config.max_hold);
+        // Announced pace.
+        let pace_policy = signal.pace();
+        let ceiling = self.ceiling(&state);
+        if let Some(policy) = pace_policy {
+            let rate = policy.rate();
+            if state.announced.is_some_and(|(old, _)| rate > old) {
+                // What was learned below the old announcement says nothing of the new.
+                state.learned.forget();
+            }
+            state.announced = Some((rate, now));
+        } else if let (Some(after), Some((_, at))) = (self.config.revert_after, state.announced) {
+            if now.saturating_sub(at) >= crate::wait::duration_nanos(after) {
+                state.announced = None;
+            }
+        }
+        // A refusal that comes with a lower ceiling is explained by it: the request was
+        // sent before the client knew.
+        let explained = self.ceiling(&state) < ceiling;
+        // What is left.
+        let mut hold = 0u64;
+        let mut event = false;
+        let mut reset_hold = false;
+        let fewest = signal.left().iter().min_by_key(|l| l.remaining).copied();
+        if let Some(left) = fewest {
+            state.window.observe(
+                now,
+                left.remaining,
+                left.reset,
+                pace_policy.map(|p| p.window),
+                interval,
+            );
+        }
+        for left in signal.left().iter().filter(|l| l.remaining == 0) {
+            match left.reset {
+                Some(Reset::Exact(d)) => {
+                    hold = hold.max(crate::wait::duration_nanos(d));
+                    reset_hold = true;
+                }
+                Some(Reset::Rounded(d)) if d >= Duration::from_secs(2) => {
+                    hold = hold.max(crate::wait::duration_nanos(d));
+                    reset_hold = true;
+                }
+                _ => {
+                    let bound = left.reset.map_or(u64::MAX, |r| {
+                        now.saturating_add(crate::wait::duration_nanos(r.at_most()))
+                    });
+                    if let Some(end) = state.window.next_boundary(now) {
+                        hold = hold.max(end.min(bound).saturating_sub(now));
+                        reset_hold = true;
+                    } else if signal.status() < 400
+                        && state.last_remaining.is_some_and(|r| r > 0)
+                        && sent.0 >= state.lowered_at
+                    {
+                        event = true;
+                    }
+                }
+            }
+        }
+        if let Some(left) = fewest {
+            state.last_remaining = Some(left.remaining);
+        }
+        // Refusals.
+        let status = signal.status();
+        if let Some(d) = signal.retry_after() {
+            hold = hold.max(crate::wait::duration_nanos(d));
+        }
+        if status == 429 {
+            state.streak = state.streak.saturating_add(1);
+            if state.streak == 1 && sent.0 >= state.lowered_at && !explained {
+                event = true;
+            }
+            if signal.retry_after().is_none() && !reset_hold && state.streak >= 2 {
+                // A bare refusal again: back off, doubling.
+                let doubling = 1u64 << (state.streak - 1).min(62);
+                hold = hold.max(interval.saturating_mul(doubling));
+            }
+        } else if status < 400 {
+            state.streak = 0;
+        }
+        if event {
+            let known = state.announced.is_some() || state.window.rate().is_some();
+            state.learned.cut(now, before, known);
+        }
+        // The pace first: a hold leaves room for one cell of the quota in force.
+        self.steer(&mut state, now, before);
+        let hold = hold.min(cap);
+        (hold > 0).then(|| {
+            let d = Duration::from_nanos(hold);
+            self.limiter.hold_for(d);
+            if let Some(run) = &self.run {
+                run.hold_for(d);
+            }
+            d
+        })
+    }
+
+    /// Sets the limiters' quota to the pace now, re-spacing booked turns when it went
+    /// down; `before` is the pace before the response being applied.
+    fn steer(&self, state: &mut State, now: u64, before: f64) {
+        let ceiling = self.ceiling(state);
+        state.learned.settle(now, ceiling);
+        let pace = self.pace(state, now);
+        if pace < before {
+            state.lowered_at = now;
+        }
+        let quota = self.quota_for(state, pace);
+        let set = state.set;
+        if quota == set {
+            return;
+        }
+        // Small steps of the learned rate's growth are not worth re-reading the queue.
+        let (a, b) = (nanos_of(quota) as f64, nanos_of(set) as f64);
+        let small = quota.burst() == set.burst()
+            && quota != state.configured
+            && set != state.configured
+            && (a - b).abs() <= b * 0.01;
+        if small {
+            return;
+        }
+        let lower = nanos_of(quota) > nanos_of(set);
+        for limiter in core::iter::once(&self.limiter).chain(self.run.as_ref()) {
+            if lower {
+                limiter.set_quota_respaced(quota);
+            } else {
+                limiter.set_quota(quota);
+            }
+        }
+        state.set = quota;
+    }
+
+    /// The announced (or observed) pace and the configured quota, combined.
+    fn ceiling(&self, state: &State) -> f64 {
+        let configured = rate_of(state.configured);
+        let announced = state
+            .announced
+            .map(|(rate, _)| rate)
+            .or_else(|| state.window.rate())
+            .map(|rate| rate * PACE_SHARE);
+        match announced {
+            Some(a) if self.config.above_configured => a,
+            Some(a) => a.min(configured),
+            None => configured,
+        }
+    }
+
+    /// The pace at `now`, requests per second.
+    fn pace(&self, state: &State, now: u64) -> f64 {
+        let ceiling = self.ceiling(state);
+        let pace = state
+            .learned
+            .rate_at(now)
+            .map_or(ceiling, |learned| learned.min(ceiling));
+        // Nothing the upstream says spaces requests further apart than `max_hold` (the
+        // caller's own quota may).
+        let floor = if self.config.max_hold.is_zero() {
+            f64::INFINITY
+        } else {
+            1.0 / self.config.max_hold.as_secs_f64()
+        };
+        pace.max(floor.min(rate_of(state.configured)))
+    }
+
+    /// The quota for a pace: the configured one at (or above) its rate, else one request
+    /// per interval.
+    fn quota_for(&self, state: &State, pace: f64) -> Quota {
+        let configured = rate_of(state.configured);
+        if pace >= configured * (1.0 - 1e-9) && !(self.config.above_configured && pace > configured)
+        {
+            return state.configured;
+        }
+        let interval = (NANOS / pace).clamp(1.0, u64::MAX as f64) as u64;
+        Quota::try_new(1, Duration::from_nanos(interval)).unwrap_or(state.configured)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Requests per second of a quota.
+fn rate_of(quota: Quota) -> f64 {
+    NANOS / (nanos_of(quota).max(1) as f64)
+}
+
+fn nanos_of(quota: Quota) -> u64 {
+    u64::try_from(quota.emission_interval().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Nanoseconds between requests at `rate` per second.
+fn nanos_per(rate: f64) -> u64 {
+    (NANOS / rate).clamp(1.0, u64::MAX as f64) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn follower(config: FollowerConfig) -> (Follower<ManualClock>, ManualClock) {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(10));
+        let configured = Quota::per_second(100).with_burst(1);
+        (
+            Follower::with_clock(configured, config, clock.clone()),
+            clock,
+        )
+    }
+
+    fn respond(
+        f: &Follower<ManualClock>,
+        status: u16,
+        headers: &[(&str, &str)],
+    ) -> Option<Duration> {
+        let signal = Signal::read(
+            status,
+            headers.iter().map(|(n, v)| (*n, v.as_bytes())),
+            SystemTime::now(),
+        );
+        f.apply(&signal, f.sent())
+    }
+
+    /// The pace in requests per second.
+    fn pace(f: &Follower<ManualClock>) -> f64 {
+        1.0 / f.limiter().quota().emission_interval().as_secs_f64()
+    }
+
+    fn policy(q: u64, w: &str) -> String {
+        format!("\"p\";q={q};w={w}")
+    }
+
+    #[test]
+    fn an_announced_pace_is_followed_at_95_percent_down_and_back_up() {
+        let (f, _) = follower(FollowerConfig::default());
+        respond(&f, 200, &[("ratelimit-policy", &policy(20, "1"))]);
+        assert!((pace(&f) - 19.0).abs() < 0.01, "{}", pace(&f));
+        // A higher one: back up, to the configured quota and no further.
+        respond(&f, 200, &[("ratelimit-policy", &policy(200, "1"))]);
+        assert_eq!(f.limiter().quota(), Quota::per_second(100).with_burst(1));
+    }
+
+    #[test]
+    fn above_configured_follows_a_higher_announced_pace() {
+        let (f, _) = follower(FollowerConfig::default().above_configured(true));
+        respond(&f, 200, &[("ratelimit-policy", &policy(200, "1"))]);
+        assert!((pace(&f) - 190.0).abs() < 0.01, "{}", pace(&f));
+        // Without it, the configured quota is the ceiling.
+        let (f, _) = follower(FollowerConfig::default());
+        respond(&f, 200, &[("ratelimit-policy", &policy(200, "1"))]);
+        assert!((pace(&f) - 100.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn revert_after_forgets_an_announced_pace_after_silence_and_not_before() {
+        let (f, clock) = follower(FollowerConfig::default().revert_after(Duration::from_secs(30)));
+        respond(&f, 200, &[("ratelimit-policy", &policy(20, "1"))]);
+        clock.advance(Duration::from_secs(29));
+        respond(&f, 200, &[]);
+        assert!((pace(&f) - 19.0).abs() < 0.01);
+        clock.advance(Duration::from_secs(1));
+        respond(&f, 200, &[]);
+        assert!((pace(&f) - 100.0).abs() < 0.01);
+        // Without revert_after, silence keeps it.
+        let (f, clock) = follower(FollowerConfig::default());
+        respond(&f, 200, &[("ratelimit-policy", &policy(20, "1"))]);
+        clock.advance(Duration::from_secs(3_600));
+        respond(&f, 200, &[]);
+        assert!((pace(&f) - 19.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn an_announced_window_never_spaces_requests_past_max_hold() {
+        let config = FollowerConfig::default().max_hold(Duration::from_secs(2));
+        let (f, _) = follower(config);
+        respond(&f, 200, &[("ratelimit-policy", &policy(1, "60"))]);
+        assert_eq!(
+            f.limiter().quota().emission_interval(),
+            Duration::from_secs(2)
+        );
+        // A window past a minute is a budget, not a pace: held only once it is spent.
+        let (f, _) = follower(config);
+        respond(&f, 200, &[("ratelimit-policy", &policy(1, "1000000000"))]);
+        assert!((pace(&f) - 100.0).abs() < 0.01);
+        let hold = respond(
+            &f,
+            200,
+            &[
+                ("ratelimit-policy", &policy(1, "1000000000")),
+                ("ratelimit", "\"p\";r=0;t=999999999"),
+            ],
+        );
+        assert_eq!(hold, Some(Duration::from_secs(2)));
+        // max_hold zero: nothing the upstream says slows the client.
+        let (f, _) = follower(FollowerConfig::default().max_hold(Duration::ZERO));
+        assert_eq!(
+            respond(
+                &f,
+                429,
+                &[
+                    ("retry-after", "60"),
+                    ("ratelimit-policy", &policy(1, "60"))
+                ]
+            ),
+            None
+        );
+        assert!((pace(&f) - 100.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn the_callers_own_quota_is_never_overridden() {
+        let (f, _) = follower(FollowerConfig::default());
+        respond(&f, 200, &[("ratelimit-policy", &policy(50, "1"))]);
+        f.limiter().set_quota(Quota::per_second(10).with_burst(1));
+        respond(&f, 200, &[("ratelimit-policy", &policy(50, "1"))]);
+        assert_eq!(f.configured(), Quota::per_second(10).with_burst(1));
+        assert!((pace(&f) - 10.0).abs() < 0.01);
+        f.set_configured(Quota::per_second(30).with_burst(1));
+        assert!((pace(&f) - 30.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn refusals_alone_halve_the_pace_then_cut_it_by_a_tenth_and_it_grows_back() {
+        let (f, clock) = follower(FollowerConfig::default());
+        // A refusal explained by nothing: halved.
+        respond(&f, 429, &[]);
+        assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+        // A request sent before the cut says nothing more.
+        let early = f.sent();
+        clock.advance(MS);
+        f.apply(
+            &Signal::read(200, [("a", &b""[..])], SystemTime::now()),
+            early,
+        );
+        clock.advance(MS);
+        let before = f.sent();
+        respond(&f, 200, &[]);
+        clock.advance(MS);
+        f.apply(
+            &Signal::read(429, [("a", &b""[..])], SystemTime::now()),
+            before,
+        );
+        // Sent after the cut: cut by a tenth (of the pace then, which grew a little).
+        assert!((pace(&f) - 45.0).abs() < 0.1, "{}", pace(&f));
+        // 0.5 % of the pace at the cut per second: 10 s for 2.25 more.
+        clock.advance(Duration::from_secs(10));
+        respond(&f, 200, &[]);
+        assert!((pace(&f) - 47.25).abs() < 0.5, "{}", pace(&f));
+    }
+
+    #[test]
+    fn consecutive_bare_refusals_back_off_doubling() {
+        let (f, _) = follower(FollowerConfig::default());
+        assert_eq!(respond(&f, 429, &[]), None);
+        let interval = f.limiter().quota().emission_interval();
+        assert_eq!(respond(&f, 429, &[]), Some(interval * 2));
+        assert_eq!(respond(&f, 429, &[]), Some(interval * 4));
+        respond(&f, 200, &[]);
+        assert_eq!(respond(&f, 429, &[]), None);
+    }
+
+    #[test]
+    fn a_count_that_falls_to_zero_is_a_cut_and_one_that_stays_there_is_not() {
+        let (f, _) = follower(FollowerConfig::default());
+        respond(
+            &f,
+            200,
+            &[("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "1")],
+        );
+        assert_eq!(
+            respond(
+                &f,
+                200,
+                &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")]
+            ),
+            None
+        );
+        assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+        respond(
+            &f,
+            200,
+            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
+        );
+        assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+        // A reset two seconds or more away with nothing left: a hold.
+        let hold = respond(
+            &f,
+            200,
+            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "5")],
+        );
+        assert_eq!(hold, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_fixed_window_is_recognised_and_a_spent_one_holds_until_its_end() {
+        let (f, clock) = follower(FollowerConfig::default());
+        // 10 per 1 s window from t = 10.0 s; a client at 100/s.
+        let mut remaining = 10u64;
+        let mut window_end = Duration::from_secs(11);
+        let mut holds = Vec::new();
+        for _ in 0..400 {
+            let now = Duration::from_nanos(crate::clock::Clock::now(&clock));
+            while now >= window_end {
+                window_end += Duration::from_secs(1);
+                remaining = 10;
+            }
+            let (status, left) = if remaining > 0 {
+                remaining -= 1;
+                (200, remaining)
+            } else {
+                (429, 0)
+            };
+            let reset = (window_end - now).as_secs_f64().ceil().max(1.0) as u64;
+            let hold = respond(
+                &f,
+                status,
+                &[
+                    ("x-ratelimit-remaining", &left.to_string()),
+                    ("x-ratelimit-reset", &reset.to_string()),
+                ],
+            );
+            if let Some(hold) = hold {
+                holds.push((now, hold));
+                clock.advance(hold);
+            }
+            clock.advance(Duration::from_millis(10));
+        }
+        // Once recognised, a spent window holds until its end, never past it by much.
+        let (at, hold) = *holds.last().unwrap();
+        let end = Duration::from_secs((at + hold).as_secs_f64().round() as u64);
+        assert!(
+            at + hold >= end - Duration::from_millis(15),
+            "{at:?} + {hold:?}"
+        );
+        assert!(hold < Duration::from_secs(1), "{hold:?}");
+    }
+
+    #[test]
+    fn hostile_values_are_capped_or_ignored() {
+        let config = FollowerConfig::default().max_hold(Duration::from_secs(3));
+        let far = (SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            + 10u128.pow(15))
+        .to_string();
+        for headers in [
+            vec![("retry-after", "99999999999999999999999999")],
+            vec![("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")],
+            vec![
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", far.as_str()),
+            ],
+            vec![("ratelimit", "\"a\";r=0;t=18446744073709551615")],
+        ] {
+            let (f, _) = follower(config);
+            let hold = respond(&f, 429, &headers);
+            assert_eq!(hold, Some(Duration::from_secs(3)), "{headers:?}");
+        }
+        // Absurd policies: a rate past the configured one is capped; a policy repeated a
+        // thousand times costs what 32 do.
+        let (f, _) = follower(config);
+        respond(
+            &f,
+            200,
+            &[(
+                "ratelimit-policy",
+                "\"a\";q=18446744073709551615;w=0.000000001",
+            )],
+        );
+        assert!((pace(&f) - 100.0).abs() < 0.01);
+        let many = "\"a\";q=1;w=1,".repeat(1_000);
+        respond(&f, 200, &[("ratelimit-policy", &many)]);
+        assert_eq!(f.announced(), Some(1.0));
+        // Zero and negative values are ignored.
+        let (f, _) = follower(config);
+        respond(
+            &f,
+            200,
+            &[(
+                "ratelimit-policy",
+                "\"a\";q=0;w=1, \"b\";q=5;w=0, \"c\";q=-5;w=1",
+            )],
+        );
+        assert_eq!(f.announced(), None);
+    }
+}

@@ -1,0 +1,113 @@
+//! Learning an upstream's rate from the refusals it sends: additive increase,
+//! multiplicative decrease (AIMD), as pure arithmetic on a time the caller passes.
+//!
+//! # Implementation notes
+//!
+//! The learned rate is a ceiling on the pace, beside the configured quota and any
+//! announced one. A *congestion event* (a refusal, or a response whose remaining count
+//! fell to zero; the follower decides which responses count) cuts it:
+//!
+//! * to [`FIRST_DECREASE`] (0.5) times the pace when nothing else is known of the
+//!   upstream's rate (no announced policy, no earlier cut): the client may be far too
+//!   fast, and halving finds the right range in one step for a client configured at up
+//!   to twice its upstream;
+//! * to [`DECREASE`] (0.9) times the pace otherwise.
+//!
+//! (The rate a client got through is no bound to cut to: it is the client's own sending
+//! rate as much as the upstream's, and a client with few tasks, or slow responses, sends
+//! below its pace; cutting to it would spiral down.)
+//!
+//! After a cut the rate grows back by [`INCREASE`] (0.5 %) of the pace at the cut, per
+//! second: 20 s to win back a 10 % cut, so that an upstream that answers refusals with
+//! whole-second holds sees about one refusal per 20 s near its limit (each costs a
+//! second of its rate). Once the learned rate reaches the ceilings above it, it is
+//! forgotten, and the client runs at those again.
+
+/// The first cut, when nothing else is known of the upstream's rate.
+pub(super) const FIRST_DECREASE: f64 = 0.5;
+/// Every later cut.
+pub(super) const DECREASE: f64 = 0.9;
+/// The growth after a cut, per second, as a share of the pace at the cut.
+pub(super) const INCREASE: f64 = 0.005;
+
+const NANOS: f64 = 1e9;
+
+/// The learned rate (module docs). Times are nanoseconds on the follower's clock.
+#[derive(Debug, Default)]
+pub(super) struct Learned {
+    /// Requests per second at `since`; `None` when nothing is learned (or it was
+    /// forgotten).
+    rate: Option<f64>,
+    since: u64,
+    /// Growth, requests per second per second.
+    slope: f64,
+    /// Cuts so far.
+    cuts: u64,
+}
+
+impl Learned {
+    /// The learned rate at `now`, if any.
+    pub(super) fn rate_at(&self, now: u64) -> Option<f64> {
+        let rate = self.rate?;
+        let elapsed = now.saturating_sub(self.since) as f64 / NANOS;
+        Some(rate + self.slope * elapsed)
+    }
+
+    /// A congestion event at `now`, the pace being `pace` requests per second;
+    /// `rate_known` when an announced policy (or an observed window) says what the
+    /// upstream's rate is.
+    pub(super) fn cut(&mut self, now: u64, pace: f64, rate_known: bool) {
+        let factor = if self.cuts == 0 && !rate_known {
+            FIRST_DECREASE
+        } else {
+            DECREASE
+        };
+        self.rate = Some(factor * pace);
+        self.since = now;
+        self.slope = INCREASE * pace;
+        self.cuts = self.cuts.saturating_add(1);
+    }
+
+    /// Forgets the learned rate (the upstream announced a higher pace: what was learned
+    /// below the old one says nothing of the new).
+    pub(super) fn forget(&mut self) {
+        self.rate = None;
+    }
+
+    /// Forgets the learned rate once it has grown to `ceiling`.
+    pub(super) fn settle(&mut self, now: u64, ceiling: f64) {
+        if self.rate_at(now).is_some_and(|rate| rate >= ceiling) {
+            self.rate = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn halves_first_then_cuts_by_a_tenth_and_grows_back() {
+        let mut learned = Learned::default();
+        assert_eq!(learned.rate_at(0), None);
+        learned.cut(S, 100.0, false);
+        assert_eq!(learned.rate_at(S), Some(50.0));
+        // 0.5 % of 100 per second.
+        assert!((learned.rate_at(11 * S).unwrap() - 55.0).abs() < 1e-9);
+        learned.cut(11 * S, 55.0, false);
+        assert!((learned.rate_at(11 * S).unwrap() - 49.5).abs() < 1e-9);
+        learned.settle(11 * S, 100.0);
+        assert!(learned.rate_at(11 * S).is_some());
+        learned.settle(200 * S, 60.0);
+        assert_eq!(learned.rate_at(200 * S), None);
+    }
+
+    #[test]
+    fn a_known_rate_is_cut_by_a_tenth_even_the_first_time() {
+        let mut learned = Learned::default();
+        learned.cut(0, 47.5, true);
+        assert!((learned.rate_at(0).unwrap() - 42.75).abs() < 1e-9);
+    }
+}
