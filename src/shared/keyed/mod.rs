@@ -417,7 +417,7 @@ impl SharedKeyedLimiter {
 
     /// [`SharedKeyedLimiter::check_key_n`] for a key already stored; `None` (nothing
     /// checked) for one that is not. A stored key's check never waits on another process,
-    /// while storing a new one may, for at most [`CLAIM_PATIENCE`]: for a caller that must
+    /// while storing a new one may, for at most [`CLAIM_PATIENCE`](super::CLAIM_PATIENCE): for a caller that must
     /// let go of a lock of its own around that (an interpreter's, say).
     ///
     /// # Examples

@@ -1,0 +1,100 @@
+//! A request's head as the layer reads it, and what Python computed for it.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use paceline::http::{Head, PeerName};
+
+/// What Python computed for one request, for the limits of the core that asks: keys from
+/// functions, costs from functions, and the limits that do not apply, each by the limit's
+/// position in `ids` (its [`BuiltLimit::id`]). A limit finds its own by its id, so one
+/// built limit serves every core it is part of.
+#[derive(Clone)]
+pub(super) struct PythonRequest {
+    pub(super) ids: Arc<[u64]>,
+    pub(super) keys: Option<Vec<Option<String>>>,
+    pub(super) costs: Option<Vec<u32>>,
+    pub(super) skips: Option<Vec<bool>>,
+}
+
+impl PythonRequest {
+    /// What Python computed for the limit `id` in `of` (the keys, costs or skips).
+    pub(super) fn of<'a, T>(
+        head: &'a Head<'_>,
+        id: u64,
+        of: fn(&Self) -> &Option<Vec<T>>,
+    ) -> Option<&'a T> {
+        let python = head.extensions().get::<PythonRequest>()?;
+        let at = python.ids.iter().position(|&i| i == id)?;
+        of(python).as_ref()?.get(at)
+    }
+}
+
+/// The request's head, as the layer reads it.
+pub(super) fn head(
+    method: &str,
+    path: &str,
+    headers: Vec<(Vec<u8>, Vec<u8>)>,
+    client: Option<(String, u16)>,
+    python: Option<PythonRequest>,
+) -> http::Request<()> {
+    let mut request = http::Request::new(());
+    if let Ok(method) = http::Method::from_bytes(method.as_bytes()) {
+        *request.method_mut() = method;
+    }
+    if let Ok(uri) = path.parse() {
+        *request.uri_mut() = uri;
+    }
+    let map = request.headers_mut();
+    for (name, value) in headers {
+        let Ok(name) = http::HeaderName::from_bytes(&name) else {
+            continue; // a name no HTTP server accepts: no key is read from it
+        };
+        // An ASGI app answers in HTTP, never gRPC: a client's gRPC content type must not
+        // turn its refusals into gRPC statuses (HTTP 200).
+        if name == http::header::CONTENT_TYPE && value.starts_with(b"application/grpc") {
+            continue;
+        }
+        map.append(name, field_value(value));
+    }
+    if let Some((host, port)) = client {
+        // ASGI writes the client's address as text ("203.0.113.7", "::1"); a host that is
+        // not an address (a test client's "testclient") is the client by that name.
+        match host.parse::<IpAddr>() {
+            Ok(ip) => {
+                request.extensions_mut().insert(SocketAddr::new(ip, port));
+            }
+            Err(_) if !host.is_empty() => {
+                request.extensions_mut().insert(PeerName(host.into()));
+            }
+            Err(_) => {}
+        }
+    }
+    if let Some(python) = python {
+        request.extensions_mut().insert(python);
+    }
+    request
+}
+
+/// A field's value as the http crate holds it. A server may pass bytes the crate refuses
+/// (control characters: uvicorn's h11 parser lets some through); dropping the field would
+/// drop a proxy's `X-Forwarded-For` with them, and make the client keyless. So each such
+/// byte reads as `?`, and the entries around it are read as they are.
+pub(super) fn field_value(value: Vec<u8>) -> http::HeaderValue {
+    match http::HeaderValue::from_bytes(&value) {
+        Ok(value) => value,
+        Err(_) => {
+            let clean: Vec<u8> = value
+                .into_iter()
+                .map(|b| {
+                    if (b < 0x20 && b != b'\t') || b == 0x7f {
+                        b'?'
+                    } else {
+                        b
+                    }
+                })
+                .collect();
+            http::HeaderValue::from_bytes(&clean).unwrap_or(http::HeaderValue::from_static(""))
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The limiters Python holds (`Core`, `KeyedCore`, `SharedCore`, `SharedKeyedCore`),
+//! with the methods they share, and their constructors.
+
+use std::sync::Arc;
+
+use crate::args::quota;
+use crate::cells::{took_object, Took};
+use crate::pair::{Pair, Stats};
+use crate::shared::{open_options, shared_error};
+use crate::wait::Ticket;
+use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
+use paceline::{KeyedLimiter, Limiter, TextKey};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// The methods every core has, for a direct (`keyed` absent) or keyed pair.
+macro_rules! core_methods {
+    ($core:ident, direct) => {
+        #[pymethods]
+        impl $core {
+            /// The burst.
+            fn burst(&self) -> u32 {
+                self.0.burst()
+            }
+
+            /// Seconds between cells.
+            fn interval(&self) -> f64 {
+                self.0.quota().1
+            }
+
+            fn try_acquire(&self, py: Python<'_>, n: u32) -> PyResult<bool> {
+                Ok(self.0.try_acquire(py, &(), n)? == Took::Yes)
+            }
+
+            fn acquire_now(&self, py: Python<'_>, n: u32) -> PyResult<bool> {
+                self.0.acquire_now(py, &(), n)
+            }
+
+            fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                self.0.stats.report(py)
+            }
+
+            fn remaining(&self) -> u32 {
+                self.0.remaining(&())
+            }
+
+            fn wait_time(&self, n: u32) -> PyResult<f64> {
+                self.0.wait_time(&(), n)
+            }
+
+            #[pyo3(signature = (n, timeout=None))]
+            fn book(&self, py: Python<'_>, n: u32, timeout: Option<f64>) -> PyResult<Ticket> {
+                self.0.book(py, &(), n, timeout)
+            }
+
+            fn run(&self, py: Python<'_>, n: u32) -> PyResult<Option<Ticket>> {
+                self.0.run(py, &(), n)
+            }
+
+            #[pyo3(signature = (n, timeout=None))]
+            fn acquire_blocking(
+                &self,
+                py: Python<'_>,
+                n: u32,
+                timeout: Option<f64>,
+            ) -> PyResult<()> {
+                self.0.acquire_blocking(py, &(), n, timeout)
+            }
+
+            fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
+                self.0.set_quota(count, per, burst)
+            }
+
+            fn hold(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
+                self.0.hold(py, &(), seconds)
+            }
+
+            fn reset(&self) -> PyResult<()> {
+                self.0.reset(&())
+            }
+        }
+    };
+    ($core:ident, keyed) => {
+        #[pymethods]
+        impl $core {
+            fn burst(&self) -> u32 {
+                self.0.burst()
+            }
+
+            /// True, False, or `TABLE_FULL` (a new key with no room to store it).
+            fn try_acquire(&self, py: Python<'_>, key: String, n: u32) -> PyResult<Py<PyAny>> {
+                let took = self.0.try_acquire(py, &self.0.key(key), n)?;
+                took_object(py, took)
+            }
+
+            fn acquire_now(&self, py: Python<'_>, key: String, n: u32) -> PyResult<bool> {
+                self.0.acquire_now(py, &self.0.key(key), n)
+            }
+
+            fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                let report = self.0.stats.report(py)?;
+                report.set_item("keys", self.len())?;
+                Ok(report)
+            }
+
+            fn remaining(&self, key: String) -> u32 {
+                self.0.remaining(&self.0.key(key))
+            }
+
+            fn wait_time(&self, key: String, n: u32) -> PyResult<f64> {
+                self.0.wait_time(&self.0.key(key), n)
+            }
+
+            #[pyo3(signature = (key, n, timeout=None))]
+            fn book(
+                &self,
+                py: Python<'_>,
+                key: String,
+                n: u32,
+                timeout: Option<f64>,
+            ) -> PyResult<Ticket> {
+                self.0.book(py, &self.0.key(key), n, timeout)
+            }
+
+            fn run(&self, py: Python<'_>, key: String, n: u32) -> PyResult<Option<Ticket>> {
+                self.0.run(py, &self.0.key(key), n)
+            }
+
+            #[pyo3(signature = (key, n, timeout=None))]
+            fn acquire_blocking(
+                &self,
+                py: Python<'_>,
+                key: String,
+                n: u32,
+                timeout: Option<f64>,
+            ) -> PyResult<()> {
+                self.0.acquire_blocking(py, &self.0.key(key), n, timeout)
+            }
+
+            fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
+                self.0.set_quota(count, per, burst)
+            }
+
+            fn hold(&self, py: Python<'_>, key: String, seconds: f64) -> PyResult<()> {
+                self.0.hold(py, &self.0.key(key), seconds)
+            }
+
+            fn reset(&self, key: String) -> PyResult<()> {
+                self.0.reset(&self.0.key(key))
+            }
+
+            fn __len__(&self) -> usize {
+                self.len()
+            }
+        }
+    };
+}
+
+/// A limiter shared by threads and event loops (see the module docs).
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct Core(pub(crate) Pair<Limiter>);
+core_methods!(Core, direct);
+
+/// A limiter per key (str), shared by threads and event loops.
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct KeyedCore(pub(crate) Pair<KeyedLimiter<TextKey>>);
+core_methods!(KeyedCore, keyed);
+
+impl KeyedCore {
+    pub(crate) fn len(&self) -> usize {
+        self.0.booked.len()
+    }
+}
+
+/// A limiter in a file every process of the host maps (`paceline::shared`).
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct SharedCore(pub(crate) Pair<SharedLimiter>);
+core_methods!(SharedCore, direct);
+
+/// A limiter per key in a file every process of the host maps.
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct SharedKeyedCore(pub(crate) Pair<SharedKeyedLimiter>);
+core_methods!(SharedKeyedCore, keyed);
+
+impl SharedKeyedCore {
+    pub(crate) fn len(&self) -> usize {
+        self.0.booked.len()
+    }
+}
+
+/// Makes a core of each kind; module-level functions, since a pyclass takes one
+/// `#[pymethods]` block and the methods above are shared by macro.
+#[pyfunction]
+pub(crate) fn new_core(count: u32, per: f64, burst: u32, execution_bound: bool) -> PyResult<Core> {
+    let quota = quota(count, per, burst)?;
+    Ok(Core(Pair {
+        booked: Arc::new(Limiter::new(quota)),
+        exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
+        stats: Stats::default(),
+    }))
+}
+
+#[pyfunction]
+#[pyo3(signature = (count, per, burst, execution_bound, max_keys=None))]
+pub(crate) fn new_keyed_core(
+    count: u32,
+    per: f64,
+    burst: u32,
+    execution_bound: bool,
+    max_keys: Option<usize>,
+) -> PyResult<KeyedCore> {
+    let quota = quota(count, per, burst)?;
+    let make = || {
+        let limiter = KeyedLimiter::new(quota);
+        if let Some(max) = max_keys {
+            limiter.set_max_keys(max);
+        }
+        Arc::new(limiter)
+    };
+    Ok(KeyedCore(Pair {
+        booked: make(),
+        exec: execution_bound.then(make),
+        stats: Stats::default(),
+    }))
+}
+
+/// Opens (or makes) the shared file at `path`; the execution cell is the file's second
+/// lane, so the bound at the moment work runs holds across the processes too.
+#[pyfunction]
+#[pyo3(signature = (path, count, per, burst, execution_bound, mismatch, trust_user=None, trust_group=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn new_shared_core(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    count: u32,
+    per: f64,
+    burst: u32,
+    execution_bound: bool,
+    mismatch: &str,
+    trust_user: Option<u32>,
+    trust_group: Option<u32>,
+) -> PyResult<SharedCore> {
+    let quota = quota(count, per, burst)?;
+    let options = open_options(mismatch, trust_user, trust_group, None)?;
+    let booked = py
+        .detach(|| SharedLimiter::open_with(&path, quota, options))
+        .map_err(shared_error)?;
+    let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
+    Ok(SharedCore(Pair {
+        booked: Arc::new(booked),
+        exec,
+        stats: Stats::default(),
+    }))
+}
+
+#[pyfunction]
+#[pyo3(signature = (path, count, per, burst, execution_bound, capacity, mismatch, trust_user=None, trust_group=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn new_shared_keyed_core(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    count: u32,
+    per: f64,
+    burst: u32,
+    execution_bound: bool,
+    capacity: u64,
+    mismatch: &str,
+    trust_user: Option<u32>,
+    trust_group: Option<u32>,
+) -> PyResult<SharedKeyedCore> {
+    let quota = quota(count, per, burst)?;
+    let options = open_options(mismatch, trust_user, trust_group, None)?;
+    let booked = py
+        .detach(|| SharedKeyedLimiter::open_with(&path, quota, capacity, options))
+        .map_err(shared_error)?;
+    let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
+    Ok(SharedKeyedCore(Pair {
+        booked: Arc::new(booked),
+        exec,
+        stats: Stats::default(),
+    }))
+}

@@ -1,0 +1,285 @@
+//! A booking limiter and its execution limiter, and what this process's calls came to.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::args::{check_n, max_wait, quota, too_late};
+use crate::cells::{Cell, Took};
+use crate::wait::{block, no_room_wait, sleep, Held, NoRoom, Ticket};
+use paceline::Denied;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// A booking cell and, unless turned off, an execution cell of the same quota (module
+/// docs), and what this process's calls on it came to.
+pub(crate) struct Pair<L: Cell> {
+    pub(crate) booked: Arc<L>,
+    pub(crate) exec: Option<Arc<L>>,
+    pub(crate) stats: Stats,
+}
+
+/// Counts of this limiter object's calls (`stats()`): the Rust crate's `metrics` counters
+/// for Python. Relaxed: independent counters, read together only as a report.
+#[derive(Default)]
+pub(crate) struct Stats {
+    admitted: AtomicU64,
+    waited: AtomicU64,
+    refused: AtomicU64,
+    /// The waits of the `waited` calls, summed, and the longest (ns).
+    wait_total: AtomicU64,
+    wait_max: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn admitted(&self) {
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A booking: admitted when its turn is now, else waited for `wait`.
+    pub(crate) fn booked(&self, wait: Duration) {
+        if wait.is_zero() {
+            return self.admitted();
+        }
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.waited.fetch_add(1, Ordering::Relaxed);
+        self.wait_total.fetch_add(nanos, Ordering::Relaxed);
+        self.wait_max.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// The report: `admitted`, `waited`, `refused`, `wait_seconds_total`,
+    /// `wait_seconds_max`.
+    pub(crate) fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        dict.set_item("admitted", get(&self.admitted))?;
+        dict.set_item("waited", get(&self.waited))?;
+        dict.set_item("refused", get(&self.refused))?;
+        let seconds = |c: &AtomicU64| Duration::from_nanos(get(c)).as_secs_f64();
+        dict.set_item("wait_seconds_total", seconds(&self.wait_total))?;
+        dict.set_item("wait_seconds_max", seconds(&self.wait_max))?;
+        Ok(dict)
+    }
+}
+
+impl<L: Cell> Pair<L> {
+    pub(crate) fn key(&self, key: String) -> L::Key {
+        L::key(key)
+    }
+
+    pub(crate) fn burst(&self) -> u32 {
+        self.booked.quota().burst()
+    }
+
+    /// [`Pair::take_now`], counted as admitted or refused.
+    pub(crate) fn try_acquire(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
+        let taken = self.take_now(py, key, n)?;
+        if taken == Took::Yes {
+            self.stats.admitted();
+        } else {
+            self.stats.refused();
+        }
+        Ok(taken)
+    }
+
+    /// `acquire`'s first step: [`Pair::take_now`], counted only when admitted (otherwise
+    /// the booking that follows is what counts).
+    pub(crate) fn acquire_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<bool> {
+        let taken = self.take_now(py, key, n)? == Took::Yes;
+        if taken {
+            self.stats.admitted();
+        }
+        Ok(taken)
+    }
+
+    /// Takes `n` cells now if nobody waits ahead and they fit; never waits (but for
+    /// another process's claim of a new key's bucket, at most
+    /// `paceline::shared::CLAIM_PATIENCE`, the GIL let go).
+    pub(crate) fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
+        check_n(n, self.burst())?;
+        if let Some(exec) = self.exec.as_ref().filter(|exec| !exec.fits(key, n)) {
+            // Not now; a new key with no room to store it (in either cell: each keeps its
+            // own table) is told so.
+            return Ok(if self.booked.has_room(key) && exec.has_room(key) {
+                Took::No
+            } else {
+                Took::TableFull
+            });
+        }
+        let took = self.booked.take(py, key, n);
+        if took != Took::Yes {
+            return Ok(took);
+        }
+        // The execution cell had room a moment ago; a racing caller may have taken it,
+        // and then these cells stay spent (the strict side).
+        Ok(self
+            .exec
+            .as_ref()
+            .map_or(Took::Yes, |exec| exec.take(py, key, n)))
+    }
+
+    /// Seconds until `n` cells would be admitted (0.0: now); spends nothing.
+    pub(crate) fn wait_time(&self, key: &L::Key, n: u32) -> PyResult<f64> {
+        check_n(n, self.burst())?;
+        let booked = self.booked.wait_time(key, n);
+        let wait = self
+            .exec
+            .as_ref()
+            .map_or(booked, |exec| booked.max(exec.wait_time(key, n)));
+        Ok(wait.as_secs_f64())
+    }
+
+    pub(crate) fn remaining(&self, key: &L::Key) -> u32 {
+        let booked = self.booked.remaining(key);
+        self.exec
+            .as_ref()
+            .map_or(booked, |exec| booked.min(exec.remaining(key)))
+    }
+
+    /// Books `n` cells in the FIFO queue within `timeout` seconds (None: no maximum).
+    /// A new key the limiter has no room for yet raises `NoRoom` with the seconds until
+    /// room is expected (within the timeout; beyond it, `TimeoutError`): the caller waits
+    /// and books again.
+    pub(crate) fn book(
+        &self,
+        py: Python<'_>,
+        key: &L::Key,
+        n: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<Ticket> {
+        check_n(n, self.burst())?;
+        let held = self.reserve(py, key, n, timeout)?;
+        Ok(Ticket::new(held))
+    }
+
+    /// Books `n` cells within `timeout` seconds, counted: admitted (the turn is now),
+    /// waited, or refused (too far away: `TimeoutError`); no room for a new key yet is
+    /// `NoRoom` (see [`Pair::book`]).
+    pub(crate) fn reserve(
+        &self,
+        py: Python<'_>,
+        key: &L::Key,
+        n: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<Held> {
+        let max = max_wait(timeout)?;
+        match self.booked.reserve(py, key, n, max) {
+            Ok(held) => {
+                self.stats.booked(held.ready_in());
+                Ok(held)
+            }
+            Err(Denied::NotUntil(e)) if e.is_table_full() && e.wait_time() <= max => {
+                Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
+            }
+            Err(denied) => {
+                self.stats.refused();
+                Err(too_late(denied))
+            }
+        }
+    }
+
+    /// Takes `n` cells from the execution cell at the moment the work runs: a ticket to
+    /// wait for (ready at once when the caller is on time), or None without the bound
+    /// (`NoRoom` as [`Pair::book`]).
+    pub(crate) fn run(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Option<Ticket>> {
+        let Some(exec) = &self.exec else {
+            return Ok(None);
+        };
+        let held = match exec.reserve(py, key, n, Duration::MAX) {
+            Ok(held) => held,
+            Err(Denied::NotUntil(e)) if e.is_table_full() => {
+                return Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
+            }
+            Err(denied) => return Err(too_late(denied)),
+        };
+        Ok(Some(Ticket::new(held)))
+    }
+
+    /// Blocks the calling thread (GIL released) for a booked turn, then the execution
+    /// cell; a new key with no room yet waits for room first (within the timeout).
+    pub(crate) fn acquire_blocking(
+        &self,
+        py: Python<'_>,
+        key: &L::Key,
+        n: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        check_n(n, self.burst())?;
+        let deadline = max_wait(timeout)?;
+        let started = std::time::Instant::now();
+        let booked = loop {
+            let left = (deadline != Duration::MAX)
+                .then(|| deadline.saturating_sub(started.elapsed()).as_secs_f64());
+            match self.reserve(py, key, n, left) {
+                Ok(held) => break held,
+                Err(e) if e.is_instance_of::<NoRoom>(py) => sleep(py, no_room_wait(py, &e))?,
+                Err(e) => return Err(e),
+            }
+        };
+        block(py, booked)?;
+        if let Some(exec) = &self.exec {
+            let run = loop {
+                match exec.reserve(py, key, n, Duration::MAX) {
+                    Ok(held) => break held,
+                    Err(Denied::NotUntil(e)) if e.is_table_full() => sleep(py, e.wait_time())?,
+                    Err(denied) => return Err(too_late(denied)),
+                }
+            };
+            block(py, run)?;
+        }
+        Ok(())
+    }
+
+    /// Changes the quota of both cells; booked turns keep their places.
+    pub(crate) fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
+        let quota = quota(count, per, burst)?;
+        self.booked.set_quota(quota)?;
+        if let Some(exec) = &self.exec {
+            exec.set_quota(quota)?;
+        }
+        Ok(())
+    }
+
+    /// Holds every cell (of `key`) back for `seconds`, in both cells.
+    pub(crate) fn hold(&self, py: Python<'_>, key: &L::Key, seconds: f64) -> PyResult<()> {
+        let d = Duration::try_from_secs_f64(seconds).map_err(|_| {
+            PyValueError::new_err(format!(
+                "seconds must be a finite number >= 0, got {seconds}"
+            ))
+        })?;
+        if let Some(max) = self.booked.max_hold().filter(|max| d > *max) {
+            return Err(PyValueError::new_err(format!(
+                "a shared limiter holds at most {} seconds (a hold lives in the file, past \
+                 the process that set it), got {seconds}",
+                max.as_secs()
+            )));
+        }
+        self.booked.hold(py, key, d);
+        if let Some(exec) = &self.exec {
+            exec.hold(py, key, d);
+        }
+        Ok(())
+    }
+
+    /// Forgets what was spent and held, in both cells.
+    pub(crate) fn reset(&self, key: &L::Key) -> PyResult<()> {
+        self.booked.reset(key)?;
+        if let Some(exec) = &self.exec {
+            exec.reset(key)?;
+        }
+        Ok(())
+    }
+
+    /// The quota as `(rate, per seconds, burst)`: one cell per interval, so the rate is the
+    /// burst's count over the burst window.
+    pub(crate) fn quota(&self) -> (u32, f64, u32) {
+        let quota = self.booked.quota();
+        let interval = quota.emission_interval().as_secs_f64();
+        (1, interval, quota.burst())
+    }
+}
