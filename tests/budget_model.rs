@@ -4,6 +4,8 @@
 //! model's; the in-flight cap holds at every step; nothing is ever charged in part; and
 //! every window's settled cost stays within the bound `docs/BUDGETS.md` proves.
 
+#![allow(clippy::needless_range_loop)] // two dimensions, indexed alike in the model and the budget
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -51,7 +53,12 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let cost = || [0u32..=3, 0u32..=40];
-    let actual = || [proptest::option::of(0u32..=5), proptest::option::of(0u32..=70)];
+    let actual = || {
+        [
+            proptest::option::of(0u32..=5),
+            proptest::option::of(0u32..=70),
+        ]
+    };
     prop_oneof![
         3 => (cost(), proptest::option::of(0u64..2_000)).prop_map(|(c, d)| Op::Ask(c, d)),
         1 => cost().prop_map(Op::Try),
@@ -187,8 +194,12 @@ fn costs(cells: [u32; 2]) -> [(&'static str, u32); 2] {
     [(NAMES[0], cells[0]), (NAMES[1], cells[1])]
 }
 
-fn poll(future: &mut Pin<Box<Acquire<ManualClock>>>) -> Poll<Result<Turn<ManualClock>, BudgetError>> {
-    future.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+fn poll(
+    future: &mut Pin<Box<Acquire<ManualClock>>>,
+) -> Poll<Result<Turn<ManualClock>, BudgetError>> {
+    future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
 }
 
 proptest! {

@@ -167,8 +167,7 @@ impl<C: Clock> Future for Acquire<C> {
                     });
                     if let Some(refused) = refused {
                         Step::Refused(refused)
-                    } else if state.queued() == 0 && state.decide(cells, now) == Decision::Admit
-                    {
+                    } else if state.queued() == 0 && state.decide(cells, now) == Decision::Admit {
                         Step::Admitted(state.admit(cells.clone(), now), state.generation)
                     } else {
                         let ticket = state.enqueue(cells.clone(), cx.waker().clone());
@@ -211,7 +210,11 @@ impl<C: Clock> Future for Acquire<C> {
         match step {
             Step::Wait(at) => {
                 match at {
-                    Some(at) => this.alarm.get_or_insert_with(Alarm::new).set(clock, at, cx.waker()),
+                    Some(at) => {
+                        this.alarm
+                            .get_or_insert_with(Alarm::new)
+                            .set(clock, at, cx.waker())
+                    }
                     None => {
                         if let Some(alarm) = &this.alarm {
                             alarm.cancel(clock);

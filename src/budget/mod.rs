@@ -325,11 +325,7 @@ impl<C: Clock> BudgetBuilder<C> {
                 quotas: quotas.into(),
                 in_flight: self.in_flight,
                 clock,
-                state: Mutex::new(State::new(
-                    Ledger::new(&params),
-                    self.in_flight,
-                    generation,
-                )),
+                state: Mutex::new(State::new(Ledger::new(&params), self.in_flight, generation)),
             }),
         })
     }

@@ -124,6 +124,8 @@ impl<C: Clock> Drop for Turn<C> {
 impl<C: Clock> fmt::Debug for Turn<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let costs: Vec<_> = self.shared.names.iter().zip(self.cells.iter()).collect();
-        f.debug_struct("Turn").field("costs", &costs).finish_non_exhaustive()
+        f.debug_struct("Turn")
+            .field("costs", &costs)
+            .finish_non_exhaustive()
     }
 }

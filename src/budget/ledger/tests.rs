@@ -37,7 +37,11 @@ fn refund_gives_back_only_what_no_later_admission_relied_on() {
     admit(&mut ledger, 100 * SEC, &[1]);
     assert_eq!(fits_now(&ledger, 100 * SEC), 19);
     ledger.settle(first, &[10], &[Some(0)]);
-    assert_eq!(fits_now(&ledger, 100 * SEC), 19, "the refund gave credit back twice");
+    assert_eq!(
+        fits_now(&ledger, 100 * SEC),
+        19,
+        "the refund gave credit back twice"
+    );
     assert!(ledger.consistent());
 }
 
@@ -90,7 +94,11 @@ fn beyond_the_log_the_oldest_turn_keeps_its_estimate_and_still_pays_a_charge() {
     ledger.settle(oldest, &[100], &[Some(0)]);
     assert_eq!(ledger.tat(0), tat, "a refund beyond the log is lost");
     ledger.settle(oldest, &[100], &[Some(150)]);
-    assert_eq!(ledger.tat(0), tat + 50 * 1_000, "a charge beyond the log still applies");
+    assert_eq!(
+        ledger.tat(0),
+        tat + 50 * 1_000,
+        "a charge beyond the log still applies"
+    );
     // The second turn is in the log: its refund is exact.
     ledger.settle(second, &[100], &[Some(0)]);
     assert_eq!(ledger.tat(0), tat + 50 * 1_000 - 100 * 1_000);
@@ -136,7 +144,13 @@ fn op() -> impl Strategy<Value = Op> {
     let cells = || 0u32..12;
     prop_oneof![
         (0u64..3_000, [cells(), cells()]).prop_map(|(ms, c)| Op::Admit(ms, c)),
-        (any::<usize>(), [proptest::option::of(0u32..30), proptest::option::of(0u32..30)])
+        (
+            any::<usize>(),
+            [
+                proptest::option::of(0u32..30),
+                proptest::option::of(0u32..30)
+            ]
+        )
             .prop_map(|(i, c)| Op::Settle(i, c)),
         any::<usize>().prop_map(Op::Close),
     ]
@@ -175,9 +189,9 @@ proptest! {
                 Op::Settle(i, actual) if !open.is_empty() => {
                     let (id, at, charged) = open.remove(i % open.len());
                     ledger.settle(id, &charged, &actual);
-                    for d in 0..2 {
-                        if let Some(a) = actual[d] {
-                            history[at].1[d] = a;
+                    for (cell, new) in history[at].1.iter_mut().zip(actual) {
+                        if let Some(new) = new {
+                            *cell = new;
                         }
                     }
                 }
