@@ -10,6 +10,7 @@
 //! faster than the quota however late the loop was.
 
 mod asgi;
+mod budget;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -1398,5 +1399,6 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(new_keyed_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_keyed_core, m)?)?;
+    budget::register(m)?;
     Ok(())
 }
