@@ -117,6 +117,10 @@ pub enum BudgetError {
 impl fmt::Display for BudgetError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            BudgetError::UnknownDimension { name, known } if known.is_empty() => write!(
+                f,
+                "this budget has no dimension named {name:?} (it has only an in-flight cap)"
+            ),
             BudgetError::UnknownDimension { name, known } => write!(
                 f,
                 "this budget has no dimension named {name:?} (it has: {})",

@@ -141,8 +141,10 @@ impl<C: Clock> Shared<C> {
             }
             let stale = state.forget_before_fork(generation);
             drop(state);
-            // Dropped after the lock: a waker's drop is foreign code.
-            drop(stale);
+            // Neither woken nor dropped: a waker of a thread that did not come along may
+            // reach into its executor, whose locks that thread may have held at the fork.
+            // Leaked instead (as many as there were waiters at the fork).
+            core::mem::forget(stale);
         }
     }
 

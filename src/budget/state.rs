@@ -154,7 +154,7 @@ impl State {
     /// A fork's child: the queue's waiters and the permits' holders were the parent's
     /// threads (the forking thread's own waiters queue again when polled; its turns'
     /// permits are no longer counted), and the log's open turns will never settle.
-    /// Returns the forgotten wakers, to drop after unlocking.
+    /// Returns the forgotten wakers, for the caller to leak (`Shared::lock`).
     pub(crate) fn forget_before_fork(&mut self, generation: u64) -> BTreeMap<u64, Waker> {
         self.generation = generation;
         self.in_use = 0;
