@@ -39,7 +39,10 @@ fn main() {
         b.iter(|| black_box(now(limiter.until_n_ready(1))).is_ok())
     });
 
-    let one = Budget::builder().rate("requests", generous()).build().unwrap();
+    let one = Budget::builder()
+        .rate("requests", generous())
+        .build()
+        .unwrap();
     group.bench_function("budget_1_rate_try_acquire_drop", |b| {
         b.iter(|| drop(black_box(one.try_acquire(&[]))))
     });

@@ -324,7 +324,10 @@ fn building_a_budget_checks_its_parts() {
     // A cap alone is a semaphore with a FIFO queue.
     let cap = Budget::builder().in_flight(1).build().unwrap();
     let err = cap.try_acquire(&[("tokens", 1)]).unwrap_err();
-    assert!(err.to_string().ends_with("(it has only an in-flight cap)"), "{err}");
+    assert!(
+        err.to_string().ends_with("(it has only an in-flight cap)"),
+        "{err}"
+    );
     let held = cap.try_acquire(&[]).unwrap();
     assert!(cap.try_acquire(&[]).is_err());
     drop(held);

@@ -260,6 +260,13 @@ proptest! {
                             model.queue.push_back((ask, cells, deadline.map(|ms| model.now + ms * MS)));
                             pending.push((ask, future));
                         }
+                        // A deadline of 0 that the rates meet but the queue or the
+                        // permits do not: out at once (the model times it out in its pump).
+                        Poll::Ready(Err(BudgetError::TimedOut)) => {
+                            prop_assert!(refused.is_none());
+                            model.queue.push_back((ask, cells, deadline.map(|ms| model.now + ms * MS)));
+                            real.push((ask, Outcome::TimedOut));
+                        }
                         Poll::Ready(Err(other)) => prop_assert!(false, "{other}"),
                     }
                 }

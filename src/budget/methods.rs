@@ -179,10 +179,14 @@ impl<C: Clock> Budget<C> {
     ///
     /// ```
     /// use paceline::budget::Budget;
+    /// use paceline::clock::ManualClock;
     /// use paceline::Quota;
     /// use std::time::Duration;
     ///
-    /// let budget = Budget::builder().rate("tokens", Quota::per_second(100)).build()?;
+    /// let budget = Budget::builder()
+    ///     .rate("tokens", Quota::per_second(100))
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
     /// let turn = budget.try_acquire(&[("tokens", 100)]).unwrap();
     /// assert_eq!(budget.wait_time(&[("tokens", 50)])?, Duration::from_millis(500));
     /// # drop(turn);

@@ -18,11 +18,13 @@ use crate::clock::{Clock, DefaultClock};
 ///
 /// ```
 /// use paceline::budget::Budget;
+/// use paceline::clock::ManualClock;
 /// use paceline::Quota;
 ///
 /// let budget = Budget::builder()
 ///     .rate("tokens", Quota::per_minute(10_000))
 ///     .in_flight(1)
+///     .clock(ManualClock::new())
 ///     .build()?;
 /// let turn = budget.try_acquire(&[("tokens", 2_000)]).unwrap();
 /// assert_eq!(turn.cost("tokens"), Some(2_000));

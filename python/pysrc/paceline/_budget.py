@@ -221,7 +221,8 @@ class Budget:
     def acquire_blocking(self, *, timeout: Optional[float] = None, **costs: int) -> Turn:
         """``acquire`` for threads: blocks (the GIL released) in the same queue. Use it as
         ``with budget.acquire_blocking(tokens=n) as turn:``. Ctrl-C ends the wait with
-        ``KeyboardInterrupt`` and gives the place up."""
+        ``KeyboardInterrupt`` and gives the place up. Never from an event loop's own
+        thread: the turns it would wait for may be held by that loop's tasks."""
         return Turn(self._core.acquire_blocking(_costs(costs), _timeout(timeout)))
 
     def try_acquire(self, **costs: int) -> Optional[Turn]:
