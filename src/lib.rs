@@ -96,6 +96,8 @@ macro_rules! debug_as_display {
 // limiters in `limiter` and `keyed`, `reservation`, `stream`, and the integrations in
 // `http/` and `redis/`, which use only the public API). `sync` is the std/loom switch
 // under all of them. Each layer imports only from the ones below it.
+#[cfg(all(feature = "std", not(loom)))]
+pub mod budget;
 mod cell;
 pub mod clock;
 mod error;
@@ -157,6 +159,8 @@ mod reference_model;
 #[cfg(all(feature = "std", any(fuzzing, test)))]
 extern crate self as paceline;
 
+#[cfg(all(feature = "std", not(loom)))]
+pub use budget::Budget;
 pub use error::{Denied, InsufficientCapacity, NotUntil};
 #[cfg(feature = "std")]
 pub use keyed::{KeyAdmission, KeyReservation, KeyedLimiter, OwnedKeyReservation, TextKey};

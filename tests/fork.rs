@@ -221,6 +221,57 @@ extern "C" fn slow_prepare() {
     thread::sleep(Duration::from_millis(200));
 }
 
+#[test]
+fn a_budget_in_a_child_is_not_held_by_the_parents_other_threads() {
+    // In the parent, another thread holds one of two permits and a third thread waits at
+    // the head of the queue; the forking thread holds the other permit. None of those
+    // threads exist in the child: the child's budget counts only its own turns, and its
+    // queue does not wait behind a waiter that will never be polled.
+    let budget = paceline::Budget::builder()
+        .rate("requests", Quota::per_second(100).with_burst(3))
+        .in_flight(2)
+        .build()
+        .unwrap();
+    let mine = budget.try_acquire(&[]).unwrap();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let budget = budget.clone();
+        thread::spawn(move || {
+            let turn = budget.try_acquire(&[]).unwrap();
+            held_tx.send(()).unwrap();
+            end_rx.recv().unwrap();
+            drop(turn);
+        })
+    };
+    held_rx.recv().unwrap();
+    let waiter = {
+        let budget = budget.clone();
+        thread::spawn(move || budget.acquire_blocking(&[]).map(drop))
+    };
+    while budget.waiting() == 0 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let result = in_child(|| {
+        let started = Instant::now();
+        let a = budget.try_acquire(&[]);
+        let b = budget.acquire_blocking(&[]);
+        let full = budget.try_acquire(&[]).is_err();
+        // The forking thread's turn from before the fork returns no permit here.
+        drop(mine);
+        let still_full = budget.try_acquire(&[]).is_err();
+        let ended = a.is_ok() && b.is_ok();
+        drop((a, b));
+        // Then the rate paces a blocking wait (the timer thread started again).
+        let paced = budget.acquire_blocking(&[]).is_ok();
+        ended && full && still_full && paced && started.elapsed() < Duration::from_secs(4)
+    });
+    end_tx.send(()).unwrap();
+    holder.join().unwrap();
+    waiter.join().unwrap().unwrap();
+    result.unwrap();
+}
+
 /// Runs in a process of its own (see
 /// `a_child_copied_while_paceline_was_first_used_is_served`): another thread's first use
 /// of something paceline runs threads for begins while this thread forks.

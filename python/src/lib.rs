@@ -11,6 +11,7 @@
 
 mod args;
 mod asgi;
+mod budget;
 mod cells;
 mod cores;
 mod follow;
@@ -68,5 +69,6 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(new_keyed_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_keyed_core, m)?)?;
+    budget::register(m)?;
     Ok(())
 }

@@ -44,7 +44,18 @@ from ._paceline import (
     new_shared_keyed_core,
 )
 
-__all__ = ["Limiter", "KeyedLimiter", "TABLE_FULL", "MAX_CAPACITY", "MAX_HOLD"]
+from ._budget import Budget, Rate, Turn
+
+__all__ = [
+    "Limiter",
+    "KeyedLimiter",
+    "Budget",
+    "Rate",
+    "Turn",
+    "TABLE_FULL",
+    "MAX_CAPACITY",
+    "MAX_HOLD",
+]
 
 _PICKLE_HINT = (
     "cannot pickle an in-process paceline.{0}: a copy in another process would be a "

@@ -1,0 +1,198 @@
+"""A model API's limits from the client side: paceline.Budget beside its peers, same run.
+
+The fake API of python/examples/fake_model_api.py (its own process, on loopback)
+allows 60 requests/s and 6 000 tokens/s, each a bucket of half a second's worth, and 8
+calls at once; a call's latency is 5-25 ms. Each call books its prompt (counted by the
+client, off by up to 10 % either way) plus ``max_tokens`` = 200; it uses 30-100 % of
+that completion. So tokens bind (about 26 calls/s), and a call's real cost is known only
+from its response. Each contender sends CALLS calls from 1, 10, 100 and 500 tasks; a
+refused call (429) waits its ``retry-after`` and is sent again, in every contender.
+
+* paceline.Budget: requests, tokens and in flight in one turn, settled from the usage
+  (a refused call is released, keeping its charge);
+* aiolimiter on requests only (deaf to tokens and concurrency);
+* a token pre-counting limiter that never settles: aiolimiter for requests, aiolimiter
+  for tokens charged the estimate, and a semaphore for the calls in flight;
+* a semaphore and a per-second limiter on requests (aiometer's model:
+  ``max_at_once`` + ``max_per_second``), written out so it runs with the same tasks.
+
+For each, the binding dimension's (tokens') achieved share of what the API allowed over
+the run (a full bucket plus the rate for the run's length) and the share of calls
+refused. ``python python/bench/model_api.py [calls]``
+"""
+
+import asyncio
+import os
+import random
+import sys
+import time
+from typing import Awaitable, Callable, Dict, List
+
+import httpx
+from aiolimiter import AsyncLimiter
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+
+import paceline  # noqa: E402
+from fake_model_api import Limits, start  # noqa: E402
+
+LIMITS = Limits(requests=30, tokens=3_000, window=0.5, concurrency=8, latency=(0.005, 0.025))
+MAX_TOKENS = 200
+TASKS = (1, 10, 100, 500)
+
+# A contender: given the call (which posts and returns the response), runs one job.
+Send = Callable[[int], Awaitable[httpx.Response]]
+
+
+async def backoff(response: httpx.Response) -> None:
+    await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+
+
+def paceline_budget() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+    budget = paceline.Budget(
+        requests=paceline.Rate(LIMITS.requests, per=LIMITS.window),
+        tokens=paceline.Rate(LIMITS.tokens, per=LIMITS.window),
+        in_flight=LIMITS.concurrency,
+    )
+
+    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
+        while True:
+            async with budget.acquire(tokens=prompt + MAX_TOKENS) as turn:
+                response = await send(prompt)
+                if response.status_code != 429:
+                    turn.settle(tokens=response.json()["usage"]["total_tokens"])
+                    return
+                turn.release()
+            count["refused"] += 1
+            await backoff(response)
+
+    return job
+
+
+def aiolimiter_requests() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+    requests = AsyncLimiter(LIMITS.requests, LIMITS.window)
+
+    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
+        while True:
+            async with requests:
+                response = await send(prompt)
+            if response.status_code != 429:
+                return
+            count["refused"] += 1
+            await backoff(response)
+
+    return job
+
+
+def precounting() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+    requests = AsyncLimiter(LIMITS.requests, LIMITS.window)
+    tokens = AsyncLimiter(LIMITS.tokens, LIMITS.window)
+    in_flight = asyncio.Semaphore(LIMITS.concurrency)
+
+    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
+        while True:
+            async with in_flight:
+                await requests.acquire()
+                await tokens.acquire(prompt + MAX_TOKENS)
+                response = await send(prompt)
+            if response.status_code != 429:
+                return
+            count["refused"] += 1
+            await backoff(response)
+
+    return job
+
+
+def semaphore_per_second() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+    """aiometer's model: at most ``max_at_once`` running, starts spaced by
+    ``1 / max_per_second`` (no burst)."""
+    in_flight = asyncio.Semaphore(LIMITS.concurrency)
+    interval = LIMITS.window / LIMITS.requests
+    next_start = [0.0]
+
+    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
+        while True:
+            async with in_flight:
+                now = time.monotonic()
+                start_at = max(now, next_start[0])
+                next_start[0] = start_at + interval
+                await asyncio.sleep(start_at - now)
+                response = await send(prompt)
+            if response.status_code != 429:
+                return
+            count["refused"] += 1
+            await backoff(response)
+
+    return job
+
+
+CONTENDERS = [
+    ("paceline.Budget", paceline_budget),
+    ("aiolimiter (requests only)", aiolimiter_requests),
+    ("pre-counting, never settled", precounting),
+    ("semaphore + per-second", semaphore_per_second),
+]
+
+
+async def run(url: str, make, tasks: int, prompts: List[int]) -> Dict[str, float]:
+    job = make()
+    count = {"refused": 0}
+    queue = list(reversed(prompts))
+    limits = httpx.Limits(max_connections=tasks + 10, max_keepalive_connections=tasks + 10)
+    async with httpx.AsyncClient(limits=limits, timeout=60.0) as client:
+        await client.post(f"{url}/reset")
+
+        async def send(prompt: int) -> httpx.Response:
+            return await client.post(
+                f"{url}/v1/chat/completions",
+                json={"prompt_tokens": prompt, "max_tokens": MAX_TOKENS},
+            )
+
+        async def worker() -> None:
+            while queue:
+                await job(send, queue.pop(), count)
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+        elapsed = time.monotonic() - t0
+        stats = (await client.get(f"{url}/stats")).json()
+    refused = stats["refused_requests"] + stats["refused_tokens"] + stats["refused_concurrency"]
+    allowed_tokens = LIMITS.tokens + LIMITS.tokens / LIMITS.window * elapsed
+    allowed_requests = LIMITS.requests + LIMITS.requests / LIMITS.window * elapsed
+    return dict(
+        seconds=elapsed,
+        tokens_share=stats["tokens"] / allowed_tokens,
+        requests_share=stats["accepted"] / allowed_requests,
+        refused=refused / (stats["accepted"] + refused),
+        most_in_flight=stats["most_in_flight"],
+    )
+
+
+async def main(calls: int) -> None:
+    url, server = start(LIMITS)
+    rng = random.Random(3)
+    prompts = [rng.randint(50, 150) for _ in range(calls)]
+    print(
+        f"fake model API: {LIMITS.requests / LIMITS.window:.0f} requests/s, "
+        f"{LIMITS.tokens / LIMITS.window:.0f} tokens/s (buckets of {LIMITS.window} s), "
+        f"{LIMITS.concurrency} at once; {calls} calls per run"
+    )
+    print()
+    print("| tasks | contender | tokens: share of allowed | requests: share | refused | most in flight | time |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    try:
+        for tasks in TASKS:
+            for name, make in CONTENDERS:
+                r = await run(url, make, tasks, prompts)
+                print(
+                    f"| {tasks} | {name} | {100 * r['tokens_share']:.1f} % | "
+                    f"{100 * r['requests_share']:.1f} % | {100 * r['refused']:.1f} % | "
+                    f"{r['most_in_flight']:.0f} | {r['seconds']:.2f} s |",
+                    flush=True,
+                )
+    finally:
+        server.terminate()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 150))

@@ -1,0 +1,253 @@
+"""Budgets: several rates (requests, tokens, ...) and a cap on calls in flight, admitting
+a caller in one first-come-first-served turn, the cost settled after the call.
+
+A model API limits requests per minute *and* tokens per minute *and* concurrent calls,
+and a call's tokens are known only from its response::
+
+    budget = paceline.Budget(
+        requests=paceline.Rate(500, per=60.0),
+        tokens=paceline.Rate(200_000, per=60.0),
+        in_flight=8,
+    )
+    async with budget.acquire(tokens=estimate) as turn:   # one turn, every dimension
+        response = await client.post(...)
+        turn.settle(tokens=response.json()["usage"]["total_tokens"])
+
+The queue, the admission and the settle arithmetic are the Rust crate's
+(``paceline::budget``): threads (``acquire_blocking``) and every event loop share one
+queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._paceline import BudgetTurn, new_budget
+
+__all__ = ["Rate", "Budget", "Turn"]
+
+_MAX_COUNT = 0xFFFF_FFFF
+_RESERVED = ("timeout", "in_flight")
+
+
+def _int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not minimum <= value <= _MAX_COUNT:
+        raise ValueError(f"{name} must be between {minimum} and {_MAX_COUNT}, got {value}")
+    return value
+
+
+def _timeout(value: object) -> Optional[float]:
+    """Seconds, or ``None`` (also for infinity, as ``asyncio.wait_for`` reads it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"timeout must be None or a number of seconds, got {type(value).__name__}"
+        )
+    value = float(value)
+    if value == float("inf"):
+        return None
+    if not value >= 0.0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value}")
+    return value
+
+
+def _costs(costs: Dict[str, object]) -> List[Tuple[str, int]]:
+    return [(name, _int(name, cells, 0)) for name, cells in costs.items()]
+
+
+class Rate:
+    """``count`` per ``per`` seconds, at most ``burst`` at once (default: ``count``, as
+    ``Limiter.per_second`` and the Rust ``Quota``: a provider's "200 000 tokens per
+    minute" is a bucket of 200 000 that refills over the minute)."""
+
+    __slots__ = ("count", "per", "burst")
+
+    def __init__(self, count: int, per: float = 1.0, burst: Optional[int] = None) -> None:
+        self.count = _int("count", count, 1)
+        if isinstance(per, bool) or not isinstance(per, (int, float)):
+            raise TypeError(f"per must be a number of seconds, got {type(per).__name__}")
+        per = float(per)
+        if not 0.0 < per < float("inf"):
+            raise ValueError(f"per must be a positive, finite number of seconds, got {per}")
+        self.per = per
+        self.burst = self.count if burst is None else _int("burst", burst, 1)
+
+    def __repr__(self) -> str:
+        return f"Rate({self.count}, per={self.per}, burst={self.burst})"
+
+
+class Turn:
+    """An admitted turn: an in-flight permit and a charge in every dimension, until it
+    ends. ``settle(**costs)`` ends it with the real costs of the dimensions named (less
+    than charged gives the difference back, as far as no later admission relied on it;
+    more is charged); ``release()`` ends it keeping the estimate. Either returns the
+    permit. ``with turn:`` releases it at the end of the block unless it was settled."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: BudgetTurn) -> None:
+        self._core = core
+
+    def settle(self, **costs: int) -> None:
+        """Ends the turn with the real costs (``tokens=812``); a dimension not named
+        keeps its charge. ``ValueError`` for a dimension the budget does not have (the
+        turn is left as it was); ``RuntimeError`` if the turn has already ended."""
+        self._core.settle(_costs(costs))
+
+    def release(self) -> None:
+        """Ends the turn keeping its estimate; does nothing if it has already ended."""
+        self._core.release()
+
+    @property
+    def ended(self) -> bool:
+        """Whether the turn has been settled or released."""
+        return self._core.ended()
+
+    def cost(self, name: str) -> Optional[int]:
+        """The cells charged to ``name`` at admission (``None`` once ended or unknown)."""
+        return self._core.cost(name)
+
+    def __enter__(self) -> "Turn":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._core.release()
+
+    def __repr__(self) -> str:
+        return f"<paceline.Turn {'ended' if self.ended else 'in flight'}>"
+
+
+def _settle(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Acquiring:
+    """``budget.acquire(...)``: await it for a ``Turn``, or ``async with`` it (the turn
+    is released at the end of the block unless settled, an exception included)."""
+
+    __slots__ = ("_core", "_costs", "_timeout", "_turn")
+
+    def __init__(self, core: Any, costs: List[Tuple[str, int]], timeout: Optional[float]):
+        self._core = core
+        self._costs = costs
+        self._timeout = timeout
+        self._turn: Optional[Turn] = None
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self._wait().__await__()
+
+    async def _wait(self) -> Turn:
+        waiting = self._core.acquire(self._costs, self._timeout)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                woken = loop.create_future()
+
+                def wake(woken: "asyncio.Future[None]" = woken) -> None:
+                    loop.call_soon_threadsafe(_settle, woken)
+
+                turn = waiting.poll(wake)
+                if turn is not None:
+                    return Turn(turn)
+                await woken
+        except BaseException:
+            # Cancelled, or a deadline: the place is given up, nothing was spent.
+            waiting.cancel()
+            raise
+
+    async def __aenter__(self) -> Turn:
+        self._turn = await self._wait()
+        return self._turn
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._turn is not None:
+            self._turn.release()
+
+
+class Budget:
+    """Rates by name (``requests=Rate(500, per=60.0), tokens=Rate(200_000, per=60.0)``)
+    and a cap on calls in flight (``in_flight=8``), admitting a caller when every rate
+    admits it and a permit is free, first come first served.
+
+    Costs are keywords: ``acquire(tokens=1200)`` is one request (a dimension not named
+    costs 1) and 1 200 tokens. Nothing is charged before every dimension admits the
+    caller; a caller cancelled before its turn has spent nothing. Threads
+    (``acquire_blocking``) and tasks of any event loop share one queue. A dimension may
+    not be named ``timeout`` or ``in_flight``.
+    """
+
+    def __init__(self, *, in_flight: Optional[int] = None, **rates: Rate) -> None:
+        for name, rate in rates.items():
+            if name in _RESERVED:
+                raise ValueError(f"a dimension may not be named {name!r}")
+            if not isinstance(rate, Rate):
+                raise TypeError(
+                    f"{name} must be a paceline.Rate, got {type(rate).__name__}"
+                )
+        if in_flight is not None:
+            in_flight = _int("in_flight", in_flight, 1)
+        if not rates and in_flight is None:
+            raise ValueError("a budget needs at least one rate or an in_flight cap")
+        self._core = new_budget(
+            [(name, r.count, r.per, r.burst) for name, r in rates.items()], in_flight
+        )
+        self._rates = dict(rates)
+        self._in_flight = in_flight
+
+    def __repr__(self) -> str:
+        rates = ", ".join(f"{n}={r!r}" for n, r in self._rates.items())
+        return f"Budget({rates}, in_flight={self._in_flight})"
+
+    @property
+    def rates(self) -> Dict[str, Rate]:
+        """The dimensions and their rates."""
+        return dict(self._rates)
+
+    def acquire(self, *, timeout: Optional[float] = None, **costs: int) -> _Acquiring:
+        """Waits this task's turn for ``costs``: ``async with budget.acquire(tokens=n) as
+        turn:`` (released at the end unless settled) or ``turn = await
+        budget.acquire(...)``. With ``timeout`` (seconds), raises ``TimeoutError`` at once,
+        booking nothing, if the turn is further away by the rates as they stand, and
+        gives the place up if it has not come when the timeout passes. ``ValueError``
+        for a dimension the budget does not have, or a cost above its burst (it could
+        never be admitted)."""
+        return _Acquiring(self._core, _costs(costs), _timeout(timeout))
+
+    def acquire_blocking(self, *, timeout: Optional[float] = None, **costs: int) -> Turn:
+        """``acquire`` for threads: blocks (the GIL released) in the same queue. Use it as
+        ``with budget.acquire_blocking(tokens=n) as turn:``. Ctrl-C ends the wait with
+        ``KeyboardInterrupt`` and gives the place up. Never from an event loop's own
+        thread: the turns it would wait for may be held by that loop's tasks."""
+        return Turn(self._core.acquire_blocking(_costs(costs), _timeout(timeout)))
+
+    def try_acquire(self, **costs: int) -> Optional[Turn]:
+        """A turn now, or ``None`` (someone waits ahead, a rate or the cap says not yet);
+        never waits."""
+        turn = self._core.try_acquire(_costs(costs))
+        return None if turn is None else Turn(turn)
+
+    def wait_time(self, **costs: int) -> float:
+        """Seconds a turn of ``costs`` would wait if asked for now, by the rates as they
+        stand (callers ahead included; ``inf``: never); spends nothing."""
+        return self._core.wait_time(_costs(costs))
+
+    def remaining(self, name: str) -> int:
+        """Cells of ``name`` its rate would admit right now; spends nothing."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        return self._core.remaining(name)
+
+    @property
+    def in_flight(self) -> int:
+        """Turns admitted and not yet ended."""
+        return self._core.in_flight()
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting in the queue."""
+        return self._core.waiting()

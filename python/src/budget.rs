@@ -1,0 +1,279 @@
+//! `paceline.Budget`'s Rust half: a `paceline::budget::Budget` on the default clock, its
+//! waiting future polled from Python (`BudgetWaiting`, woken through a callback the
+//! event loop bridges with `call_soon_threadsafe`), blocking waits for threads (the GIL
+//! released, signals answered), and turns (`BudgetTurn`). The queue, the admission and
+//! the settle arithmetic are all the Rust crate's; `pysrc/paceline/_budget.py` checks
+//! the Python values and awaits.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::{self, Thread};
+use std::time::Duration;
+
+use paceline::budget::{Acquire, Budget, BudgetError, Turn};
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::args::{max_wait, quota};
+use crate::wait::SIGNAL_CHECK;
+
+/// Locks, ignoring poisoning: every section below leaves its value whole.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A budget error in Python's words: a deadline is a `TimeoutError`, bad costs a
+/// `ValueError` (nothing was booked either way).
+fn error(e: BudgetError) -> PyErr {
+    match e {
+        BudgetError::NotWithin { .. } | BudgetError::TimedOut => {
+            PyTimeoutError::new_err(e.to_string())
+        }
+        other => PyValueError::new_err(other.to_string()),
+    }
+}
+
+/// Costs as the Rust API takes them.
+fn costs(costs: &[(String, u32)]) -> Vec<(&str, u32)> {
+    costs.iter().map(|(n, c)| (n.as_str(), *c)).collect()
+}
+
+/// A budget shared by threads and event loops.
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct BudgetCore {
+    budget: Budget,
+}
+
+/// A budget of `rates` (`(name, count, per, burst)`) and an optional in-flight cap.
+#[pyfunction]
+#[pyo3(signature = (rates, in_flight=None))]
+pub(crate) fn new_budget(
+    rates: Vec<(String, u32, f64, u32)>,
+    in_flight: Option<u32>,
+) -> PyResult<BudgetCore> {
+    let mut builder = Budget::builder();
+    for (name, count, per, burst) in rates {
+        builder = builder.rate(name, quota(count, per, burst)?);
+    }
+    if let Some(cap) = in_flight {
+        builder = builder.in_flight(cap);
+    }
+    let budget = builder
+        .build()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(BudgetCore { budget })
+}
+
+#[pymethods]
+impl BudgetCore {
+    /// A turn now, or None (someone waits ahead, a rate or the cap says not yet).
+    fn try_acquire(&self, costs_: Vec<(String, u32)>) -> PyResult<Option<BudgetTurn>> {
+        match self.budget.try_acquire(&costs(&costs_)) {
+            Ok(turn) => Ok(Some(BudgetTurn::new(turn))),
+            Err(BudgetError::WouldWait) => Ok(None),
+            Err(e) => Err(error(e)),
+        }
+    }
+
+    /// A wait for a turn, to poll from an event loop; `timeout` in seconds or None.
+    fn acquire(&self, costs_: Vec<(String, u32)>, timeout: Option<f64>) -> PyResult<BudgetWaiting> {
+        let future = self.future(&costs_, timeout)?;
+        Ok(BudgetWaiting {
+            future: Mutex::new(Some(future)),
+        })
+    }
+
+    /// Blocks this thread for a turn (the GIL released), answering signals within
+    /// [`SIGNAL_CHECK`]: a handler that raises (Ctrl-C) ends the wait with its
+    /// exception, and the place is given up.
+    fn acquire_blocking(
+        &self,
+        py: Python<'_>,
+        costs_: Vec<(String, u32)>,
+        timeout: Option<f64>,
+    ) -> PyResult<BudgetTurn> {
+        let mut future = self.future(&costs_, timeout)?;
+        let waker = Waker::from(Arc::new(Unpark(thread::current())));
+        loop {
+            let polled = py.detach(|| {
+                let polled = Pin::new(&mut future).poll(&mut Context::from_waker(&waker));
+                if polled.is_pending() {
+                    // A wake-up unparks us early; so may a signal.
+                    thread::park_timeout(SIGNAL_CHECK);
+                }
+                polled
+            });
+            match polled {
+                Poll::Ready(Ok(turn)) => return Ok(BudgetTurn::new(turn)),
+                Poll::Ready(Err(e)) => return Err(error(e)),
+                // Dropping `future` on the error gives the place up.
+                Poll::Pending => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Seconds a turn of `costs` would wait if asked for now, by the rates as they stand
+    /// (`inf`: never).
+    fn wait_time(&self, costs_: Vec<(String, u32)>) -> PyResult<f64> {
+        let wait = self.budget.wait_time(&costs(&costs_)).map_err(error)?;
+        Ok(if wait == Duration::MAX {
+            f64::INFINITY
+        } else {
+            wait.as_secs_f64()
+        })
+    }
+
+    /// Cells of `name` its rate would admit now.
+    fn remaining(&self, name: &str) -> PyResult<u32> {
+        self.budget.remaining(name).map_err(error)
+    }
+
+    fn in_flight(&self) -> u32 {
+        self.budget.in_flight()
+    }
+
+    fn waiting(&self) -> usize {
+        self.budget.waiting()
+    }
+}
+
+impl BudgetCore {
+    fn future(&self, costs_: &[(String, u32)], timeout: Option<f64>) -> PyResult<Acquire> {
+        let costs = costs(costs_);
+        Ok(match timeout {
+            None => self.budget.acquire(&costs),
+            Some(t) => self.budget.acquire_within(&costs, max_wait(Some(t))?),
+        })
+    }
+}
+
+/// Unparks a blocked thread.
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Calls a Python callable when woken, from whichever thread wakes it.
+struct CallBack(Py<PyAny>);
+
+impl Wake for CallBack {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        Python::attach(|py| {
+            // A loop closed meanwhile: its waiter is gone too.
+            let _ = self.0.call0(py);
+        });
+    }
+}
+
+/// A wait for a budget's turn, polled from an event loop.
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct BudgetWaiting {
+    /// `None` once answered or cancelled.
+    future: Mutex<Option<Acquire>>,
+}
+
+#[pymethods]
+impl BudgetWaiting {
+    /// Polls: the turn once admitted, or None, and `wake` is called (from any thread)
+    /// when it should be polled again. Raises for bad costs or a deadline.
+    fn poll(&self, wake: Py<PyAny>) -> PyResult<Option<BudgetTurn>> {
+        let mut slot = lock(&self.future);
+        let Some(future) = slot.as_mut() else {
+            return Err(PyValueError::new_err("this wait is over"));
+        };
+        let waker = Waker::from(Arc::new(CallBack(wake)));
+        match Pin::new(future).poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(outcome) => {
+                *slot = None;
+                outcome
+                    .map(|turn| Some(BudgetTurn::new(turn)))
+                    .map_err(error)
+            }
+            Poll::Pending => Ok(None),
+        }
+    }
+
+    /// Gives the place up (the task was cancelled): it has spent nothing.
+    fn cancel(&self) {
+        let future = lock(&self.future).take();
+        drop(future);
+    }
+}
+
+/// An admitted turn.
+#[pyclass(frozen, module = "paceline._paceline")]
+pub(crate) struct BudgetTurn {
+    /// `None` once ended.
+    turn: Mutex<Option<Turn>>,
+}
+
+impl BudgetTurn {
+    fn new(turn: Turn) -> BudgetTurn {
+        BudgetTurn {
+            turn: Mutex::new(Some(turn)),
+        }
+    }
+}
+
+#[pymethods]
+impl BudgetTurn {
+    /// Ends the turn with the real costs of the dimensions named; the permit returns.
+    /// A bad dimension raises `ValueError` and leaves the turn as it was; a turn already
+    /// ended raises `RuntimeError`.
+    fn settle(&self, costs_: Vec<(String, u32)>) -> PyResult<()> {
+        // Taken out, then settled with no lock of ours held: settling wakes the budget's
+        // next caller, which may run Python code.
+        let Some(turn) = lock(&self.turn).take() else {
+            return Err(PyRuntimeError::new_err(
+                "this turn has already ended (settled or released)",
+            ));
+        };
+        match turn.settle(&costs(&costs_)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let err = error(e.error().clone());
+                *lock(&self.turn) = Some(e.into_turn());
+                Err(err)
+            }
+        }
+    }
+
+    /// Ends the turn keeping its estimate (nothing to correct, or an exception); the
+    /// permit returns. Nothing happens if it has already ended.
+    fn release(&self) {
+        let turn = lock(&self.turn).take();
+        drop(turn);
+    }
+
+    /// Whether the turn has ended.
+    fn ended(&self) -> bool {
+        lock(&self.turn).is_none()
+    }
+
+    /// The cells charged to `name` at admission, or None.
+    fn cost(&self, name: &str) -> Option<u32> {
+        lock(&self.turn).as_ref().and_then(|t| t.cost(name))
+    }
+}
+
+/// Adds this file's classes and functions to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<BudgetCore>()?;
+    m.add_class::<BudgetWaiting>()?;
+    m.add_class::<BudgetTurn>()?;
+    m.add_function(wrap_pyfunction!(new_budget, m)?)?;
+    Ok(())
+}

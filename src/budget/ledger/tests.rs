@@ -1,0 +1,221 @@
+//! The ledger alone: the replay's exactness, the log's bound, and a property test against
+//! a model that recomputes every TAT from the whole history.
+
+use proptest::prelude::*;
+
+use super::*;
+
+const SEC: u64 = 1_000_000_000;
+
+/// One dimension: `count` per second, burst `burst`.
+fn params(count: u64, burst: u32) -> Params {
+    Params::new(SEC / count, burst).unwrap()
+}
+
+/// Admits `cells` at `now`, which must conform.
+fn admit(ledger: &mut Ledger, now: u64, cells: &[u32]) -> u64 {
+    assert_eq!(ledger.ready(cells, now), Ready::Now, "{cells:?} at {now}");
+    ledger.admit(now, cells.into())
+}
+
+/// How many one-cell admissions of dimension 0 fit at `now`.
+fn fits_now(ledger: &Ledger, now: u64) -> u64 {
+    ledger.remaining(0, now)
+}
+
+#[test]
+fn refund_gives_back_only_what_no_later_admission_relied_on() {
+    // 1 cell a second, burst 20. A turn books 10 at 0 s; the dimension idles until 100 s
+    // (refilled: its TAT, 10 s, is long past); another turn takes 1 cell at 100 s. Then
+    // the first settles at 0 cells. Its 10 cells were absorbed by the idle time: the
+    // second turn's admission found the dimension full anyway, so nothing can come back.
+    // Subtracting 10 s from the TAT (a naive refund) would move it from 101 s to 91 s,
+    // behind now: a whole burst of 20 admissible at 100 s besides the cell just spent,
+    // 21 in one instant against a burst of 20.
+    let mut ledger = Ledger::new(&[params(1, 20)]);
+    let first = admit(&mut ledger, 0, &[10]);
+    admit(&mut ledger, 100 * SEC, &[1]);
+    assert_eq!(fits_now(&ledger, 100 * SEC), 19);
+    ledger.settle(first, &[10], &[Some(0)]);
+    assert_eq!(
+        fits_now(&ledger, 100 * SEC),
+        19,
+        "the refund gave credit back twice"
+    );
+    assert!(ledger.consistent());
+}
+
+#[test]
+fn refund_before_anyone_relied_on_it_comes_back_whole() {
+    let mut ledger = Ledger::new(&[params(1, 20)]);
+    let first = admit(&mut ledger, 0, &[10]);
+    admit(&mut ledger, SEC, &[1]);
+    // At 1 s: 20 - 10 - 1 + 1 (one second refilled) = 10 left.
+    assert_eq!(fits_now(&ledger, SEC), 10);
+    ledger.settle(first, &[10], &[Some(4)]);
+    assert_eq!(fits_now(&ledger, SEC), 16);
+    assert!(ledger.consistent());
+}
+
+#[test]
+fn charge_raises_the_tat_and_delays_the_next_turn() {
+    let mut ledger = Ledger::new(&[params(1, 10)]);
+    let first = admit(&mut ledger, 0, &[5]);
+    assert_eq!(ledger.ready(&[5], 0), Ready::Now);
+    ledger.settle(first, &[5], &[Some(8)]);
+    assert_eq!(ledger.ready(&[5], 0), Ready::At(3 * SEC));
+    assert!(ledger.consistent());
+}
+
+#[test]
+fn nothing_is_charged_unless_every_dimension_conforms() {
+    let mut ledger = Ledger::new(&[params(1, 5), params(1, 100)]);
+    admit(&mut ledger, 0, &[5, 1]);
+    // Tokens would fit; requests do not: the answer is the later instant, and nothing
+    // changed in either.
+    assert_eq!(ledger.ready(&[1, 50], 0), Ready::At(SEC));
+    assert_eq!((ledger.tat(0), ledger.tat(1)), (5 * SEC, SEC));
+}
+
+#[test]
+fn beyond_the_log_the_oldest_turn_keeps_its_estimate_and_still_pays_a_charge() {
+    let mut ledger = Ledger::new(&[params(1_000_000, u32::MAX)]);
+    let oldest = admit(&mut ledger, 0, &[100]);
+    let second = admit(&mut ledger, 0, &[100]);
+    for i in 0..LOG_CAPACITY as u64 - 2 {
+        let id = admit(&mut ledger, 0, &[1]);
+        ledger.close(id);
+        assert_eq!(ledger.logged() as u64, i + 3);
+    }
+    // Full: the next admission closes the oldest turn at its estimate.
+    admit(&mut ledger, 0, &[1]);
+    assert_eq!(ledger.logged(), LOG_CAPACITY);
+    let tat = ledger.tat(0);
+    ledger.settle(oldest, &[100], &[Some(0)]);
+    assert_eq!(ledger.tat(0), tat, "a refund beyond the log is lost");
+    ledger.settle(oldest, &[100], &[Some(150)]);
+    assert_eq!(
+        ledger.tat(0),
+        tat + 50 * 1_000,
+        "a charge beyond the log still applies"
+    );
+    // The second turn is in the log: its refund is exact.
+    ledger.settle(second, &[100], &[Some(0)]);
+    assert_eq!(ledger.tat(0), tat + 50 * 1_000 - 100 * 1_000);
+    assert!(ledger.consistent());
+}
+
+#[test]
+fn absurd_costs_saturate_instead_of_wrapping() {
+    let hourly = Params::new(3_600 * SEC, u32::MAX).unwrap();
+    let mut ledger = Ledger::new(&[hourly]);
+    // Its own cost alone passes 584 years: never.
+    assert_eq!(ledger.ready(&[u32::MAX], 0), Ready::Never);
+    let id = admit(&mut ledger, 0, &[1]);
+    ledger.settle(id, &[1], &[Some(u32::MAX)]);
+    assert_eq!(ledger.tat(0), u64::MAX);
+    assert_eq!(ledger.ready(&[1], u64::MAX - 1), Ready::Never);
+    assert_eq!(ledger.remaining(0, 0), 0);
+}
+
+#[test]
+fn forgetting_the_log_keeps_every_charge() {
+    let mut ledger = Ledger::new(&[params(1, 10)]);
+    let id = admit(&mut ledger, 0, &[4]);
+    ledger.forget_log();
+    assert_eq!(ledger.logged(), 0);
+    ledger.settle(id, &[4], &[Some(0)]);
+    assert_eq!(ledger.tat(0), 4 * SEC);
+    ledger.close(id);
+    assert!(ledger.consistent());
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Advance time by this many ms, then admit these cells if they conform.
+    Admit(u64, [u32; 2]),
+    /// Settle the i-th open turn (modulo their number) with these costs.
+    Settle(usize, [Option<u32>; 2]),
+    /// Close the i-th open turn at its estimate.
+    Close(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let cells = || 0u32..12;
+    prop_oneof![
+        (0u64..3_000, [cells(), cells()]).prop_map(|(ms, c)| Op::Admit(ms, c)),
+        (
+            any::<usize>(),
+            [
+                proptest::option::of(0u32..30),
+                proptest::option::of(0u32..30)
+            ]
+        )
+            .prop_map(|(i, c)| Op::Settle(i, c)),
+        any::<usize>().prop_map(Op::Close),
+    ]
+}
+
+proptest! {
+    /// Every TAT equals a replay of the whole history with each turn's current cost
+    /// (settled: its real cost; open: its estimate), and the ledger's invariant holds.
+    #[test]
+    fn tats_equal_a_replay_of_the_whole_history(ops in proptest::collection::vec(op(), 1..120)) {
+        let quotas = [params(2, 12), params(5, 20)];
+        let mut ledger = Ledger::new(&quotas);
+        let mut now = 0u64;
+        // The model: every admission ever made, with its current cost.
+        let mut history: Vec<(u64, [u32; 2])> = Vec::new();
+        // Open turns: (id, index in history, charged).
+        let mut open: Vec<(u64, usize, [u32; 2])> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Admit(ms, cells) => {
+                    now += ms * 1_000_000;
+                    let ready = ledger.ready(&cells, now);
+                    // The model's decision: conform in every dimension.
+                    let conforms = (0..2).all(|d| {
+                        let tat = model_tat(&history, &quotas, d);
+                        u128::from(tat) + u128::from(cells[d]) * u128::from(quotas[d].interval())
+                            <= u128::from(now) + u128::from(quotas[d].tau())
+                    });
+                    prop_assert_eq!(ready == Ready::Now, conforms);
+                    if conforms {
+                        let id = ledger.admit(now, cells.into());
+                        history.push((now, cells));
+                        open.push((id, history.len() - 1, cells));
+                    }
+                }
+                Op::Settle(i, actual) if !open.is_empty() => {
+                    let (id, at, charged) = open.remove(i % open.len());
+                    ledger.settle(id, &charged, &actual);
+                    for (cell, new) in history[at].1.iter_mut().zip(actual) {
+                        if let Some(new) = new {
+                            *cell = new;
+                        }
+                    }
+                }
+                Op::Close(i) if !open.is_empty() => {
+                    let (id, _, _) = open.remove(i % open.len());
+                    ledger.close(id);
+                }
+                _ => {}
+            }
+            prop_assert!(ledger.consistent());
+            for d in 0..2 {
+                prop_assert_eq!(ledger.tat(d), model_tat(&history, &quotas, d));
+            }
+            prop_assert!(ledger.logged() <= history.len());
+            if open.is_empty() {
+                prop_assert_eq!(ledger.logged(), 0);
+            }
+        }
+    }
+}
+
+/// Dimension `d`'s TAT after replaying every admission in `history` from 0.
+fn model_tat(history: &[(u64, [u32; 2])], quotas: &[Params], d: usize) -> u64 {
+    history.iter().fold(0u64, |x, (at, cells)| {
+        (u128::from(x.max(*at)) + u128::from(cells[d]) * u128::from(quotas[d].interval())) as u64
+    })
+}
