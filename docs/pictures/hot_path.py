@@ -27,7 +27,7 @@ RUNS = [
 CONTENDERS = [
     ("paceline", "paceline", "-", "o"),
     ("governor", "governor", "--", "s"),
-    ("shared-cas", "floor: a bare compare-and-swap loop on one shared word", ":", "^"),
+    ("shared-cas", "shared-cas: a bare compare-and-swap loop on one shared word, no backoff", ":", "^"),
 ]
 LINE = re.compile(r"^contention allowed\s+(\d+) threads (\S+)\s+([\d.]+) ns/op")
 
