@@ -22,7 +22,7 @@ fn pages() -> Vec<PathBuf> {
         root.join("CHANGELOG.md"),
         root.join("python/README.md"),
     ];
-    for dir in ["docs", "docs/pictures"] {
+    for dir in ["docs", "docs/pictures", "python/docs"] {
         let mut found: Vec<_> = fs::read_dir(root.join(dir))
             .unwrap()
             .map(|e| e.unwrap().path())
