@@ -19,6 +19,7 @@ pub(crate) mod block;
 pub(crate) mod deadline;
 pub(crate) mod future;
 pub(crate) mod list;
+pub(crate) mod methods;
 mod node;
 pub(crate) mod queue;
 pub(crate) mod turn;
