@@ -18,32 +18,10 @@ use paceline::shared::{
 };
 use paceline::Quota;
 
+mod common;
+use common::dir::Dir as Shm;
+
 const NOBODY: u32 = 65534;
-
-/// A directory like `/dev/shm`: anyone may create files in it, no one may remove another's
-/// (mode 1777). Removed when dropped.
-struct Shm(PathBuf);
-
-impl Shm {
-    fn new(name: &str) -> Shm {
-        let dir =
-            std::env::temp_dir().join(format!("paceline-hostile-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
-        Shm(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Shm {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Whether this run can act as another user (root, with `setpriv`); if not, says so, and
 /// fails when CI asks for these tests.
@@ -190,7 +168,7 @@ fn another_users_file_at_the_path_is_refused_and_left_as_it_is() {
     if !can_switch_user() {
         return;
     }
-    let shm = Shm::new("planted");
+    let shm = Shm::sticky("planted");
     // `nobody` plants an empty file anyone can write where the service will look.
     let planted = shm.path("api");
     as_nobody(&shm, "plant-empty", &[("PACELINE_PATH", &planted)], "");
@@ -231,7 +209,7 @@ fn another_user_can_neither_take_over_nor_truncate_the_services_file() {
     if !can_switch_user() {
         return;
     }
-    let shm = Shm::new("ours");
+    let shm = Shm::sticky("ours");
     let path = shm.path("api");
     let service = SharedLimiter::open(&path, Quota::per_second(10)).unwrap();
     let said = as_nobody(&shm, "take-over", &[("PACELINE_PATH", &path)], "");
@@ -249,7 +227,7 @@ fn a_link_another_user_plants_is_never_followed() {
     if !can_switch_user() {
         return;
     }
-    let shm = Shm::new("link");
+    let shm = Shm::sticky("link");
     let victim = shm.path("victim-dir");
     fs::create_dir(&victim).unwrap();
     let target = victim.join("made-by-the-service");
@@ -270,7 +248,7 @@ fn users_of_a_trusted_group_share_one_file() {
     if !can_switch_user() {
         return;
     }
-    let shm = Shm::new("group");
+    let shm = Shm::sticky("group");
     let path = shm.path("per-client");
     // The service (root) makes the file for group `nobody` (65534): mode 0660.
     let options = OpenOptions::new().trust_group(NOBODY);
@@ -294,7 +272,7 @@ fn users_of_a_trusted_group_share_one_file() {
 
 #[test]
 fn a_lock_someone_holds_on_the_file_delays_no_one() {
-    let shm = Shm::new("flock");
+    let shm = Shm::sticky("flock");
     let path = shm.path("keys");
     let limiter = SharedKeyedLimiter::open(&path, Quota::per_second(100), 1024).unwrap();
     // Anyone who can open the file could hold a lock on it: shared, then exclusive.
@@ -335,7 +313,7 @@ fn hold_first_bucket(path: &Path, pid: u32) {
 #[test]
 fn a_claimer_that_stops_holding_a_bucket_delays_new_keys_at_most_the_patience_and_one_that_dies_not_at_all(
 ) {
-    let shm = Shm::new("stopped");
+    let shm = Shm::sticky("stopped");
     let path = shm.path("keys");
     // Made for 64 keys: one bucket, so every new key needs the lock.
     let limiter = SharedKeyedLimiter::open(&path, Quota::per_hour(10), 64).unwrap();
@@ -365,7 +343,7 @@ fn a_claimer_that_stops_holding_a_bucket_delays_new_keys_at_most_the_patience_an
 
 #[test]
 fn a_claimer_stopped_at_random_points_never_blocks_another_processs_new_keys() {
-    let shm = Shm::new("sigstop");
+    let shm = Shm::sticky("sigstop");
     let path = shm.path("keys");
     let limiter = SharedKeyedLimiter::open(&path, quick(), 64).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -416,27 +394,9 @@ fn a_claimer_stopped_at_random_points_never_blocks_another_processs_new_keys() {
     );
 }
 
-/// Writes `value` at byte `at` of the file at `path`, in place.
-fn write_word(path: &Path, at: u64, value: u64) {
-    use std::os::unix::fs::FileExt;
-    let file = fs::OpenOptions::new().write(true).open(path).unwrap();
-    file.write_at(&value.to_ne_bytes(), at).unwrap();
-}
-
-/// Whole seconds on `CLOCK_MONOTONIC`, as the file's claims record them.
-fn seconds() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid, writable `timespec`.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 & 0xffff_ffff
-}
-
 #[test]
 fn a_stored_keys_booking_never_waits_for_a_busy_bucket_or_is_refused_as_full() {
-    let shm = Shm::new("stored-booking");
+    let shm = Shm::sticky("stored-booking");
     let path = shm.path("keys");
     let limiter =
         std::sync::Arc::new(SharedKeyedLimiter::open(&path, Quota::per_second(10), 64).unwrap());
@@ -463,7 +423,7 @@ fn a_stored_keys_booking_never_waits_for_a_busy_bucket_or_is_refused_as_full() {
 
 #[test]
 fn a_reset_moves_this_processs_waiters_up_and_ends_their_hold() {
-    let shm = Shm::new("reset");
+    let shm = Shm::sticky("reset");
     let limiter =
         std::sync::Arc::new(SharedLimiter::open(shm.path("d"), Quota::per_second(10)).unwrap());
     limiter.hold_for(Duration::from_secs(8));
@@ -489,73 +449,8 @@ fn a_reset_moves_this_processs_waiters_up_and_ends_their_hold() {
 }
 
 #[test]
-fn an_earlier_boots_file_of_another_limit_is_not_made_anew_under_a_new_name() {
-    let shm = Shm::new("stale-name");
-    let path = shm.path("limit");
-    let quota = Quota::per_minute(5);
-    SharedKeyedLimiter::open_with(&path, quota, 64, OpenOptions::new().name("login")).unwrap();
-    write_word(&path, 40, 0x1234); // the boot id: made in another boot
-    let before = fs::read(&path).unwrap();
-    let other = SharedKeyedLimiter::open_with(&path, quota, 64, OpenOptions::new().name("per-ip"));
-    assert!(
-        matches!(other, Err(SharedError::NameMismatch { .. })),
-        "{other:?}"
-    );
-    assert_eq!(fs::read(&path).unwrap(), before);
-    let login = SharedKeyedLimiter::open_with(&path, quota, 64, OpenOptions::new().name("login"));
-    assert_eq!(login.unwrap().name(), "login");
-}
-
-#[test]
-fn an_earlier_boots_file_claimed_long_ago_by_a_live_process_id_is_made_anew() {
-    let shm = Shm::new("stale-remaker");
-    let path = shm.path("direct");
-    SharedLimiter::open(&path, Quota::per_second(10)).unwrap();
-    write_word(&path, 40, 0x1234); // made in another boot
-                                   // Claimed for remaking by a process id that is alive (this one; a container's pid 1
-                                   // killed while remaking, restarted), a minute ago.
-    let claim = u64::from(std::process::id()) << 32 | seconds().saturating_sub(60).max(1);
-    write_word(&path, 80, claim);
-    let reopened = SharedLimiter::open(&path, Quota::per_second(10));
-    assert!(reopened.is_ok(), "{:?}", reopened.err());
-}
-
-#[test]
-fn a_file_system_out_of_room_is_an_error_at_opening_never_a_sigbus_later() {
-    // A 1 MiB tmpfs of our own (root only; elsewhere there is nothing to mount).
-    // SAFETY: `geteuid` has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: mounting a small tmpfs needs root");
-        return;
-    }
-    let shm = Shm::new("small");
-    let mount = shm.path("tmpfs");
-    fs::create_dir(&mount).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&mount)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!("skipped: this machine does not let the tests mount a tmpfs");
-        return;
-    }
-    // A table of 65 536 keys takes 4 MiB: refused when made, not killed when filled.
-    let opened = SharedKeyedLimiter::open(mount.join("keys"), Quota::per_hour(1), 65_536);
-    let full_file = fs::metadata(mount.join("keys")).is_ok();
-    let _ = Command::new("umount").arg(&mount).status();
-    match opened {
-        Err(e @ SharedError::Io { .. }) => {
-            assert!(e.to_string().contains("allocate"), "{e}");
-        }
-        other => panic!("{other:?}"),
-    }
-    assert!(!full_file, "a half-made file was left at the path");
-}
-
-#[test]
 fn a_directory_another_user_owns_or_anyone_can_swap_files_in_is_refused() {
-    let shm = Shm::new("dirs");
+    let shm = Shm::sticky("dirs");
     // Anyone can write it and it is not sticky: anyone could replace the file.
     let open_dir = shm.path("open");
     fs::create_dir(&open_dir).unwrap();
@@ -606,7 +501,7 @@ fn a_trusted_group_does_not_trust_a_file_its_non_member_made_in_a_setgid_directo
     if !can_switch_user() {
         return;
     }
-    let shm = Shm::new("setgid");
+    let shm = Shm::sticky("setgid");
     // A sticky, set-group-id directory of group root (0), which nobody is not in.
     let dir = shm.path("team");
     fs::create_dir(&dir).unwrap();
@@ -640,7 +535,7 @@ fn a_default_acl_gives_no_one_else_a_new_file_and_a_file_with_an_acl_is_refused(
         );
         return;
     }
-    let shm = Shm::new("acl");
+    let shm = Shm::sticky("acl");
     let dir = shm.path("team");
     fs::create_dir(&dir).unwrap();
     // The directory gives every new file an entry for nobody, read and write.

@@ -21,6 +21,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
+
+mod common;
+use common::dir::Dir;
 use paceline::Quota;
 
 /// 200 per second (T = 5 ms), bursts of 10.
@@ -39,25 +42,6 @@ fn monotonic() -> u64 {
     // SAFETY: a valid, writable timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// A directory of the test's own, removed when dropped.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let dir =
-            std::env::temp_dir().join(format!("paceline-procs-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        Dir(dir)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Starts a child running `role` with `args` (as environment variables).
