@@ -272,6 +272,33 @@ fn a_budget_in_a_child_is_not_held_by_the_parents_other_threads() {
     result.unwrap();
 }
 
+#[test]
+fn a_child_forked_while_another_thread_is_inside_a_budget_is_served() {
+    // Another thread takes and ends turns as fast as it can, so it is inside the budget's
+    // lock at many of the forks; no child may find the lock held by a thread it lacks.
+    let budget = paceline::Budget::builder()
+        .rate("requests", Quota::per_second(1_000_000_000))
+        .in_flight(1000)
+        .build()
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let (budget, stop) = (budget.clone(), std::sync::Arc::clone(&stop));
+        thread::spawn(move || {
+            // Relaxed: a flag, publishing nothing.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                drop(budget.try_acquire(&[]));
+            }
+        })
+    };
+    let failed = (0..300)
+        .map(|_| in_child(|| budget.try_acquire(&[]).is_ok()))
+        .find(Result::is_err);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
+    assert_eq!(failed, None);
+}
+
 /// Runs in a process of its own (see
 /// `a_child_copied_while_paceline_was_first_used_is_served`): another thread's first use
 /// of something paceline runs threads for begins while this thread forks.

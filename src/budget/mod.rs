@@ -55,6 +55,7 @@
 //! critical sections never wake or drop a waker.
 
 mod error;
+mod fork;
 mod future;
 mod ledger;
 mod methods;
@@ -118,6 +119,27 @@ pub struct Budget<C: Clock = DefaultClock> {
     shared: Arc<Shared<C>>,
 }
 
+/// A budget's state, locked; the fork gate is let go after the state's lock (fields drop
+/// in order).
+pub(crate) struct Locked<'a> {
+    state: MutexGuard<'a, State>,
+    _gate: std::sync::RwLockReadGuard<'static, ()>,
+}
+
+impl core::ops::Deref for Locked<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl core::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
 /// What every clone of a budget, its futures and its turns share.
 pub(crate) struct Shared<C: Clock> {
     names: Box<[String]>,
@@ -130,14 +152,16 @@ pub(crate) struct Shared<C: Clock> {
 impl<C: Clock> Shared<C> {
     /// The state's lock; in a process forked since the state was last touched, the queue,
     /// the permits and the log are forgotten first (`State::forget_before_fork`).
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> Locked<'_> {
         // Read before the lock: its first read in a process may wait out a fork in
         // progress (`clock/fork.rs`), which must not happen holding the lock.
         let generation = crate::clock::forks();
         loop {
+            // The gate first, so that no fork copies the lock held (`fork.rs`).
+            let gate = fork::enter();
             let mut state = self.state.lock();
             if state.generation == generation {
-                return state;
+                return Locked { state, _gate: gate };
             }
             let stale = state.forget_before_fork(generation);
             drop(state);
@@ -319,8 +343,9 @@ impl<C: Clock> BudgetBuilder<C> {
             ClockChoice::Default(make) => make(),
         };
         // Reading the fork generation also registers the fork handlers early
-        // (`clock/fork.rs`).
+        // (`clock/fork.rs`), and the budgets' gate joins them before any lock is taken.
         let generation = crate::clock::forks();
+        fork::register();
         Ok(Budget {
             shared: Arc::new(Shared {
                 names: names.into(),

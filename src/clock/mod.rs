@@ -10,7 +10,7 @@
 #[cfg(all(feature = "std", not(loom)))]
 mod coarse;
 #[cfg(all(feature = "std", not(loom)))]
-mod fork;
+pub(crate) mod fork;
 #[cfg(all(feature = "shared", not(loom)))]
 mod host;
 #[cfg(feature = "std")]
