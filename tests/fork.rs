@@ -299,6 +299,33 @@ fn a_child_forked_while_another_thread_is_inside_a_budget_is_served() {
     assert_eq!(failed, None);
 }
 
+#[test]
+fn a_child_forked_while_another_thread_is_inside_a_limiters_queue_is_served() {
+    // Another thread books and cancels turns as fast as it can, so it is inside the
+    // limiter's queue lock at many of the forks.
+    let limiter = std::sync::Arc::new(Limiter::new(Quota::per_second(1000).with_burst(1)));
+    limiter.check().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let (limiter, stop) = (
+            std::sync::Arc::clone(&limiter),
+            std::sync::Arc::clone(&stop),
+        );
+        thread::spawn(move || {
+            // Relaxed: a flag, publishing nothing.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                drop(limiter.reserve(1));
+            }
+        })
+    };
+    let failed = (0..300)
+        .map(|_| in_child(|| limiter.reserve(1).is_ok()))
+        .find(Result::is_err);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
+    assert_eq!(failed, None);
+}
+
 /// Runs in a process of its own (see
 /// `a_child_copied_while_paceline_was_first_used_is_served`): another thread's first use
 /// of something paceline runs threads for begins while this thread forks.

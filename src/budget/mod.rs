@@ -55,7 +55,6 @@
 //! critical sections never wake or drop a waker.
 
 mod error;
-mod fork;
 mod future;
 mod ledger;
 mod methods;
@@ -65,10 +64,11 @@ mod turn;
 use core::fmt;
 use std::sync::Arc;
 
+use crate::clock::gate::{self, Gated};
 use crate::clock::{Clock, DefaultClock};
 use crate::gcra::{Params, Unfit};
 use crate::quota::Quota;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::Mutex;
 use ledger::Ledger;
 use methods::wake;
 use state::State;
@@ -119,27 +119,6 @@ pub struct Budget<C: Clock = DefaultClock> {
     shared: Arc<Shared<C>>,
 }
 
-/// A budget's state, locked; the fork gate is let go after the state's lock (fields drop
-/// in order).
-pub(crate) struct Locked<'a> {
-    state: MutexGuard<'a, State>,
-    _gate: std::sync::RwLockReadGuard<'static, ()>,
-}
-
-impl core::ops::Deref for Locked<'_> {
-    type Target = State;
-
-    fn deref(&self) -> &State {
-        &self.state
-    }
-}
-
-impl core::ops::DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.state
-    }
-}
-
 /// What every clone of a budget, its futures and its turns share.
 pub(crate) struct Shared<C: Clock> {
     names: Box<[String]>,
@@ -152,16 +131,15 @@ pub(crate) struct Shared<C: Clock> {
 impl<C: Clock> Shared<C> {
     /// The state's lock; in a process forked since the state was last touched, the queue,
     /// the permits and the log are forgotten first (`State::forget_before_fork`).
-    fn lock(&self) -> Locked<'_> {
+    fn lock(&self) -> Gated<'_, State> {
         // Read before the lock: its first read in a process may wait out a fork in
         // progress (`clock/fork.rs`), which must not happen holding the lock.
         let generation = crate::clock::forks();
         loop {
-            // The gate first, so that no fork copies the lock held (`fork.rs`).
-            let gate = fork::enter();
-            let mut state = self.state.lock();
+            // Inside the gate: no fork copies the lock held (`clock/gate.rs`).
+            let mut state = gate::lock(&self.state);
             if state.generation == generation {
-                return Locked { state, _gate: gate };
+                return state;
             }
             let stale = state.forget_before_fork(generation);
             drop(state);
@@ -343,9 +321,8 @@ impl<C: Clock> BudgetBuilder<C> {
             ClockChoice::Default(make) => make(),
         };
         // Reading the fork generation also registers the fork handlers early
-        // (`clock/fork.rs`), and the budgets' gate joins them before any lock is taken.
+        // (`clock/fork.rs`), the gate's among them.
         let generation = crate::clock::forks();
-        fork::register();
         Ok(Budget {
             shared: Arc::new(Shared {
                 names: names.into(),

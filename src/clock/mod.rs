@@ -10,7 +10,18 @@
 #[cfg(all(feature = "std", not(loom)))]
 mod coarse;
 #[cfg(all(feature = "std", not(loom)))]
-pub(crate) mod fork;
+mod fork;
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) mod gate;
+/// Loom models never fork: a lock "inside the gate" is the lock.
+#[cfg(loom)]
+pub(crate) mod gate {
+    pub(crate) type Gated<'a, T> = crate::sync::MutexGuard<'a, T>;
+
+    pub(crate) fn lock<T>(mutex: &crate::sync::Mutex<T>) -> Gated<'_, T> {
+        mutex.lock()
+    }
+}
 #[cfg(all(feature = "shared", not(loom)))]
 mod host;
 #[cfg(feature = "std")]
@@ -29,7 +40,7 @@ pub use coarse::CoarseClock;
 /// first call registers every clock module's fork hooks (`fork.rs`).
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) fn forks() -> u64 {
-    fork::generation(&[&timer::FORK_HOOKS, &coarse::FORK_HOOKS])
+    fork::generation(&[&timer::FORK_HOOKS, &coarse::FORK_HOOKS, &gate::FORK_HOOKS])
 }
 #[cfg(all(feature = "shared", not(loom)))]
 pub(crate) use host::{HostClock, HostTime};

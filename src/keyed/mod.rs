@@ -467,7 +467,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     pub fn set_quota(&self, quota: Quota) {
         self.quota.store(quota);
         let queues: Vec<_> = {
-            let queues = self.waiters.lock();
+            let queues = crate::clock::gate::lock(&self.waiters);
             queues
                 .map
                 .iter()
@@ -526,6 +526,6 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// ```
     pub fn retain_recent(&self) {
         self.store.retain_recent(self.now());
-        self.waiters.lock().clean();
+        crate::clock::gate::lock(&self.waiters).clean();
     }
 }

@@ -475,7 +475,7 @@ where
 
     fn waiters(&self) -> Arc<Waiters<C>> {
         let limiter = &*self.limiter;
-        let mut queues = limiter.waiters.lock();
+        let mut queues = crate::clock::gate::lock(&limiter.waiters);
         if queues.map.len() >= MIN_SWEEP_LEN && queues.map.len() >= 2 * queues.cleaned_len {
             queues.clean();
         }

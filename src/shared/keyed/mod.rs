@@ -315,7 +315,10 @@ impl SharedKeyedLimiter {
     pub fn set_quota(&self, quota: Quota) -> Result<(), SharedError> {
         self.shared.quota.set(quota)?;
         let now = self.clock.now();
-        let queues: Vec<_> = self.waiters.lock().values().cloned().collect();
+        let queues: Vec<_> = crate::clock::gate::lock(&self.waiters)
+            .values()
+            .cloned()
+            .collect();
         for queue in queues {
             let arm = queue.requote(quota.params(), now);
             queue.schedule(arm);

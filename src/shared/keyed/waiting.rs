@@ -22,7 +22,7 @@ impl SharedKeyedLimiter {
     /// This process's queue of waiters for `key` (made on demand; queues nobody holds and
     /// nobody waits in are dropped once there are many).
     pub(super) fn waiters_of(&self, key: Key) -> Arc<Waiters<HostClock>> {
-        let mut queues = self.waiters.lock();
+        let mut queues = crate::clock::gate::lock(&self.waiters);
         if queues.len() >= 64 {
             queues.retain(|_, queue| Arc::strong_count(queue) > 1 || !queue.is_empty());
         }

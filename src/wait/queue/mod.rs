@@ -107,9 +107,10 @@ use super::list::{self, LinkedList};
 pub(crate) use super::node::Waiter;
 use super::node::{fired, slot, Slot};
 use crate::cell::{Ours, TatWord};
+use crate::clock::gate::{self, Gated};
 use crate::clock::Clock;
 use crate::gcra::{self, Params};
-use crate::sync::{thread_local, Mutex, MutexGuard, Ordering, Panic, WakeList};
+use crate::sync::{thread_local, Mutex, Ordering, Panic, WakeList};
 use state::State;
 
 /// What a later poll of a linked node finds.
@@ -222,12 +223,13 @@ impl<C: Clock> Waiters<C> {
 
     /// The queue lock; in a process forked since the list was last touched, the list is
     /// forgotten first (module docs, "Fork").
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> Gated<'_, State> {
         // Read before the lock: it changes only in a child being born, and its first read
         // in a process may wait out a fork in progress (`clock/fork.rs`), which must not
         // happen holding the lock (the child would inherit it held).
         let generation = crate::clock::forks();
-        let mut state = self.state.lock();
+        // Inside the gate: no fork copies the lock held (`clock/gate.rs`).
+        let mut state = gate::lock(&self.state);
         if state.generation != generation {
             state.generation = generation;
             // Forgotten without reading a node: some are on stacks the child reused.
