@@ -10,7 +10,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// The pages a user reads: the README, the docs, the benchmarks, the Python README.
@@ -129,7 +132,11 @@ struct Dep {
 
 /// The quoted strings of `s`, in order.
 fn quoted(s: &str) -> Vec<String> {
-    s.split('"').skip(1).step_by(2).map(str::to_string).collect()
+    s.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
 }
 
 /// The one-line entries (`name = "1"`, `name = { version = "1", features = [..] }`) of
@@ -146,10 +153,15 @@ fn deps(toml: &str, sections: &[&str]) -> BTreeMap<String, Dep> {
         if !sections.contains(&current.as_str()) || line.starts_with('#') {
             continue;
         }
-        let Some((name, value)) = line.split_once('=') else { continue };
+        let Some((name, value)) = line.split_once('=') else {
+            continue;
+        };
         let value = value.trim();
         let dep = if value.starts_with('"') {
-            Dep { version: quoted(value)[0].clone(), ..Dep::default() }
+            Dep {
+                version: quoted(value)[0].clone(),
+                ..Dep::default()
+            }
         } else {
             // `key = ...`, not a longer key ending in it (`default-features`).
             let field = |key: &str| {
@@ -161,7 +173,9 @@ fn deps(toml: &str, sections: &[&str]) -> BTreeMap<String, Dep> {
                 })
             };
             Dep {
-                version: field("version").map(|v| quoted(&v)[0].clone()).unwrap_or_default(),
+                version: field("version")
+                    .map(|v| quoted(&v)[0].clone())
+                    .unwrap_or_default(),
                 features: field("features")
                     .map(|f| quoted(&f[..f.find(']').unwrap()]).into_iter().collect())
                     .unwrap_or_default(),
@@ -201,7 +215,10 @@ fn feature_closure(wanted: &BTreeSet<String>) -> BTreeSet<String> {
     let mut out = BTreeSet::from(["std".to_string()]);
     let mut todo: Vec<String> = wanted.iter().cloned().collect();
     while let Some(feature) = todo.pop() {
-        assert!(table.contains_key(&feature), "paceline has no feature `{feature}`");
+        assert!(
+            table.contains_key(&feature),
+            "paceline has no feature `{feature}`"
+        );
         if out.insert(feature.clone()) || feature == "std" {
             for implied in &table[&feature] {
                 if !implied.contains(':') && !implied.contains('/') {
@@ -215,7 +232,12 @@ fn feature_closure(wanted: &BTreeSet<String>) -> BTreeSet<String> {
 
 /// What an example needs, by what it uses: (a paceline feature, or a crate with the
 /// feature it needs of it).
-fn needs(code: &str) -> (BTreeSet<&'static str>, BTreeSet<(&'static str, Option<&'static str>)>) {
+fn needs(
+    code: &str,
+) -> (
+    BTreeSet<&'static str>,
+    BTreeSet<(&'static str, Option<&'static str>)>,
+) {
     let features = [
         ("paceline::http", "tower"),
         ("PaceMiddleware", "reqwest"),
@@ -243,7 +265,11 @@ fn needs(code: &str) -> (BTreeSet<&'static str>, BTreeSet<(&'static str, Option<
         ("tower::", "tower", None),
         ("redis::Client", "redis", None),
     ];
-    let f = features.iter().filter(|(use_, _)| code.contains(use_)).map(|&(_, f)| f).collect();
+    let f = features
+        .iter()
+        .filter(|(use_, _)| code.contains(use_))
+        .map(|&(_, f)| f)
+        .collect();
     let c = crates
         .iter()
         .filter(|(use_, _, _)| code.contains(use_))
@@ -259,8 +285,10 @@ fn every_example_names_its_dependencies() {
         &fs::read_to_string(root.join("tests-integration/Cargo.toml")).unwrap(),
         &["dependencies", "dev-dependencies"],
     );
-    let version = deps(&fs::read_to_string(root.join("Cargo.toml")).unwrap(), &["package"])
-        ["version"]
+    let version = deps(
+        &fs::read_to_string(root.join("Cargo.toml")).unwrap(),
+        &["package"],
+    )["version"]
         .version
         .clone();
     let mut wrong = Vec::new();
@@ -291,7 +319,11 @@ fn every_example_names_its_dependencies() {
         }
     }
     assert!(examples >= 10, "found only {examples} Rust examples");
-    assert!(wrong.is_empty(), "examples whose dependencies are wrong:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "examples whose dependencies are wrong:\n{}",
+        wrong.join("\n")
+    );
 }
 
 fn check(
@@ -302,7 +334,10 @@ fn check(
     version: &str,
     wrong: &mut Vec<String>,
 ) {
-    let first = code.lines().find(|l| !l.starts_with('#')).unwrap_or_default();
+    let first = code
+        .lines()
+        .find(|l| !l.starts_with('#'))
+        .unwrap_or_default();
     let at = format!("{page}, the example starting `{first}`");
     let Some(toml) = toml else {
         wrong.push(format!("{at}: no [dependencies] block before it"));
@@ -314,13 +349,18 @@ fn check(
         return;
     };
     if caret(&paceline.version) != caret(version) {
-        wrong.push(format!("{at}: paceline {} but the crate is {version}", paceline.version));
+        wrong.push(format!(
+            "{at}: paceline {} but the crate is {version}",
+            paceline.version
+        ));
     }
     let enabled = feature_closure(&paceline.features);
     let (features, crates) = needs(code);
     for feature in features {
         if !enabled.contains(feature) {
-            wrong.push(format!("{at}: uses what paceline's `{feature}` feature adds, not enabled"));
+            wrong.push(format!(
+                "{at}: uses what paceline's `{feature}` feature adds, not enabled"
+            ));
         }
     }
     for (name, feature) in crates {
@@ -339,7 +379,9 @@ fn check(
             continue;
         }
         match ours.get(name) {
-            None => wrong.push(format!("{at}: `{name}` is not what CI builds the examples with")),
+            None => wrong.push(format!(
+                "{at}: `{name}` is not what CI builds the examples with"
+            )),
             Some(built) if caret(&built.version) != caret(&dep.version) => wrong.push(format!(
                 "{at}: {name} {} but CI builds the examples with {}",
                 dep.version, built.version
