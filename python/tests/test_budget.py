@@ -131,6 +131,38 @@ def test_the_in_flight_cap_holds_at_every_instant():
     assert budget.in_flight == 0
 
 
+def test_one_acquire_shared_by_tasks_serves_one_block_at_a_time_and_the_cap_holds():
+    # `slot = budget.acquire()` used like a semaphore by several tasks: a second `async
+    # with` on it while one is inside raises instead of overwriting the first's turn
+    # (which returned its permit while its task was still inside).
+    budget = Budget(requests=Rate(1000, per=1.0), in_flight=2)
+    slot = budget.acquire()
+    running = 0
+    most = 0
+    refused = 0
+
+    async def call():
+        nonlocal running, most, refused
+        try:
+            async with slot:
+                running += 1
+                most = max(most, running)
+                await asyncio.sleep(0.01)
+                running -= 1
+        except RuntimeError as e:
+            assert "one `async with` at a time" in str(e)
+            refused += 1
+
+    async def main():
+        await asyncio.gather(*(call() for _ in range(4)))
+        async with slot:  # free again once the block ended
+            pass
+
+    asyncio.run(main())
+    assert most == 1 and refused == 3
+    assert budget.in_flight == 0 and budget.waiting == 0
+
+
 def test_threads_block_with_the_gil_released_within_the_cap():
     budget = Budget(in_flight=2)
     running = 0

@@ -126,6 +126,10 @@ def _settle(future: "asyncio.Future[None]") -> None:
         future.set_result(None)
 
 
+#: What an ``_Acquiring`` holds while its ``async with`` waits for its turn.
+_ENTERING: Any = object()
+
+
 class _Acquiring:
     """``budget.acquire(...)``: await it for a ``Turn``, or ``async with`` it (the turn
     is released at the end of the block unless settled, an exception included)."""
@@ -136,7 +140,7 @@ class _Acquiring:
         self._core = core
         self._costs = costs
         self._timeout = timeout
-        self._turn: Optional[Turn] = None
+        self._turn: Any = None  # None, _ENTERING, or the block's Turn
 
     def __await__(self):  # type: ignore[no-untyped-def]
         return self._wait().__await__()
@@ -161,12 +165,24 @@ class _Acquiring:
             raise
 
     async def __aenter__(self) -> Turn:
-        self._turn = await self._wait()
-        return self._turn
+        if self._turn is not None:
+            raise RuntimeError(
+                "one budget.acquire(...) serves one `async with` at a time: call "
+                "budget.acquire(...) for each turn"
+            )
+        self._turn = _ENTERING
+        try:
+            turn = await self._wait()
+        except BaseException:
+            self._turn = None
+            raise
+        self._turn = turn
+        return turn
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._turn is not None:
-            self._turn.release()
+        turn, self._turn = self._turn, None
+        if isinstance(turn, Turn):
+            turn.release()
 
 
 class Budget:
