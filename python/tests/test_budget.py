@@ -163,6 +163,34 @@ def test_one_acquire_shared_by_tasks_serves_one_block_at_a_time_and_the_cap_hold
     assert budget.in_flight == 0 and budget.waiting == 0
 
 
+def test_a_waiter_left_pending_on_a_closed_loop_gives_its_place_up_at_its_turn():
+    # A program that wanted only the first of several results closes its loop with an
+    # acquire still queued: when its turn comes it finds its loop closed and leaves the
+    # queue, so no one behind it waits for ever.
+    budget = Budget(requests=Rate(1, per=1.0))
+    held = budget.try_acquire()
+    assert held is not None
+
+    def abandon():
+        loop = asyncio.new_event_loop()
+
+        async def main():
+            queued = asyncio.ensure_future(budget.acquire())
+            fast = asyncio.ensure_future(asyncio.sleep(0.01))
+            await asyncio.wait([queued, fast], return_when=asyncio.FIRST_COMPLETED)
+
+        loop.run_until_complete(main())
+        loop.close()
+
+    thread = threading.Thread(target=abandon)
+    thread.start()
+    thread.join()
+    started = time.monotonic()
+    budget.acquire_blocking(timeout=5.0).release()
+    assert time.monotonic() - started < 3.0
+    assert budget.waiting == 0
+
+
 def test_threads_block_with_the_gil_released_within_the_cap():
     budget = Budget(in_flight=2)
     running = 0

@@ -153,7 +153,13 @@ class _Acquiring:
                 woken = loop.create_future()
 
                 def wake(woken: "asyncio.Future[None]" = woken) -> None:
-                    loop.call_soon_threadsafe(_settle, woken)
+                    try:
+                        loop.call_soon_threadsafe(_settle, woken)
+                    except RuntimeError:
+                        # The loop was closed with this task still waiting (a program
+                        # that wanted only the first of several results): nobody will
+                        # poll it, so its place is given up for those behind it.
+                        waiting.cancel()
 
                 turn = waiting.poll(wake)
                 if turn is not None:
