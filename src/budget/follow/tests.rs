@@ -143,3 +143,47 @@ fn max_hold_zero_ignores_every_wait() {
     b.follow(&s, Duration::ZERO);
     assert!(b.try_acquire(&[]).is_ok());
 }
+
+/// Field names a provider may send, for the property below.
+const NAMES: [&str; 8] = [
+    "retry-after",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "anthropic-ratelimit-input-tokens-remaining",
+    "anthropic-ratelimit-input-tokens-reset",
+    "ratelimit",
+    "ratelimit-policy",
+    "date",
+];
+
+/// Values near the forms these fields take, and anything else.
+fn value() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    prop_oneof![
+        "[0-9]{1,30}",
+        "-?[0-9]{0,25}(\\.[0-9]{0,12})?(h|m|s|ms|us|ns|x)?([0-9]{1,20}(h|m|s))?",
+        "[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,12})?(Z|[+-][0-9]{2}:[0-9]{2})",
+        "\"(requests|input-tokens|x)\";r=-?[0-9]{1,25};t=[0-9]{1,25}(\\.[0-9]{1,3})?",
+        "[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2} GMT",
+        any::<String>(),
+    ]
+}
+
+proptest::proptest! {
+    /// Whatever the fields say, reading them never panics and no one-cell turn waits
+    /// longer than `max_hold` for them.
+    #[test]
+    fn no_fields_park_a_turn_past_max_hold(
+        fields in proptest::collection::vec((0usize..NAMES.len(), value()), 0..12),
+        status in proptest::prop_oneof![proptest::strategy::Just(200u16), proptest::strategy::Just(429u16), 100u16..600],
+        max_ms in 0u64..10_000,
+    ) {
+        let clock = ManualClock::new();
+        let b = budget(&clock);
+        let max_hold = Duration::from_millis(max_ms);
+        let headers: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (NAMES[*n], v.as_str())).collect();
+        b.follow(&signal(status, &headers), max_hold);
+        let wait = b.wait_time(&[("input-tokens", 1)]).unwrap();
+        proptest::prop_assert!(wait <= max_hold, "{:?}: {:?}", headers, wait);
+    }
+}
