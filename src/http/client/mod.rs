@@ -1,7 +1,10 @@
 //! The client side: a tower layer that paces outgoing requests and follows what each
 //! upstream says ([`PaceLayer`]), and the same for reqwest ([`PaceMiddleware`], feature
-//! `reqwest`).
+//! `reqwest`); a tower layer that books each request on a [`Budget`](crate::budget::Budget)
+//! of several rates and follows each response's per-dimension fields ([`BudgetLayer`]).
 
+mod budget;
+pub use self::budget::{BoxError, BudgetLayer, BudgetService, Cost, Settle};
 #[cfg(feature = "reqwest")]
 mod reqwest;
 #[cfg(feature = "reqwest")]
