@@ -54,7 +54,7 @@ impl Cost {
 /// # Examples
 ///
 /// See [`BudgetLayer`].
-pub struct Settle<C: Clock = DefaultClock>(Arc<Mutex<Option<Turn<C>>>>);
+pub struct Settle<C: Clock = DefaultClock>(pub(super) Arc<Mutex<Option<Turn<C>>>>);
 
 impl<C: Clock> Clone for Settle<C> {
     fn clone(&self) -> Self {

@@ -8,8 +8,13 @@ pub use self::budget::{BoxError, BudgetLayer, BudgetService, Cost, Settle};
 #[cfg(feature = "reqwest")]
 mod reqwest;
 #[cfg(feature = "reqwest")]
+mod reqwest_budget;
+#[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use self::reqwest::PaceMiddleware;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use self::reqwest_budget::BudgetMiddleware;
 
 use core::future::Future;
 use core::pin::Pin;
