@@ -146,13 +146,18 @@ class _Body:
         if self.size > _SETTLE_BODY:
             turn.release()
             return
-        read = httpx.Response(
-            self.response.status_code,
-            headers=self.response.headers,
-            content=b"".join(self.chunks),
-            request=self.request,
-        )
-        self.chunks = []
+        body, self.chunks = b"".join(self.chunks), []
+        try:
+            read = httpx.Response(
+                self.response.status_code,
+                headers=self.response.headers,
+                content=body,
+                request=self.request,
+            )
+        except Exception:
+            # Never seen; but closing a body must not raise for the settle's sake.
+            turn.release()
+            return
         self.booking.settle(turn, read)
 
 
