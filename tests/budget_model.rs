@@ -1,5 +1,6 @@
 //! A budget on a `ManualClock` against a reference model: random sequences of waiting
-//! and deadline asks, `try_acquire`, cancellations, settles, drops and time steps. Every
+//! and deadline asks, `try_acquire`, cancellations, settles, drops, time steps, and an
+//! upstream's word (a dimension's remaining count and reset, a `Retry-After`). Every
 //! decision (who is admitted, in which order, who is refused or times out) equals the
 //! model's; the in-flight cap holds at every step; nothing is ever charged in part; and
 //! every window's settled cost stays within the bound `docs/BUDGETS.md` proves.
@@ -14,12 +15,15 @@ use std::time::Duration;
 
 use paceline::budget::{Acquire, Budget, BudgetError, Turn};
 use paceline::clock::ManualClock;
+use paceline::upstream::DimensionSignal;
 use paceline::Quota;
 use proptest::prelude::*;
 
 const NAMES: [&str; 2] = ["requests", "tokens"];
 const CAP: u32 = 3;
 const MS: u64 = 1_000_000;
+/// The longest wait the upstream's word may impose.
+const MAX_HOLD_MS: u64 = 1_000;
 
 /// requests: 5/s, burst 3; tokens: 100/s, burst 40.
 fn quotas() -> [Quota; 2] {
@@ -49,6 +53,10 @@ enum Op {
     Settle(usize, [Option<u32>; 2]),
     /// Drop the i-th held turn.
     End(usize),
+    /// A response: dimension d has this many left, whole again in this many ms.
+    Left(usize, u32, u64),
+    /// A 429 with `Retry-After` of this many ms.
+    RetryAfter(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -66,6 +74,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Cancel),
         2 => (any::<usize>(), actual()).prop_map(|(i, a)| Op::Settle(i, a)),
         1 => any::<usize>().prop_map(Op::End),
+        1 => (0usize..2, 0u32..=40, 0u64..2_000).prop_map(|(d, r, ms)| Op::Left(d, r, ms)),
+        1 => (0u64..2_000).prop_map(Op::RetryAfter),
     ]
 }
 
@@ -81,11 +91,21 @@ struct Admission {
     ended: Option<u64>,
 }
 
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    Admission(usize),
+    Floor(usize, u64),
+}
+
 /// The reference model: the specification written the plainest way.
 #[derive(Default)]
 struct Model {
     now: u64,
     admissions: Vec<Admission>,
+    /// Admissions (by index) and floors (dimension, instant), in order.
+    history: Vec<Event>,
+    /// Nothing admitted before this instant.
+    held: u64,
     in_flight: u32,
     /// Waiting asks: (ask id, costs, deadline).
     queue: VecDeque<(usize, [u32; 2], Option<u64>)>,
@@ -95,18 +115,35 @@ struct Model {
 
 impl Model {
     /// TAT of `d`: every admission replayed from 0 with its current cost (estimate while
-    /// open, actual once settled).
+    /// open, actual once settled), and every floor in its place.
     fn tat(&self, d: usize) -> u128 {
-        self.admissions.iter().fold(0u128, |x, a| {
-            x.max(u128::from(a.at)) + u128::from(a.actual[d]) * u128::from(interval(d))
+        self.history.iter().fold(0u128, |x, e| match *e {
+            Event::Admission(i) => {
+                let a = &self.admissions[i];
+                x.max(u128::from(a.at)) + u128::from(a.actual[d]) * u128::from(interval(d))
+            }
+            Event::Floor(dim, at) if dim == d => x.max(u128::from(at)),
+            Event::Floor(..) => x,
         })
     }
 
+    /// The upstream says `d` has `r` left, whole again in `reset_ms`: at most `r` now, or
+    /// with none left nothing before the reset (capped), then `d`'s own pace.
+    fn left(&mut self, d: usize, r: u32, reset_ms: u64) {
+        let floor = if r > 0 {
+            self.now + tau(d).saturating_sub(u64::from(r) * interval(d))
+        } else {
+            self.now + reset_ms.min(MAX_HOLD_MS) * MS + tau(d) - interval(d)
+        };
+        self.history.push(Event::Floor(d, floor));
+    }
+
     fn conforms(&self, cells: [u32; 2], at: u64) -> bool {
-        (0..2).all(|d| {
-            self.tat(d) + u128::from(cells[d]) * u128::from(interval(d))
-                <= u128::from(at) + u128::from(tau(d))
-        })
+        at >= self.held
+            && (0..2).all(|d| {
+                self.tat(d) + u128::from(cells[d]) * u128::from(interval(d))
+                    <= u128::from(at) + u128::from(tau(d))
+            })
     }
 
     fn admit(&mut self, cells: [u32; 2]) -> usize {
@@ -119,6 +156,8 @@ impl Model {
             admitted: self.events,
             ended: None,
         });
+        self.history
+            .push(Event::Admission(self.admissions.len() - 1));
         self.admissions.len() - 1
     }
 
@@ -148,7 +187,7 @@ impl Model {
     /// When an ask of `cells` joining now would be admitted, by the rates alone.
     fn estimate(&self, cells: [u32; 2]) -> Option<u64> {
         let mut tats = [self.tat(0), self.tat(1)];
-        let mut at = u128::from(self.now);
+        let mut at = u128::from(self.now.max(self.held));
         for c in self.queue.iter().map(|q| q.1).chain([cells]) {
             for d in 0..2 {
                 let need = tats[d] + u128::from(c[d]) * u128::from(interval(d));
@@ -162,6 +201,9 @@ impl Model {
     }
 
     fn remaining(&self, d: usize) -> u32 {
+        if self.held > self.now {
+            return 0;
+        }
         let backlog = self.tat(d).max(u128::from(self.now)) - u128::from(self.now);
         (u128::from(tau(d)).saturating_sub(backlog) / u128::from(interval(d))) as u32
     }
@@ -312,6 +354,26 @@ proptest! {
                     let (admission, turn) = held.remove(i % held.len());
                     drop(turn);
                     model.end(admission);
+                }
+                Op::Left(d, r, ms) => {
+                    let (remaining, reset) = (r.to_string(), format!("{ms}ms"));
+                    let headers = [
+                        (format!("x-ratelimit-remaining-{}", NAMES[d]), remaining.as_bytes()),
+                        (format!("x-ratelimit-reset-{}", NAMES[d]), reset.as_bytes()),
+                    ];
+                    let signal = DimensionSignal::read(200, headers, std::time::SystemTime::now());
+                    budget.follow(&signal, Duration::from_millis(MAX_HOLD_MS));
+                    model.left(d, r, ms);
+                }
+                Op::RetryAfter(ms) => {
+                    let value = format!("{}.{:03}", ms / 1_000, ms % 1_000);
+                    let signal = DimensionSignal::read(
+                        429,
+                        [("retry-after", value.as_bytes())],
+                        std::time::SystemTime::now(),
+                    );
+                    budget.follow(&signal, Duration::from_millis(MAX_HOLD_MS));
+                    model.held = model.held.max(model.now + ms.min(MAX_HOLD_MS) * MS);
                 }
                 _ => {}
             }

@@ -10,9 +10,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use paceline::budget::{Acquire, Budget, BudgetError, Turn};
+use paceline::upstream::DimensionSignal;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 
@@ -33,6 +34,15 @@ fn error(e: BudgetError) -> PyErr {
         }
         other => PyValueError::new_err(other.to_string()),
     }
+}
+
+/// Seconds as a duration: finite and not negative (a `ValueError` otherwise).
+fn hold_seconds(name: &str, s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name} must be a finite number of seconds >= 0, got {s}"
+        ))
+    })
 }
 
 /// Costs as the Rust API takes them.
@@ -132,6 +142,27 @@ impl BudgetCore {
 
     fn in_flight(&self) -> u32 {
         self.budget.in_flight()
+    }
+
+    /// Steers the budget by a response (`paceline::budget::Budget::follow`): its status
+    /// and raw headers; no wait longer than `max_hold` seconds. Returns how many of the
+    /// budget's dimensions the response reported.
+    fn follow(
+        &self,
+        status: u16,
+        headers: Vec<(String, Vec<u8>)>,
+        max_hold: f64,
+    ) -> PyResult<usize> {
+        let max_hold = hold_seconds("max_hold", max_hold)?;
+        let fields = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
+        let signal = DimensionSignal::read(status, fields, SystemTime::now());
+        Ok(self.budget.follow(&signal, max_hold))
+    }
+
+    /// Holds every turn for `seconds` from now.
+    fn hold_for(&self, seconds: f64) -> PyResult<()> {
+        self.budget.hold_for(hold_seconds("seconds", seconds)?);
+        Ok(())
     }
 
     fn waiting(&self) -> usize {

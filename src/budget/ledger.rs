@@ -25,7 +25,7 @@
 //! operation: `x_d == replay(base_d, log)` (the property tests check it).
 //!
 //! Settled entries at the front of the log are folded into the base and dropped. The
-//! log holds at most [`LOG_CAPACITY`] admissions: an admission that finds it full closes
+//! log holds at most [`LOG_CAPACITY`] entries: an entry that finds it full closes
 //! the oldest entry as if its turn had settled at its estimate, and that turn's later
 //! settle is *beyond the log*: a charge is added to the base (at least what an exact
 //! replay would add, since every admission's map moves its input by at most as much), a
@@ -40,18 +40,27 @@
 //! there admits nothing more, so an absurd charge blocks its dimension rather than wrap.
 //! An admission whose new TAT would pass `u64::MAX` is never made (`Ready::Never`).
 //!
-//! **Room for a hold or a rate change.** A hold on one dimension ("nothing before X", an
-//! upstream's reset time) belongs beside the TAT as its own instant that `ready` takes the
-//! maximum with, not in the TAT, which a replay recomputes. A rate change must keep the
-//! log's cells priced at the interval that admitted them: settle-or-close the log first,
-//! or store the interval with each entry.
+//! **Holds and rate changes.** An upstream's word about a dimension ("whole again only
+//! at X", "nothing before X") is a *floor* on its TAT: the map `x -> max(x, F)`, which is
+//! monotone and moves its output by at most what its input moved, like an admission's.
+//! So a floor is logged as an entry of its own (`Entry::Floor`), replayed in its place:
+//! a settle recomputing the TAT keeps every floor applied after the settled admission,
+//! and a refund cannot give back what a floor took. A rate change keeps the log's cells
+//! priced at the interval that admitted them: each admission carries the intervals in
+//! force when it was made (one shared `Arc` until a rate changes), and the TAT (a
+//! backlog in nanoseconds) carries over as it is, as `Limiter::set_quota` does (the
+//! ledger's half of a rate change: no public method changes a budget's rate yet). A hold
+//! of the whole budget (a `Retry-After` that names no dimension) is one more instant,
+//! `held`, that `ready` waits for beside the dimensions.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::gcra::Params;
 
-/// The most admissions a budget's log holds: a turn that outlives this many later
-/// admissions (counted from the oldest turn not yet ended) keeps its estimate, and its
+/// The most entries a budget's log holds (admissions, and the floors an upstream's word
+/// put on a dimension while turns were open): a turn that outlives this many later
+/// entries (counted from the oldest turn not yet ended) keeps its estimate, and its
 /// settle can then only charge, not refund.
 ///
 /// # Examples
@@ -74,15 +83,42 @@ struct Dimension {
     base: u64,
 }
 
-/// One admission, kept while a turn admitted at or before it is unsettled.
+/// One entry of the log: an admission, kept while a turn admitted at or before it is
+/// unsettled, or a floor on one dimension's TAT applied since.
 #[derive(Clone, Debug)]
-struct Entry {
-    /// The admission instant.
-    at: u64,
-    /// Cells charged per dimension (the estimate, then the settled cost).
-    cells: Box<[u32]>,
-    /// Whether its turn may still settle.
-    open: bool,
+enum Entry {
+    Admission {
+        /// The admission instant.
+        at: u64,
+        /// Cells charged per dimension (the estimate, then the settled cost).
+        cells: Box<[u32]>,
+        /// The emission intervals in force at admission, per dimension.
+        intervals: Arc<[u64]>,
+        /// Whether its turn may still settle.
+        open: bool,
+    },
+    /// Dimension `dim`'s TAT became at least `at`.
+    Floor { dim: usize, at: u64 },
+}
+
+impl Entry {
+    /// Dimension `d`'s TAT after this entry, from `x`.
+    fn apply(&self, d: usize, x: u64) -> u64 {
+        match self {
+            Entry::Admission {
+                at,
+                cells,
+                intervals,
+                ..
+            } => step(x, *at, cells[d], intervals[d]),
+            Entry::Floor { dim, at } if *dim == d => x.max(*at),
+            Entry::Floor { .. } => x,
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        matches!(self, Entry::Admission { open: true, .. })
+    }
 }
 
 /// When a turn can be admitted.
@@ -100,9 +136,13 @@ pub(crate) enum Ready {
 #[derive(Clone, Debug)]
 pub(crate) struct Ledger {
     dims: Box<[Dimension]>,
+    /// Each dimension's emission interval now, shared by the admissions made under it.
+    intervals: Arc<[u64]>,
     log: VecDeque<Entry>,
-    /// The id of `log[0]`; entries are numbered by admission.
+    /// The id of `log[0]`; entries (admissions and floors) are numbered in order.
     first: u64,
+    /// Nothing is admitted before this instant (a hold of the whole budget).
+    held: u64,
 }
 
 /// One admission's map: `max(tat, at) + cells * interval`, saturated at `u64::MAX`.
@@ -124,8 +164,10 @@ impl Ledger {
                     base: 0,
                 })
                 .collect(),
+            intervals: quotas.iter().map(Params::interval).collect(),
             log: VecDeque::new(),
             first: 0,
+            held: 0,
         }
     }
 
@@ -133,7 +175,7 @@ impl Ledger {
     /// dimension as things stand. `cells` has one count per dimension, each within its
     /// burst.
     pub(crate) fn ready(&self, cells: &[u32], now: u64) -> Ready {
-        let mut at = now;
+        let mut at = now.max(self.held);
         for (d, &c) in self.dims.iter().zip(cells) {
             let need = u128::from(d.tat) + u128::from(c) * u128::from(d.interval);
             // The instant it conforms in `d`: `tat + c*T - tau`, never below `now`.
@@ -159,13 +201,7 @@ impl Ledger {
     /// Admits `cells` at `now` (the caller saw `ready(cells, now) == Ready::Now`),
     /// charging every dimension; returns the admission's id for `settle` and `close`.
     pub(crate) fn admit(&mut self, now: u64, cells: Box<[u32]>) -> u64 {
-        if self.log.len() >= LOG_CAPACITY {
-            // The oldest unsettled turn keeps its estimate (module docs).
-            if let Some(front) = self.log.front_mut() {
-                front.open = false;
-            }
-            self.trim();
-        }
+        self.make_room();
         if self.log.is_empty() {
             for d in self.dims.iter_mut() {
                 d.base = d.tat;
@@ -174,12 +210,73 @@ impl Ledger {
         for (d, &c) in self.dims.iter_mut().zip(cells.iter()) {
             d.tat = step(d.tat, now, c, d.interval);
         }
-        self.log.push_back(Entry {
+        self.log.push_back(Entry::Admission {
             at: now,
             cells,
+            intervals: Arc::clone(&self.intervals),
             open: true,
         });
         self.next_id() - 1
+    }
+
+    /// A log that is full closes its oldest unsettled turn at its estimate (module
+    /// docs), making room for one entry.
+    fn make_room(&mut self) {
+        if self.log.len() >= LOG_CAPACITY {
+            if let Some(Entry::Admission { open, .. }) = self.log.front_mut() {
+                *open = false;
+            }
+            self.trim();
+        }
+    }
+
+    /// Raises dimension `d`'s TAT to at least `at` (its bucket is whole again no sooner
+    /// than `at`), as a floor a later replay keeps (module docs). A floor below the TAT
+    /// is still logged while turns are open: a refund may yet bring the TAT down to it.
+    pub(crate) fn floor(&mut self, d: usize, at: u64) {
+        if !self.log.is_empty() {
+            self.make_room();
+        }
+        if self.log.is_empty() {
+            // No replay can reach back past this: set it directly (the next admission
+            // takes the TAT as its base).
+            if at > self.dims[d].tat {
+                self.dims[d].tat = at;
+                self.dims[d].base = at;
+            }
+            return;
+        }
+        // Every replay passes through the base and only rises (`step` never lowers
+        // its input): a floor at or below the base can never bind.
+        if at <= self.dims[d].base {
+            return;
+        }
+        self.log.push_back(Entry::Floor { dim: d, at });
+        self.dims[d].tat = self.dims[d].tat.max(at);
+    }
+
+    /// Holds every turn until `until` (a hold of the whole budget).
+    pub(crate) fn hold(&mut self, until: u64) {
+        self.held = self.held.max(until);
+    }
+
+    /// The instant of the whole budget's hold (0: none).
+    #[cfg(test)]
+    fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// Dimension `d`'s quota is now `params`: later admissions are priced at its
+    /// interval, logged ones keep theirs, and the TAT carries over (module docs).
+    // Reached only from tests until a budget's rate can change (module docs).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn set_params(&mut self, d: usize, params: &Params) {
+        let dim = &mut self.dims[d];
+        dim.interval = params.interval();
+        dim.tau = params.tau();
+        let mut intervals = self.intervals.to_vec();
+        intervals[d] = params.interval();
+        self.intervals = intervals.into();
     }
 
     /// The id the next admission gets.
@@ -193,11 +290,12 @@ impl Ledger {
     pub(crate) fn settle(&mut self, id: u64, charged: &[u32], actual: &[Option<u32>]) {
         match self.open_entry(id) {
             Some(i) => {
-                let entry = &mut self.log[i];
-                entry.open = false;
-                for (cell, new) in entry.cells.iter_mut().zip(actual) {
-                    if let Some(new) = *new {
-                        *cell = new;
+                if let Entry::Admission { open, cells, .. } = &mut self.log[i] {
+                    *open = false;
+                    for (cell, new) in cells.iter_mut().zip(actual) {
+                        if let Some(new) = *new {
+                            *cell = new;
+                        }
                     }
                 }
                 for (d, new) in actual.iter().enumerate() {
@@ -223,7 +321,9 @@ impl Ledger {
     /// Closes admission `id` at its estimate (a turn dropped unsettled).
     pub(crate) fn close(&mut self, id: u64) {
         if let Some(i) = self.open_entry(id) {
-            self.log[i].open = false;
+            if let Entry::Admission { open, .. } = &mut self.log[i] {
+                *open = false;
+            }
             self.trim();
         }
     }
@@ -231,25 +331,24 @@ impl Ledger {
     /// The index in the log of admission `id`, if it is there and open.
     fn open_entry(&self, id: u64) -> Option<usize> {
         let i = usize::try_from(id.checked_sub(self.first)?).ok()?;
-        self.log.get(i).filter(|e| e.open).map(|_| i)
+        self.log.get(i).filter(|e| e.is_open()).map(|_| i)
     }
 
     /// Recomputes dimension `d`'s TAT from its base through the log.
     fn replay(&mut self, d: usize) {
-        let dim = &self.dims[d];
         let tat = self
             .log
             .iter()
-            .fold(dim.base, |x, e| step(x, e.at, e.cells[d], dim.interval));
+            .fold(self.dims[d].base, |x, e| e.apply(d, x));
         self.dims[d].tat = tat;
     }
 
     /// Folds settled entries at the front of the log into the base.
     fn trim(&mut self) {
-        while self.log.front().is_some_and(|e| !e.open) {
+        while self.log.front().is_some_and(|e| !e.is_open()) {
             if let Some(e) = self.log.pop_front() {
-                for (d, &c) in self.dims.iter_mut().zip(e.cells.iter()) {
-                    d.base = step(d.base, e.at, c, d.interval);
+                for (d, dim) in self.dims.iter_mut().enumerate() {
+                    dim.base = e.apply(d, dim.base);
                 }
                 self.first += 1;
             }
@@ -277,8 +376,10 @@ impl Ledger {
     ) -> Option<u64> {
         let mut ledger = Ledger {
             dims: self.dims.clone(),
+            intervals: Arc::clone(&self.intervals),
             log: VecDeque::new(),
             first: 0,
+            held: self.held,
         };
         let mut at = now;
         for turn in ahead.chain(core::iter::once(cells)) {
@@ -296,6 +397,9 @@ impl Ledger {
 
     /// Cells of dimension `d` that would conform at `now`, spending nothing.
     pub(crate) fn remaining(&self, d: usize, now: u64) -> u64 {
+        if self.held > now {
+            return 0;
+        }
         let dim = &self.dims[d];
         let backlog = dim.tat.max(now) - now;
         dim.tau.saturating_sub(backlog) / dim.interval
@@ -318,11 +422,7 @@ impl Ledger {
     fn consistent(&self) -> bool {
         (0..self.dims.len()).all(|d| {
             let dim = &self.dims[d];
-            let replayed = self
-                .log
-                .iter()
-                .fold(dim.base, |x, e| step(x, e.at, e.cells[d], dim.interval));
-            replayed == dim.tat
+            self.log.iter().fold(dim.base, |x, e| e.apply(d, x)) == dim.tat
         })
     }
 }

@@ -55,6 +55,7 @@
 //! critical sections never wake or drop a waker.
 
 mod error;
+mod follow;
 mod future;
 mod ledger;
 mod methods;

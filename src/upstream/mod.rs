@@ -42,13 +42,18 @@
 //! assert_eq!(api.limiter().quota().emission_interval().as_micros(), 21_052);
 //! ```
 //!
+//! A [`Budget`](crate::budget::Budget) of several rates follows the per-dimension
+//! fields instead ([`DimensionSignal`], [`Budget::follow`](crate::budget::Budget::follow)).
+//!
 //! The HTTP client layers (`http::client`, features `tower` and `reqwest`) and the Python
 //! package's `paceline.httpx` transports and `paceline.aiohttp` hook do this for every
 //! response.
 
 mod config;
 mod date;
+mod dims;
 mod follower;
+mod go;
 mod learn;
 mod sf;
 mod signal;
@@ -56,6 +61,7 @@ mod table;
 mod window;
 
 pub use config::FollowerConfig;
+pub use dims::{DimensionLeft, DimensionSignal, MAX_DIMENSIONS};
 pub use follower::{Follower, Sent, PACE_SHARE};
 pub use signal::{Left, Policy, Reset, Signal, PACE_WINDOW};
 pub use table::{Followers, MAX_HOSTS};

@@ -168,13 +168,13 @@ impl Reset {
 
 /// Where absolute times are read from: the local clock, or the response's `Date` when the
 /// two disagree by more than two seconds (module docs).
-struct Clocks {
+pub(super) struct Clocks {
     /// Unix time now, on the clock the upstream's absolute times are read against.
     now: Duration,
 }
 
 impl Clocks {
-    fn new(local: SystemTime, date: Option<u64>) -> Clocks {
+    pub(super) fn new(local: SystemTime, date: Option<u64>) -> Clocks {
         let local = local.duration_since(UNIX_EPOCH).unwrap_or_default();
         let now = match date.map(Duration::from_secs) {
             Some(date) if date.abs_diff(local) > Duration::from_secs(2) => date,
@@ -184,7 +184,7 @@ impl Clocks {
     }
 
     /// How long until Unix time `at` (zero if it has passed).
-    fn until(&self, at: Duration) -> Duration {
+    pub(super) fn until(&self, at: Duration) -> Duration {
         at.saturating_sub(self.now)
     }
 }
@@ -433,7 +433,7 @@ fn reset(n: Number, clocks: &Clocks) -> Reset {
 /// `Retry-After`: delay-seconds (any number of digits, or with a fraction, as some
 /// servers send), or an HTTP-date. A value an intermediary joined from two fields
 /// (`60, soon`) counts by its longest readable part.
-fn retry_after(value: &str, clocks: &Clocks) -> Option<Duration> {
+pub(super) fn retry_after(value: &str, clocks: &Clocks) -> Option<Duration> {
     if let Some(at) = http_date(value) {
         return Some(clocks.until(Duration::from_secs(at)));
     }

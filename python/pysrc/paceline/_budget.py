@@ -21,7 +21,7 @@ queue.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ._paceline import BudgetTurn, new_budget
 
@@ -52,6 +52,15 @@ def _timeout(value: object) -> Optional[float]:
         return None
     if not value >= 0.0:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value}")
+    return value
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    value = float(value)
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
     return value
 
 
@@ -268,6 +277,39 @@ class Budget:
     def in_flight(self) -> int:
         """Turns admitted and not yet ended."""
         return self._core.in_flight()
+
+    def follow(
+        self,
+        status: int,
+        headers: Iterable[Tuple[str, Union[bytes, str]]],
+        *,
+        max_hold: float = 300.0,
+    ) -> int:
+        """Steers the budget by what a response said: its status and its headers as
+        ``(name, value)`` pairs. A dimension reported with nothing left admits nothing
+        before its reset; one with ``r`` left admits at most ``r`` now; a ``Retry-After``
+        (on a 429 or 503) holds every dimension. Read: ``x-ratelimit-{limit,remaining,
+        reset}-{requests,tokens}`` (Go durations: ``6m0s``, ``1.5s``),
+        ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
+        remaining,reset}`` (RFC 3339 instants) and the IETF ``RateLimit`` /
+        ``RateLimit-Policy`` fields' named policies. Names match the budget's dimensions
+        with ``-`` and ``_`` alike; other dimensions are ignored, and so is any value that
+        cannot be read. Nothing said makes a turn wait longer than ``max_hold`` seconds;
+        the budget's rates stay yours. Returns how many of its dimensions the response
+        reported. The ``paceline.httpx`` transports and ``paceline.aiohttp`` hook call
+        this for every response when given ``budget=``."""
+        max_hold = _seconds("max_hold", max_hold)
+        fields = []
+        for name, value in headers:
+            if isinstance(value, str):
+                value = value.encode("latin-1", "replace")
+            fields.append((str(name), bytes(value)))
+        return self._core.follow(int(status), fields, max_hold)
+
+    def hold_for(self, seconds: float) -> None:
+        """Admits nothing for ``seconds`` from now (a longer hold already in force
+        stays)."""
+        self._core.hold_for(_seconds("seconds", seconds))
 
     @property
     def waiting(self) -> int:

@@ -15,16 +15,32 @@ The wait for a turn counts against the session's ``ClientTimeout`` (its ``total`
 its ``connect`` for waiting to send): a turn further away than that raises aiohttp's
 ``ConnectionTimeoutError`` (an ``asyncio.TimeoutError``) at once, having booked nothing.
 A trace hook cannot see a ``timeout=`` given to one request; the session's counts.
+
+**A budget of several rates.** With ``budget=`` (a ``paceline.Budget``, with or without
+a limiter), each request books ``cost(request)`` in one turn when it starts, and its
+response steers the budget by its per-dimension fields (``Budget.follow``). A trace hook
+sees no request body: ``cost`` gets an object with the request's ``method``, ``url``,
+``headers`` and ``ctx``, the ``trace_request_ctx`` given to that request
+(``session.post(url, json=body, trace_request_ctx={"tokens": 1200})``), and returns a
+mapping of dimension names to counts (default: 1 in every dimension). With
+``settle_from``, a success's body is read before the response is handed to you (so it
+is not streamed) and the turn is settled with ``settle_from(response)``; without it,
+for any other status, or when ``settle_from`` raises or returns junk, the turn ends
+keeping its estimate when the response's headers arrive. A request that fails ends its
+turn the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Callable, Optional, Union
 
 import aiohttp
 
 from . import KeyedLimiter, Limiter
+from ._booking import Booking
+from ._budget import Budget
 from ._upstream import Hosts
 
 __all__ = ["trace_config"]
@@ -43,38 +59,80 @@ def _budget(session: aiohttp.ClientSession) -> Optional[float]:
 
 
 def trace_config(
-    limiter: Union[Limiter, KeyedLimiter],
+    limiter: Union[Limiter, KeyedLimiter, None] = None,
     *,
     key: Optional[Callable[[str], str]] = None,
     max_hold: float = 300.0,
     above_configured: bool = False,
     revert_after: Optional[float] = None,
+    budget: Optional[Budget] = None,
+    cost: Optional[Callable[[SimpleNamespace], object]] = None,
+    settle_from: Optional[Callable[[aiohttp.ClientResponse], object]] = None,
 ) -> aiohttp.TraceConfig:
     """An ``aiohttp.TraceConfig`` that paces a session's requests by ``limiter`` (per host
-    with a ``KeyedLimiter``) and follows each response."""
-    hosts = Hosts(limiter, key, max_hold, above_configured, revert_after)
+    with a ``KeyedLimiter``) and ``budget``, and follows each response."""
+    if limiter is None and budget is None:
+        raise TypeError("give a limiter, a budget, or both")
+    if budget is None and (cost is not None or settle_from is not None):
+        raise TypeError("cost and settle_from price a budget's turns: give budget=")
+    hosts = (
+        None if limiter is None else Hosts(limiter, key, max_hold, above_configured, revert_after)
+    )
+    booking = None if budget is None else Booking(budget, cost, settle_from, max_hold)
     config = aiohttp.TraceConfig()
 
     async def on_request_start(session, context, params) -> None:
-        request_key = hosts.key(params.url.host or "")
+        request_key = "" if hosts is None else hosts.key(params.url.host or "")
         try:
-            await hosts.acquire(request_key, _budget(session))
+            if hosts is not None:
+                await hosts.acquire(request_key, _budget(session))
+            if booking is not None:
+                request = SimpleNamespace(
+                    method=params.method,
+                    url=params.url,
+                    headers=params.headers,
+                    ctx=getattr(context, "trace_request_ctx", None),
+                )
+                context.paceline_turn = await booking.acquire(request, _budget(session))
         except TimeoutError:
             raise _TIMEOUT(
                 "paceline: the turn to send this request is further away than the "
                 "session's timeout allows (nothing was sent)"
             ) from None
-        context.paceline_sent = hosts.sent(request_key)
+        if hosts is not None:
+            context.paceline_sent = hosts.sent(request_key)
 
     async def on_request_end(session, context, params) -> None:
         response = params.response
         headers = [(name.decode("latin-1"), value) for name, value in response.raw_headers]
-        request_key = hosts.key(params.url.host or "")
-        sent = getattr(context, "paceline_sent", None)
-        hosts.observe(request_key, response.status, headers, sent)
+        if hosts is not None:
+            request_key = hosts.key(params.url.host or "")
+            sent = getattr(context, "paceline_sent", None)
+            hosts.observe(request_key, response.status, headers, sent)
+        turn = getattr(context, "paceline_turn", None)
+        if booking is None or turn is None:
+            return
+        context.paceline_turn = None
+        booking.follow(response.status, headers)
+        if not booking.settles(response.status):
+            turn.release()
+            return
+        try:
+            await response.read()
+        except BaseException:
+            turn.release()
+            raise
+        booking.settle(turn, response)
+
+    async def on_request_exception(session, context, params) -> None:
+        turn = getattr(context, "paceline_turn", None)
+        if turn is not None:
+            context.paceline_turn = None
+            turn.release()
 
     config.on_request_start.append(on_request_start)
     config.on_request_end.append(on_request_end)
+    config.on_request_exception.append(on_request_exception)
     # For a look at what each upstream said (tests, debugging).
     config._paceline_hosts = hosts  # type: ignore[attr-defined]
     return config

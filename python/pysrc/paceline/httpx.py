@@ -19,6 +19,25 @@ times, for idempotent methods unless ``retry_methods`` says otherwise.
 The wait for a turn counts against the client's ``timeout`` (its ``pool`` part, the one
 for waiting to send): a turn further away than that raises ``httpx.PoolTimeout`` at once,
 having booked nothing.
+
+**A budget of several rates.** With ``budget=`` (a ``paceline.Budget``, with or without
+a limiter), each request books ``cost(request)`` (a mapping of dimension names to counts;
+default: 1 in every dimension) in one turn before it is sent, and every response steers
+the budget by its per-dimension fields (``Budget.follow``: ``x-ratelimit-*-tokens``,
+``anthropic-ratelimit-*``, named ``RateLimit`` policies, ``Retry-After``; never a wait
+past ``max_hold``). The turn ends when the response's body is closed (read to its end,
+as ``client.post`` does, or closed early from a stream): a success (2xx) is settled
+with ``settle_from(response)``, which gets a response holding the status, the headers
+and the body as it was read; any other status, a ``settle_from`` of ``None``, one that
+raises or returns junk, or a body over 8 MiB ends the turn keeping its estimate::
+
+    budget = paceline.Budget(requests=paceline.Rate(500, per=60.0),
+                             tokens=paceline.Rate(200_000, per=60.0), in_flight=8)
+    transport = paceline.httpx.AsyncTransport(
+        budget=budget,
+        cost=lambda request: {"tokens": estimate(request.content)},
+        settle_from=lambda response: {"tokens": response.json()["usage"]["total_tokens"]},
+    )
 """
 
 from __future__ import annotations
@@ -29,7 +48,12 @@ from typing import Callable, Collection, Optional, Union
 import httpx
 
 from . import KeyedLimiter, Limiter
+from ._booking import Booking
+from ._budget import Budget, Turn
 from ._upstream import IDEMPOTENT, Hosts
+
+# The most body a settle reads; a longer one keeps its turn's estimate.
+_SETTLE_BODY = 8 << 20
 
 __all__ = ["AsyncTransport", "Transport", "IDEMPOTENT", "AsyncFleetTransport", "FleetTransport"]
 
@@ -56,17 +80,31 @@ def _late(request: httpx.Request) -> httpx.PoolTimeout:
 class _Options:
     def __init__(
         self,
-        limiter: Union[Limiter, KeyedLimiter],
+        limiter: Union[Limiter, KeyedLimiter, None],
         key: Optional[Callable[[str], str]],
         retries: int,
         retry_methods: Collection[str],
         max_hold: float,
         above_configured: bool,
         revert_after: Optional[float],
+        budget: Optional[Budget] = None,
+        cost: Optional[Callable[[httpx.Request], object]] = None,
+        settle_from: Optional[Callable[[httpx.Response], object]] = None,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        self.hosts = Hosts(limiter, key, max_hold, above_configured, revert_after)
+        if limiter is None and budget is None:
+            raise TypeError("give a limiter, a budget, or both")
+        if budget is None and (cost is not None or settle_from is not None):
+            raise TypeError("cost and settle_from price a budget's turns: give budget=")
+        self.hosts = (
+            None
+            if limiter is None
+            else Hosts(limiter, key, max_hold, above_configured, revert_after)
+        )
+        self.booking = (
+            None if budget is None else Booking(budget, cost, settle_from, max_hold)
+        )
         self.retries = retries
         self.retry_methods = frozenset(m.upper() for m in retry_methods)
 
@@ -84,14 +122,106 @@ def _left(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
+class _Body:
+    """A response body passing through: what was read, up to ``_SETTLE_BODY``, and the
+    settle of its turn when it is closed (once)."""
+
+    def __init__(self, booking: Booking, turn: Turn, request, response) -> None:
+        self.booking = booking
+        self.turn: Optional[Turn] = turn
+        self.request = request
+        self.response = response
+        self.chunks = []
+        self.size = 0
+
+    def keep(self, chunk: bytes) -> None:
+        if self.size <= _SETTLE_BODY:
+            self.size += len(chunk)
+            self.chunks.append(chunk)
+
+    def close(self) -> None:
+        turn, self.turn = self.turn, None
+        if turn is None:
+            return
+        if self.size > _SETTLE_BODY:
+            turn.release()
+            return
+        body, self.chunks = b"".join(self.chunks), []
+        try:
+            read = httpx.Response(
+                self.response.status_code,
+                headers=self.response.headers,
+                content=body,
+                request=self.request,
+            )
+        except Exception:
+            # Never seen; but closing a body must not raise for the settle's sake.
+            turn.release()
+            return
+        self.booking.settle(turn, read)
+
+
+class _AsyncSettling(httpx.AsyncByteStream):
+    def __init__(self, stream, body: _Body) -> None:
+        self._stream = stream
+        self._body = body
+
+    async def __aiter__(self):
+        async for chunk in self._stream:
+            self._body.keep(chunk)
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            self._body.close()
+
+
+class _Settling(httpx.SyncByteStream):
+    def __init__(self, stream, body: _Body) -> None:
+        self._stream = stream
+        self._body = body
+
+    def __iter__(self):
+        for chunk in self._stream:
+            self._body.keep(chunk)
+            yield chunk
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._body.close()
+
+
+def _after(options: "_Options", request, response, turn: Optional[Turn], retry: bool, wrap):
+    """Follows ``response`` and hands its turn on: settled when its body closes (a
+    success with a ``settle_from``), else ended now keeping its estimate."""
+    booking = options.booking
+    if booking is None or turn is None:
+        return
+    booking.follow(response.status_code, _headers(response))
+    if retry or not booking.settles(response.status_code):
+        turn.release()
+        return
+    response.stream = wrap(response.stream, _Body(booking, turn, request, response))
+
+
+def _hosts(options: "_Options") -> Hosts:
+    if options.hosts is None:
+        raise ValueError("this transport has no limiter (it paces by its budget alone)")
+    return options.hosts
+
+
 class AsyncTransport(httpx.AsyncBaseTransport):
     """An ``httpx.AsyncClient`` transport: every request waits its turn on ``limiter``
-    and its upstream's follower (see the module docs), then goes through ``transport``
-    (httpx's default one unless given)."""
+    and its upstream's follower, and on ``budget`` (see the module docs), then goes
+    through ``transport`` (httpx's default one unless given)."""
 
     def __init__(
         self,
-        limiter: Union[Limiter, KeyedLimiter],
+        limiter: Union[Limiter, KeyedLimiter, None] = None,
         transport: Optional[httpx.AsyncBaseTransport] = None,
         *,
         key: Optional[Callable[[str], str]] = None,
@@ -100,34 +230,48 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         max_hold: float = 300.0,
         above_configured: bool = False,
         revert_after: Optional[float] = None,
+        budget: Optional[Budget] = None,
+        cost: Optional[Callable[[httpx.Request], object]] = None,
+        settle_from: Optional[Callable[[httpx.Response], object]] = None,
     ) -> None:
         self._options = _Options(
-            limiter, key, retries, retry_methods, max_hold, above_configured, revert_after
+            limiter, key, retries, retry_methods, max_hold, above_configured, revert_after,
+            budget, cost, settle_from,
         )
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     def pace(self, host: str):
         """The pace ``host``'s follower keeps now: ``(1, seconds between requests,
-        burst)``."""
-        hosts = self._options.hosts
+        burst)``; ``ValueError`` for a transport with no limiter."""
+        hosts = _hosts(self._options)
         return hosts.followers.quota(hosts.key(host))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
-        hosts = options.hosts
-        key = hosts.key(request.url.host)
+        hosts, booking = options.hosts, options.booking
+        key = "" if hosts is None else hosts.key(request.url.host)
         timeout = _pool_timeout(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
         while True:
             try:
-                await hosts.acquire(key, _left(deadline))
+                if hosts is not None:
+                    await hosts.acquire(key, _left(deadline))
+                turn = None if booking is None else await booking.acquire(request, _left(deadline))
             except TimeoutError:
                 raise _late(request) from None
-            sent = hosts.sent(key)
-            response = await self._transport.handle_async_request(request)
-            hosts.observe(key, response.status_code, _headers(response), sent)
-            if not options.retry(request, response, attempt):
+            try:
+                sent = None if hosts is None else hosts.sent(key)
+                response = await self._transport.handle_async_request(request)
+            except BaseException:
+                if turn is not None:
+                    turn.release()
+                raise
+            if hosts is not None:
+                hosts.observe(key, response.status_code, _headers(response), sent)
+            retry = options.retry(request, response, attempt)
+            _after(options, request, response, turn, retry, _AsyncSettling)
+            if not retry:
                 return response
             await response.aclose()
             attempt += 1
@@ -142,7 +286,7 @@ class Transport(httpx.BaseTransport):
 
     def __init__(
         self,
-        limiter: Union[Limiter, KeyedLimiter],
+        limiter: Union[Limiter, KeyedLimiter, None] = None,
         transport: Optional[httpx.BaseTransport] = None,
         *,
         key: Optional[Callable[[str], str]] = None,
@@ -151,33 +295,49 @@ class Transport(httpx.BaseTransport):
         max_hold: float = 300.0,
         above_configured: bool = False,
         revert_after: Optional[float] = None,
+        budget: Optional[Budget] = None,
+        cost: Optional[Callable[[httpx.Request], object]] = None,
+        settle_from: Optional[Callable[[httpx.Response], object]] = None,
     ) -> None:
         self._options = _Options(
-            limiter, key, retries, retry_methods, max_hold, above_configured, revert_after
+            limiter, key, retries, retry_methods, max_hold, above_configured, revert_after,
+            budget, cost, settle_from,
         )
         self._transport = transport if transport is not None else httpx.HTTPTransport()
 
     def pace(self, host: str):
         """As ``AsyncTransport.pace``."""
-        hosts = self._options.hosts
+        hosts = _hosts(self._options)
         return hosts.followers.quota(hosts.key(host))
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
-        hosts = options.hosts
-        key = hosts.key(request.url.host)
+        hosts, booking = options.hosts, options.booking
+        key = "" if hosts is None else hosts.key(request.url.host)
         timeout = _pool_timeout(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
         while True:
             try:
-                hosts.acquire_blocking(key, _left(deadline))
+                if hosts is not None:
+                    hosts.acquire_blocking(key, _left(deadline))
+                turn = (
+                    None if booking is None else booking.acquire_blocking(request, _left(deadline))
+                )
             except TimeoutError:
                 raise _late(request) from None
-            sent = hosts.sent(key)
-            response = self._transport.handle_request(request)
-            hosts.observe(key, response.status_code, _headers(response), sent)
-            if not options.retry(request, response, attempt):
+            try:
+                sent = None if hosts is None else hosts.sent(key)
+                response = self._transport.handle_request(request)
+            except BaseException:
+                if turn is not None:
+                    turn.release()
+                raise
+            if hosts is not None:
+                hosts.observe(key, response.status_code, _headers(response), sent)
+            retry = options.retry(request, response, attempt)
+            _after(options, request, response, turn, retry, _Settling)
+            if not retry:
                 return response
             response.close()
             attempt += 1

@@ -130,6 +130,70 @@ fn forgetting_the_log_keeps_every_charge() {
     assert!(ledger.consistent());
 }
 
+#[test]
+fn a_floor_survives_the_replay_of_an_earlier_refund() {
+    // 1 cell a second, burst 10. A turn books 8 at 0 s; the upstream then says the
+    // dimension is whole again only at 20 s (a floor); the turn settles at 1 cell. The
+    // refund must not pull the TAT back below the floor.
+    let mut ledger = Ledger::new(&[params(1, 10)]);
+    let first = admit(&mut ledger, 0, &[8]);
+    ledger.floor(0, 20 * SEC);
+    assert_eq!(ledger.tat(0), 20 * SEC);
+    ledger.settle(first, &[8], &[Some(1)]);
+    assert_eq!(ledger.tat(0), 20 * SEC);
+    assert!(ledger.consistent());
+    // A floor below the TAT changes nothing; one on an empty log sets it directly.
+    ledger.floor(0, 5 * SEC);
+    assert_eq!(ledger.tat(0), 20 * SEC);
+    assert_eq!(ledger.logged(), 0);
+    ledger.floor(0, 30 * SEC);
+    assert_eq!(ledger.tat(0), 30 * SEC);
+    assert!(ledger.consistent());
+}
+
+#[test]
+fn a_floor_below_the_tat_still_binds_after_a_refund() {
+    // 2 cells a second, burst 12. A turn books 7 (TAT 3.5 s); the upstream says the
+    // dimension is whole no sooner than 1.001 s, which is below the TAT now, but the turn
+    // then settles at 0: the TAT falls to the floor, not to 0.
+    let mut ledger = Ledger::new(&[params(2, 12)]);
+    let first = admit(&mut ledger, 0, &[7]);
+    ledger.floor(0, 1_001_000_000);
+    assert_eq!(ledger.tat(0), 3_500_000_000);
+    ledger.settle(first, &[7], &[Some(0)]);
+    assert_eq!(ledger.tat(0), 1_001_000_000);
+    assert!(ledger.consistent());
+}
+
+#[test]
+fn a_rate_change_keeps_logged_cells_at_their_old_price() {
+    // 10 a second (100 ms a cell), burst 10. A turn books 10 cells (1 s); the rate then
+    // drops to 1 a second, and the turn settles at 5: 5 cells come back at the interval
+    // they were booked at (500 ms), not at the new one (5 s).
+    let mut ledger = Ledger::new(&[params(10, 10)]);
+    let first = admit(&mut ledger, 0, &[10]);
+    ledger.set_params(0, &params(1, 10));
+    ledger.settle(first, &[10], &[Some(5)]);
+    assert_eq!(ledger.tat(0), SEC / 2);
+    // New admissions are priced at the new interval.
+    let second = admit(&mut ledger, SEC, &[2]);
+    assert_eq!(ledger.tat(0), 3 * SEC);
+    ledger.close(second);
+    assert!(ledger.consistent());
+}
+
+#[test]
+fn a_hold_of_the_whole_budget_admits_nothing_before_it() {
+    let mut ledger = Ledger::new(&[params(1, 10)]);
+    ledger.hold(5 * SEC);
+    assert_eq!(ledger.ready(&[0], 0), Ready::At(5 * SEC));
+    assert_eq!(ledger.remaining(0, SEC), 0);
+    assert_eq!(ledger.ready(&[1], 5 * SEC), Ready::Now);
+    // An earlier hold does not shorten it.
+    ledger.hold(SEC);
+    assert_eq!(ledger.held(), 5 * SEC);
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     /// Advance time by this many ms, then admit these cells if they conform.
@@ -138,6 +202,10 @@ enum Op {
     Settle(usize, [Option<u32>; 2]),
     /// Close the i-th open turn at its estimate.
     Close(usize),
+    /// Floor dimension d's TAT at now + this many ms.
+    Floor(usize, u64),
+    /// Set dimension d's rate to this many cells a second (burst unchanged).
+    Rate(usize, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -153,6 +221,8 @@ fn op() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(i, c)| Op::Settle(i, c)),
         any::<usize>().prop_map(Op::Close),
+        (0usize..2, 0u64..20_000).prop_map(|(d, ms)| Op::Floor(d, ms)),
+        (0usize..2, 1u64..8).prop_map(|(d, n)| Op::Rate(d, n)),
     ]
 }
 
@@ -161,11 +231,12 @@ proptest! {
     /// (settled: its real cost; open: its estimate), and the ledger's invariant holds.
     #[test]
     fn tats_equal_a_replay_of_the_whole_history(ops in proptest::collection::vec(op(), 1..120)) {
-        let quotas = [params(2, 12), params(5, 20)];
+        let mut quotas = [params(2, 12), params(5, 20)];
         let mut ledger = Ledger::new(&quotas);
         let mut now = 0u64;
-        // The model: every admission ever made, with its current cost.
-        let mut history: Vec<(u64, [u32; 2])> = Vec::new();
+        // The model: every admission ever made, with its current cost and the intervals
+        // it was priced at, and every floor.
+        let mut history: Vec<Event> = Vec::new();
         // Open turns: (id, index in history, charged).
         let mut open: Vec<(u64, usize, [u32; 2])> = Vec::new();
         for op in ops {
@@ -175,23 +246,26 @@ proptest! {
                     let ready = ledger.ready(&cells, now);
                     // The model's decision: conform in every dimension.
                     let conforms = (0..2).all(|d| {
-                        let tat = model_tat(&history, &quotas, d);
+                        let tat = model_tat(&history, d);
                         u128::from(tat) + u128::from(cells[d]) * u128::from(quotas[d].interval())
                             <= u128::from(now) + u128::from(quotas[d].tau())
                     });
                     prop_assert_eq!(ready == Ready::Now, conforms);
                     if conforms {
                         let id = ledger.admit(now, cells.into());
-                        history.push((now, cells));
+                        let intervals = [quotas[0].interval(), quotas[1].interval()];
+                        history.push(Event::Admission(now, cells, intervals));
                         open.push((id, history.len() - 1, cells));
                     }
                 }
                 Op::Settle(i, actual) if !open.is_empty() => {
                     let (id, at, charged) = open.remove(i % open.len());
                     ledger.settle(id, &charged, &actual);
-                    for (cell, new) in history[at].1.iter_mut().zip(actual) {
-                        if let Some(new) = new {
-                            *cell = new;
+                    if let Event::Admission(_, cells, _) = &mut history[at] {
+                        for (cell, new) in cells.iter_mut().zip(actual) {
+                            if let Some(new) = new {
+                                *cell = new;
+                            }
                         }
                     }
                 }
@@ -199,11 +273,20 @@ proptest! {
                     let (id, _, _) = open.remove(i % open.len());
                     ledger.close(id);
                 }
+                Op::Floor(d, ms) => {
+                    let at = now + ms * 1_000_000;
+                    ledger.floor(d, at);
+                    history.push(Event::Floor(d, at));
+                }
+                Op::Rate(d, n) => {
+                    quotas[d] = Params::new(SEC / n, quotas[d].burst()).unwrap();
+                    ledger.set_params(d, &quotas[d]);
+                }
                 _ => {}
             }
             prop_assert!(ledger.consistent());
             for d in 0..2 {
-                prop_assert_eq!(ledger.tat(d), model_tat(&history, &quotas, d));
+                prop_assert_eq!(ledger.tat(d), model_tat(&history, d));
             }
             prop_assert!(ledger.logged() <= history.len());
             if open.is_empty() {
@@ -213,9 +296,21 @@ proptest! {
     }
 }
 
-/// Dimension `d`'s TAT after replaying every admission in `history` from 0.
-fn model_tat(history: &[(u64, [u32; 2])], quotas: &[Params], d: usize) -> u64 {
-    history.iter().fold(0u64, |x, (at, cells)| {
-        (u128::from(x.max(*at)) + u128::from(cells[d]) * u128::from(quotas[d].interval())) as u64
+/// What the model remembers: admissions (instant, current cells, intervals at
+/// admission) and floors (dimension, instant).
+#[derive(Clone, Debug)]
+enum Event {
+    Admission(u64, [u32; 2], [u64; 2]),
+    Floor(usize, u64),
+}
+
+/// Dimension `d`'s TAT after replaying every event in `history` from 0.
+fn model_tat(history: &[Event], d: usize) -> u64 {
+    history.iter().fold(0u64, |x, event| match *event {
+        Event::Admission(at, cells, intervals) => {
+            (u128::from(x.max(at)) + u128::from(cells[d]) * u128::from(intervals[d])) as u64
+        }
+        Event::Floor(dim, at) if dim == d => x.max(at),
+        Event::Floor(..) => x,
     })
 }

@@ -1,12 +1,20 @@
 //! The client side: a tower layer that paces outgoing requests and follows what each
 //! upstream says ([`PaceLayer`]), and the same for reqwest ([`PaceMiddleware`], feature
-//! `reqwest`).
+//! `reqwest`); a tower layer that books each request on a [`Budget`](crate::budget::Budget)
+//! of several rates and follows each response's per-dimension fields ([`BudgetLayer`]).
 
+mod budget;
+pub use self::budget::{BoxError, BudgetLayer, BudgetService, Cost, Settle};
 #[cfg(feature = "reqwest")]
 mod reqwest;
 #[cfg(feature = "reqwest")]
+mod reqwest_budget;
+#[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use self::reqwest::PaceMiddleware;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use self::reqwest_budget::BudgetMiddleware;
 
 use core::future::Future;
 use core::pin::Pin;
