@@ -1,0 +1,288 @@
+use super::*;
+use crate::clock::ManualClock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn follower(config: FollowerConfig) -> (Follower<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(10));
+    let configured = Quota::per_second(100).with_burst(1);
+    (
+        Follower::with_clock(configured, config, clock.clone()),
+        clock,
+    )
+}
+
+fn respond(f: &Follower<ManualClock>, status: u16, headers: &[(&str, &str)]) -> Option<Duration> {
+    let signal = Signal::read(
+        status,
+        headers.iter().map(|(n, v)| (*n, v.as_bytes())),
+        SystemTime::now(),
+    );
+    f.apply(&signal, f.sent())
+}
+
+/// The pace in requests per second.
+fn pace(f: &Follower<ManualClock>) -> f64 {
+    1.0 / f.limiter().quota().emission_interval().as_secs_f64()
+}
+
+fn policy(q: u64, w: &str) -> String {
+    format!("\"p\";q={q};w={w}")
+}
+
+#[test]
+fn an_announced_pace_is_followed_at_95_percent_down_and_back_up() {
+    let (f, _) = follower(FollowerConfig::default());
+    respond(&f, 200, &[("ratelimit-policy", &policy(20, "1"))]);
+    assert!((pace(&f) - 19.0).abs() < 0.01, "{}", pace(&f));
+    // A higher one: back up, to the configured quota and no further.
+    respond(&f, 200, &[("ratelimit-policy", &policy(200, "1"))]);
+    assert_eq!(f.limiter().quota(), Quota::per_second(100).with_burst(1));
+}
+
+#[test]
+fn above_configured_follows_a_higher_announced_pace() {
+    let (f, _) = follower(FollowerConfig::default().above_configured(true));
+    respond(&f, 200, &[("ratelimit-policy", &policy(200, "1"))]);
+    assert!((pace(&f) - 190.0).abs() < 0.01, "{}", pace(&f));
+    // Without it, the configured quota is the ceiling.
+    let (f, _) = follower(FollowerConfig::default());
+    respond(&f, 200, &[("ratelimit-policy", &policy(200, "1"))]);
+    assert!((pace(&f) - 100.0).abs() < 0.01);
+}
+
+#[test]
+fn revert_after_forgets_an_announced_pace_after_silence_and_not_before() {
+    let (f, clock) = follower(FollowerConfig::default().revert_after(Duration::from_secs(30)));
+    respond(&f, 200, &[("ratelimit-policy", &policy(20, "1"))]);
+    clock.advance(Duration::from_secs(29));
+    respond(&f, 200, &[]);
+    assert!((pace(&f) - 19.0).abs() < 0.01);
+    clock.advance(Duration::from_secs(1));
+    respond(&f, 200, &[]);
+    assert!((pace(&f) - 100.0).abs() < 0.01);
+    // Without revert_after, silence keeps it.
+    let (f, clock) = follower(FollowerConfig::default());
+    respond(&f, 200, &[("ratelimit-policy", &policy(20, "1"))]);
+    clock.advance(Duration::from_secs(3_600));
+    respond(&f, 200, &[]);
+    assert!((pace(&f) - 19.0).abs() < 0.01);
+}
+
+#[test]
+fn an_announced_window_never_spaces_requests_past_max_hold() {
+    let config = FollowerConfig::default().max_hold(Duration::from_secs(2));
+    let (f, _) = follower(config);
+    respond(&f, 200, &[("ratelimit-policy", &policy(1, "60"))]);
+    assert_eq!(
+        f.limiter().quota().emission_interval(),
+        Duration::from_secs(2)
+    );
+    // A window past a minute is a budget, not a pace: held only once it is spent.
+    let (f, _) = follower(config);
+    respond(&f, 200, &[("ratelimit-policy", &policy(1, "1000000000"))]);
+    assert!((pace(&f) - 100.0).abs() < 0.01);
+    let hold = respond(
+        &f,
+        200,
+        &[
+            ("ratelimit-policy", &policy(1, "1000000000")),
+            ("ratelimit", "\"p\";r=0;t=999999999"),
+        ],
+    );
+    assert_eq!(hold, Some(Duration::from_secs(2)));
+    // max_hold zero: nothing the upstream says slows the client.
+    let (f, _) = follower(FollowerConfig::default().max_hold(Duration::ZERO));
+    assert_eq!(
+        respond(
+            &f,
+            429,
+            &[
+                ("retry-after", "60"),
+                ("ratelimit-policy", &policy(1, "60"))
+            ]
+        ),
+        None
+    );
+    assert!((pace(&f) - 100.0).abs() < 0.01);
+}
+
+#[test]
+fn the_callers_own_quota_is_never_overridden() {
+    let (f, _) = follower(FollowerConfig::default());
+    respond(&f, 200, &[("ratelimit-policy", &policy(50, "1"))]);
+    f.limiter().set_quota(Quota::per_second(10).with_burst(1));
+    respond(&f, 200, &[("ratelimit-policy", &policy(50, "1"))]);
+    assert_eq!(f.configured(), Quota::per_second(10).with_burst(1));
+    assert!((pace(&f) - 10.0).abs() < 0.01);
+    f.set_configured(Quota::per_second(30).with_burst(1));
+    assert!((pace(&f) - 30.0).abs() < 0.01);
+}
+
+#[test]
+fn refusals_alone_halve_the_pace_then_cut_it_by_a_tenth_and_it_grows_back() {
+    let (f, clock) = follower(FollowerConfig::default());
+    // A refusal explained by nothing: halved.
+    respond(&f, 429, &[]);
+    assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+    // A request sent before the cut says nothing more.
+    let early = f.sent();
+    clock.advance(MS);
+    f.apply(
+        &Signal::read(200, [("a", &b""[..])], SystemTime::now()),
+        early,
+    );
+    clock.advance(MS);
+    let before = f.sent();
+    respond(&f, 200, &[]);
+    clock.advance(MS);
+    f.apply(
+        &Signal::read(429, [("a", &b""[..])], SystemTime::now()),
+        before,
+    );
+    // Sent after the cut: cut by a tenth (of the pace then, which grew a little).
+    assert!((pace(&f) - 45.0).abs() < 0.1, "{}", pace(&f));
+    // 0.5 % of the pace at the cut per second: 10 s for 2.25 more.
+    clock.advance(Duration::from_secs(10));
+    respond(&f, 200, &[]);
+    assert!((pace(&f) - 47.25).abs() < 0.5, "{}", pace(&f));
+}
+
+#[test]
+fn consecutive_bare_refusals_back_off_doubling() {
+    let (f, _) = follower(FollowerConfig::default());
+    assert_eq!(respond(&f, 429, &[]), None);
+    let interval = f.limiter().quota().emission_interval();
+    assert_eq!(respond(&f, 429, &[]), Some(interval * 2));
+    assert_eq!(respond(&f, 429, &[]), Some(interval * 4));
+    respond(&f, 200, &[]);
+    assert_eq!(respond(&f, 429, &[]), None);
+}
+
+#[test]
+fn a_count_that_falls_to_zero_is_a_cut_and_one_that_stays_there_is_not() {
+    let (f, _) = follower(FollowerConfig::default());
+    respond(
+        &f,
+        200,
+        &[("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "1")],
+    );
+    assert_eq!(
+        respond(
+            &f,
+            200,
+            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")]
+        ),
+        None
+    );
+    assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+    respond(
+        &f,
+        200,
+        &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
+    );
+    assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+    // A reset two seconds or more away with nothing left: a hold.
+    let hold = respond(
+        &f,
+        200,
+        &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "5")],
+    );
+    assert_eq!(hold, Some(Duration::from_secs(5)));
+}
+
+#[test]
+fn a_fixed_window_is_recognised_and_a_spent_one_holds_until_its_end() {
+    let (f, clock) = follower(FollowerConfig::default());
+    // 10 per 1 s window from t = 10.0 s; a client at 100/s.
+    let mut remaining = 10u64;
+    let mut window_end = Duration::from_secs(11);
+    let mut holds = Vec::new();
+    for _ in 0..400 {
+        let now = Duration::from_nanos(crate::clock::Clock::now(&clock));
+        while now >= window_end {
+            window_end += Duration::from_secs(1);
+            remaining = 10;
+        }
+        let (status, left) = if remaining > 0 {
+            remaining -= 1;
+            (200, remaining)
+        } else {
+            (429, 0)
+        };
+        let reset = (window_end - now).as_secs_f64().ceil().max(1.0) as u64;
+        let hold = respond(
+            &f,
+            status,
+            &[
+                ("x-ratelimit-remaining", &left.to_string()),
+                ("x-ratelimit-reset", &reset.to_string()),
+            ],
+        );
+        if let Some(hold) = hold {
+            holds.push((now, hold));
+            clock.advance(hold);
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    // Once recognised, a spent window holds until its end, never past it by much.
+    let (at, hold) = *holds.last().unwrap();
+    let end = Duration::from_secs((at + hold).as_secs_f64().round() as u64);
+    assert!(
+        at + hold >= end - Duration::from_millis(15),
+        "{at:?} + {hold:?}"
+    );
+    assert!(hold < Duration::from_secs(1), "{hold:?}");
+}
+
+#[test]
+fn hostile_values_are_capped_or_ignored() {
+    let config = FollowerConfig::default().max_hold(Duration::from_secs(3));
+    let far = (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 10u128.pow(15))
+    .to_string();
+    for headers in [
+        vec![("retry-after", "99999999999999999999999999")],
+        vec![("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")],
+        vec![
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", far.as_str()),
+        ],
+        vec![("ratelimit", "\"a\";r=0;t=18446744073709551615")],
+    ] {
+        let (f, _) = follower(config);
+        let hold = respond(&f, 429, &headers);
+        assert_eq!(hold, Some(Duration::from_secs(3)), "{headers:?}");
+    }
+    // Absurd policies: a rate past the configured one is capped; a policy repeated a
+    // thousand times costs what 32 do.
+    let (f, _) = follower(config);
+    respond(
+        &f,
+        200,
+        &[(
+            "ratelimit-policy",
+            "\"a\";q=18446744073709551615;w=0.000000001",
+        )],
+    );
+    assert!((pace(&f) - 100.0).abs() < 0.01);
+    let many = "\"a\";q=1;w=1,".repeat(1_000);
+    respond(&f, 200, &[("ratelimit-policy", &many)]);
+    assert_eq!(f.announced(), Some(1.0));
+    // Zero and negative values are ignored.
+    let (f, _) = follower(config);
+    respond(
+        &f,
+        200,
+        &[(
+            "ratelimit-policy",
+            "\"a\";q=0;w=1, \"b\";q=5;w=0, \"c\";q=-5;w=1",
+        )],
+    );
+    assert_eq!(f.announced(), None);
+}
