@@ -308,3 +308,29 @@ def test_the_draft_07_ratelimit_field_is_followed(upstream):
     statuses, elapsed = run(transport, upstream.url, 2, limit=10)
     assert statuses == [200, 200]
     assert 1.5 < elapsed < 3.5, elapsed
+
+
+def test_a_request_refused_at_once_by_a_hold_spends_none_of_the_callers_quota(upstream):
+    # The upstream holds for 3 s; requests whose client allows 0.5 s for a turn fail at
+    # once with PoolTimeout, having booked nothing: the caller's own quota is untouched.
+    upstream.configure(refuse_all=3)
+    limiter = paceline.Limiter(5, per=60.0, burst=5)
+
+    async def main():
+        transport = paceline.httpx.AsyncTransport(limiter, max_hold=3.0, retries=0)
+        timeout = httpx.Timeout(60, pool=0.5)
+        async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
+            assert (await client.get(upstream.url)).status_code == 429
+            for _ in range(4):
+                with pytest.raises(httpx.PoolTimeout):
+                    await client.get(upstream.url)
+
+    asyncio.run(main())
+    assert limiter.remaining() == 4
+    transport = paceline.httpx.Transport(limiter, max_hold=3.0, retries=0)
+    with httpx.Client(transport=transport, timeout=httpx.Timeout(60, pool=0.5)) as client:
+        assert client.get(upstream.url).status_code == 429
+        for _ in range(2):
+            with pytest.raises(httpx.PoolTimeout):
+                client.get(upstream.url)
+    assert limiter.remaining() == 3

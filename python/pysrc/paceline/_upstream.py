@@ -75,6 +75,7 @@ class Hosts:
         def left() -> Optional[float]:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
+        self._refuse_past(key, left())
         if not self._skip_limiter(key):
             if self.keyed:
                 await self.limiter.acquire(key, timeout=left())
@@ -92,6 +93,7 @@ class Hosts:
     def acquire_blocking(self, key: str, timeout: Optional[float]) -> None:
         """``acquire`` for threads (the GIL released while it waits)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._refuse_past(key, timeout)
         if not self._skip_limiter(key):
             if self.keyed:
                 self.limiter.acquire_blocking(key, timeout=timeout)
@@ -99,6 +101,12 @@ class Hosts:
                 self.limiter.acquire_blocking(timeout=timeout)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         self.followers.acquire_blocking(key, left)
+
+    def _refuse_past(self, key: str, timeout: Optional[float]) -> None:
+        """``TimeoutError`` at once, before the caller's own limiter is asked, when the
+        upstream's turn is already further than ``timeout``: nothing is booked."""
+        if timeout is not None and self.followers.wait_time(key) > timeout:
+            raise TimeoutError("the upstream holds past the timeout; nothing was booked")
 
     def sent(self, key: str) -> int:
         """The instant a request with ``key`` leaves, to pass to ``observe``."""
