@@ -234,3 +234,43 @@ def test_bad_arguments_are_refused():
     limiter.hold(0.5)
     assert 0.4 < limiter.wait_time() <= 0.5
     assert math.isfinite(limiter.wait_time())
+
+
+def test_aiohttp_paces_every_hop_of_a_redirect_chain():
+    # Each hop of a redirect is a request to the upstream: it waits its turn as httpx's
+    # hops do, and the hop's response steers the follower.
+    aiohttp = pytest.importorskip("aiohttp")
+    from aiohttp import web
+
+    import paceline.aiohttp
+
+    arrivals = []
+
+    async def hop(request):
+        arrivals.append(time.monotonic())
+        n = int(request.rel_url.query.get("n", "0"))
+        if n > 0:
+            raise web.HTTPFound(f"/?n={n - 1}")
+        return web.Response(text="done")
+
+    async def main():
+        app = web.Application()
+        app.router.add_get("/", hop)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        config = paceline.aiohttp.trace_config(paceline.Limiter(10, per=1.0, burst=1))
+        try:
+            async with aiohttp.ClientSession(trace_configs=[config]) as session:
+                async with session.get(f"http://127.0.0.1:{port}/?n=5") as response:
+                    assert await response.text() == "done"
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    assert len(arrivals) == 6
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    # 10/s, burst 1: 100 ms apart (a millisecond of the clocks' disagreement allowed).
+    assert min(gaps) >= 0.099, gaps

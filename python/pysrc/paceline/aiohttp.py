@@ -37,6 +37,7 @@ from types import SimpleNamespace
 from typing import Callable, Optional, Union
 
 import aiohttp
+import yarl
 
 from . import KeyedLimiter, Limiter
 from ._booking import Booking
@@ -124,6 +125,30 @@ def trace_config(
             raise
         booking.settle(turn, response)
 
+    async def on_request_redirect(session, context, params) -> None:
+        # A hop of a redirect: its response steers its host's follower, and the next hop,
+        # a request of its own, waits its turn (the budget's turn covers the whole call).
+        if hosts is None:
+            return
+        response = params.response
+        headers = [(name.decode("latin-1"), value) for name, value in response.raw_headers]
+        hop_key = hosts.key(params.url.host or "")
+        hosts.observe(hop_key, response.status, headers, getattr(context, "paceline_sent", None))
+        location = response.headers.get("Location", "")
+        try:
+            next_url = params.url.join(yarl.URL(location))
+        except ValueError:
+            next_url = params.url
+        next_key = hosts.key(next_url.host or params.url.host or "")
+        try:
+            await hosts.acquire(next_key, _budget(session))
+        except TimeoutError:
+            raise _TIMEOUT(
+                "paceline: the turn to follow this redirect is further away than the "
+                "session's timeout allows (nothing was sent)"
+            ) from None
+        context.paceline_sent = hosts.sent(next_key)
+
     async def on_request_exception(session, context, params) -> None:
         turn = getattr(context, "paceline_turn", None)
         if turn is not None:
@@ -132,6 +157,7 @@ def trace_config(
 
     config.on_request_start.append(on_request_start)
     config.on_request_end.append(on_request_end)
+    config.on_request_redirect.append(on_request_redirect)
     config.on_request_exception.append(on_request_exception)
     # For a look at what each upstream said (tests, debugging).
     config._paceline_hosts = hosts  # type: ignore[attr-defined]
