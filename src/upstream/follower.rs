@@ -63,6 +63,10 @@ pub const PACE_SHARE: f64 = 0.95;
 
 const NANOS: f64 = 1e9;
 
+/// A pace interval below which a one-second `Retry-After` on a first refusal is read as a
+/// wait rounded up to whole seconds (`Follower::apply`).
+const ROUNDED_EDGE_INTERVAL: u64 = 500_000_000;
+
 /// One upstream's limiter, steered by what the upstream says (see the module docs of
 /// [`crate::upstream`] for the model): every request waits its turn on
 /// [`Follower::limiter`] ([`Follower::until_ready`]), and every response goes to
@@ -439,7 +443,23 @@ impl<C: Clock> Follower<C> {
         // Refusals.
         let status = signal.status();
         if let Some(d) = signal.retry_after() {
-            hold = hold.max(crate::wait::duration_nanos(d));
+            // The first refusal of a run, with a `Retry-After` of one whole second while
+            // an announced pace spaces requests by well under that: most likely a request
+            // a moment early at the edge of the pace, its wait rounded up to the whole
+            // seconds the field allows. Two intervals, not the second; if the second was
+            // meant, the next request is refused at once and that one holds.
+            let rounded_edge = status == 429
+                && state.streak == 0
+                && d <= Duration::from_secs(1)
+                && d.subsec_nanos() == 0
+                && state.announced.is_some()
+                && interval < ROUNDED_EDGE_INTERVAL;
+            let d = if rounded_edge {
+                interval.saturating_mul(2)
+            } else {
+                crate::wait::duration_nanos(d)
+            };
+            hold = hold.max(d);
         }
         if status == 429 {
             state.streak = state.streak.saturating_add(1);

@@ -286,3 +286,42 @@ fn hostile_values_are_capped_or_ignored() {
     );
     assert_eq!(f.announced(), None);
 }
+
+#[test]
+fn a_first_refusal_of_one_rounded_second_at_a_fast_announced_pace_holds_two_intervals() {
+    // paceline's own server at 50/s, burst 1: a request a millisecond early is refused
+    // with "Retry-After: 1" (a 20 ms wait rounded up to whole seconds). Holding the
+    // second would cost a second of the rate per refusal.
+    let (f, clock) = follower(FollowerConfig::default());
+    let fields = [
+        ("ratelimit-policy", "\"api\";q=50;w=1"),
+        ("ratelimit", "\"api\";r=0;t=1"),
+        ("retry-after", "1"),
+    ];
+    respond(&f, 200, &[("ratelimit-policy", "\"api\";q=50;w=1")]);
+    let interval = Duration::from_secs_f64(1.0 / pace(&f));
+    let hold = respond(&f, 429, &fields).unwrap();
+    assert!(hold <= 2 * interval + MS, "{hold:?}");
+    // Refused again at once: the second was meant; it holds.
+    clock.advance(hold);
+    assert_eq!(respond(&f, 429, &fields), Some(Duration::from_secs(1)));
+    // A success ends the run; a longer Retry-After, or one without an announced pace,
+    // holds as it says.
+    respond(&f, 200, &[("ratelimit-policy", "\"api\";q=50;w=1")]);
+    assert_eq!(
+        respond(
+            &f,
+            429,
+            &[
+                ("ratelimit-policy", "\"api\";q=50;w=1"),
+                ("retry-after", "2")
+            ]
+        ),
+        Some(Duration::from_secs(2))
+    );
+    let (bare, _) = follower(FollowerConfig::default());
+    assert_eq!(
+        respond(&bare, 429, &[("retry-after", "1")]),
+        Some(Duration::from_secs(1))
+    );
+}
