@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 pub(crate) trait Cell: Send + Sync + 'static {
     type Key;
     /// The key a Python `str` names.
-    fn key(key: String) -> Self::Key;
+    fn key(key: &str) -> Self::Key;
     /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
     /// booking may wait for another process (a shared key's bucket).
     fn reserve(
@@ -59,7 +59,7 @@ pub(crate) trait Cell: Send + Sync + 'static {
 impl Cell for Limiter {
     type Key = ();
 
-    fn key(_: String) {}
+    fn key(_: &str) {}
 
     fn reserve(
         self: &Arc<Self>,
@@ -102,7 +102,7 @@ impl Cell for Limiter {
 impl Cell for KeyedLimiter<TextKey> {
     type Key = TextKey;
 
-    fn key(key: String) -> TextKey {
+    fn key(key: &str) -> TextKey {
         key.into()
     }
 
@@ -151,7 +151,7 @@ impl Cell for KeyedLimiter<TextKey> {
 impl Cell for SharedLimiter {
     type Key = ();
 
-    fn key(_: String) {}
+    fn key(_: &str) {}
 
     fn reserve(
         self: &Arc<Self>,
@@ -203,8 +203,8 @@ impl Cell for SharedKeyedLimiter {
     // Bytes: every process, in any language, finds the same key in the same slot.
     type Key = String;
 
-    fn key(key: String) -> String {
-        key
+    fn key(key: &str) -> String {
+        key.to_owned()
     }
 
     fn reserve(

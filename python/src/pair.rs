@@ -68,7 +68,7 @@ impl Stats {
 }
 
 impl<L: Cell> Pair<L> {
-    pub(crate) fn key(&self, key: String) -> L::Key {
+    pub(crate) fn key(&self, key: &str) -> L::Key {
         L::key(key)
     }
 
@@ -100,9 +100,12 @@ impl<L: Cell> Pair<L> {
     /// Takes `n` cells now if nobody waits ahead and they fit; never waits (but for
     /// another process's claim of a new key's bucket, at most
     /// `paceline::shared::CLAIM_PATIENCE`, the GIL let go).
+    ///
+    /// `n` over the burst raises `ValueError`, checked only once it was not admitted
+    /// (admitted, it fitted the burst): the admission reads the quota once.
     pub(crate) fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
-        check_n(n, self.burst())?;
         if let Some(exec) = self.exec.as_ref().filter(|exec| !exec.fits(key, n)) {
+            check_n(n, self.burst())?;
             // Not now; a new key with no room to store it (in either cell: each keeps its
             // own table) is told so.
             return Ok(if self.booked.has_room(key) && exec.has_room(key) {
@@ -113,6 +116,7 @@ impl<L: Cell> Pair<L> {
         }
         let took = self.booked.take(py, key, n);
         if took != Took::Yes {
+            check_n(n, self.burst())?;
             return Ok(took);
         }
         // The execution cell had room a moment ago; a racing caller may have taken it,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Union
+import weakref
+from typing import Awaitable, Dict, Optional, Union
 
 from ._args import _MAX_COUNT, _capacity, _count, _gid, _hold_seconds, _path, _quota, _timeout, _trusted, _uid
 from ._limiter import _PICKLE_HINT
@@ -31,6 +32,7 @@ class KeyedLimiter:
         self._core = new_keyed_core(rate, per, burst, bool(execution_bound), max_keys)
         self._waiting = _Waiting()
         self._shared: Optional[tuple] = None
+        self._bind()
 
     @classmethod
     def shared(
@@ -66,6 +68,7 @@ class KeyedLimiter:
         )
         self._waiting = _Waiting()
         self._shared = (path, rate, per, burst, capacity, bool(execution_bound), uid, gid)
+        self._bind()
         return self
 
     @property
@@ -77,6 +80,17 @@ class KeyedLimiter:
         if self._shared is None:
             raise TypeError(_PICKLE_HINT.format("KeyedLimiter"))
         return (_attach_keyed_limiter, self._shared)
+
+    def _bind(self) -> None:
+        """As ``Limiter._bind``: the Rust core's ``try_acquire`` and ``acquire`` on this
+        object, unless a subclass overrides them."""
+        core = self._core
+        core.bind(weakref.WeakMethod(self._acquire))
+        cls = type(self)
+        if cls.try_acquire is KeyedLimiter.try_acquire:
+            self.try_acquire = core.try_acquire  # type: ignore[method-assign]
+        if cls.acquire is KeyedLimiter.acquire:
+            self.acquire = core.acquire  # type: ignore[method-assign]
 
     @staticmethod
     def _key(key: object) -> str:
@@ -101,7 +115,7 @@ class KeyedLimiter:
         a false value: False, or ``TABLE_FULL`` when ``key`` is new and the limiter has no
         room to store it (``max_keys`` reached, or a shared table full of limited keys):
         the key spent nothing."""
-        return self._core.try_acquire(self._key(key), _count("n", n, 0))
+        return self._core.try_acquire(key, n)
 
     def remaining(self, key: str) -> int:
         """Cells of ``key`` a ``try_acquire`` would get right now."""
@@ -111,9 +125,16 @@ class KeyedLimiter:
         """Seconds until ``n`` cells of ``key`` would be admitted (0.0: now)."""
         return self._core.wait_time(self._key(key), _count("n", n, 0))
 
-    async def acquire(self, key: str, n: int = 1, timeout: Optional[float] = None) -> None:
-        """Waits this task's booked turn for ``n`` cells of ``key`` (see
-        ``Limiter.acquire``)."""
+    def acquire(
+        self, key: str, n: int = 1, timeout: Optional[float] = None
+    ) -> Awaitable[None]:
+        """Waits this task's booked turn for ``n`` cells of ``key``:
+        ``await keyed.acquire(key)`` (see ``Limiter.acquire``: when the cells fit now,
+        the call itself takes them)."""
+        return self._core.acquire(key, n, timeout)
+
+    async def _acquire(self, key: object, n: object, timeout: object) -> None:
+        """``acquire`` that was not admitted in the call (see ``Limiter._acquire``)."""
         core = self._core
         if key.__class__ is not str:
             key = self._key(key)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Union
+import weakref
+from typing import Awaitable, Dict, Optional, Union
 
 from ._args import _MAX_COUNT, _count, _gid, _hold_seconds, _path, _quota, _timeout, _trusted, _uid
 from ._paceline import new_core, new_shared_core
@@ -32,6 +33,7 @@ class Limiter:
         self._core = new_core(rate, per, burst, bool(execution_bound))
         self._waiting = _Waiting()
         self._shared: Optional[tuple] = None
+        self._bind()
 
     @classmethod
     def shared(
@@ -74,6 +76,7 @@ class Limiter:
         )
         self._waiting = _Waiting()
         self._shared = (path, rate, per, burst, bool(execution_bound), uid, gid)
+        self._bind()
         return self
 
     @property
@@ -106,11 +109,22 @@ class Limiter:
         """The most cells ever admitted at once."""
         return self._core.burst()
 
+    def _bind(self) -> None:
+        """Makes ``try_acquire`` and ``acquire`` the Rust core's own methods on this
+        object (no Python frame per call), unless a subclass overrides them. An
+        ``acquire`` that must wait comes back to ``_acquire``, which the core holds
+        weakly (a strong reference would be a cycle through a Rust object)."""
+        core = self._core
+        core.bind(weakref.WeakMethod(self._acquire))
+        cls = type(self)
+        if cls.try_acquire is Limiter.try_acquire:
+            self.try_acquire = core.try_acquire  # type: ignore[method-assign]
+        if cls.acquire is Limiter.acquire:
+            self.acquire = core.acquire  # type: ignore[method-assign]
+
     def try_acquire(self, n: int = 1) -> bool:
         """Takes ``n`` cells now if they fit and nobody waits ahead; never waits."""
-        if n.__class__ is int and 0 <= n <= _MAX_COUNT:
-            return self._core.try_acquire(n)
-        return self._core.try_acquire(_count("n", n, 0))
+        return self._core.try_acquire(n)
 
     def remaining(self) -> int:
         """Cells a ``try_acquire`` would get right now; spends nothing."""
@@ -128,12 +142,21 @@ class Limiter:
         """Seconds until ``n`` cells would be admitted (0.0: now); spends nothing."""
         return self._core.wait_time(_count("n", n, 0))
 
-    async def acquire(self, n: int = 1, timeout: Optional[float] = None) -> None:
-        """Waits this task's booked turn for ``n`` cells.
+    def acquire(self, n: int = 1, timeout: Optional[float] = None) -> Awaitable[None]:
+        """Waits this task's booked turn for ``n`` cells: ``await limiter.acquire()``.
 
-        With ``timeout`` (seconds), books nothing and raises ``TimeoutError`` at once if
-        the turn is further away than that. Cancelled while it waits, the cells go back.
+        When the cells fit now and nobody waits ahead, the call itself takes them and
+        returns an awaitable that completes at once (a coroutine to ``asyncio``: a task
+        or ``asyncio.run`` takes it too). Otherwise it returns a coroutine that books
+        the turn when awaited. With ``timeout`` (seconds), books nothing and raises
+        ``TimeoutError`` at once if the turn is further away than that. Cancelled while
+        it waits, the cells go back.
         """
+        return self._core.acquire(n, timeout)
+
+    async def _acquire(self, n: object, timeout: object) -> None:
+        """``acquire`` that was not admitted in the call: checks the arguments (their
+        errors raise here, when awaited), then takes the cells or waits a booked turn."""
         core = self._core
         if n.__class__ is not int or not 0 <= n <= _MAX_COUNT:
             n = _count("n", n, 0)
