@@ -15,6 +15,8 @@ use pyo3::prelude::*;
 /// processes, direct (key `()`) or keyed.
 pub(crate) trait Cell: Send + Sync + 'static {
     type Key;
+    /// Whether only this process takes the cell, under one key (`Pair::exec_behind`).
+    const PRIVATE: bool = false;
     /// The key a Python `str` names.
     fn key(key: &str) -> Self::Key;
     /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
@@ -58,6 +60,7 @@ pub(crate) trait Cell: Send + Sync + 'static {
 
 impl Cell for Limiter {
     type Key = ();
+    const PRIVATE: bool = true;
 
     fn key(_: &str) {}
 

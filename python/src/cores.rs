@@ -1,6 +1,7 @@
 //! The limiters Python holds (`Core`, `KeyedCore`, `SharedCore`, `SharedKeyedCore`),
 //! with the methods they share, and their constructors.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::args::{count, quota, text};
@@ -281,6 +282,7 @@ pub(crate) fn new_core(count: u32, per: f64, burst: u32, execution_bound: bool) 
             booked: Arc::new(Limiter::new(quota)),
             exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
             stats: Stats::default(),
+            exec_behind: AtomicU64::new(0),
         },
         Slow::new(),
     ))
@@ -308,6 +310,7 @@ pub(crate) fn new_keyed_core(
             booked: make(),
             exec: execution_bound.then(make),
             stats: Stats::default(),
+            exec_behind: AtomicU64::new(0),
         },
         Slow::new(),
     ))
@@ -340,6 +343,7 @@ pub(crate) fn new_shared_core(
             booked: Arc::new(booked),
             exec,
             stats: Stats::default(),
+            exec_behind: AtomicU64::new(0),
         },
         Slow::new(),
     ))
@@ -371,6 +375,7 @@ pub(crate) fn new_shared_keyed_core(
             booked: Arc::new(booked),
             exec,
             stats: Stats::default(),
+            exec_behind: AtomicU64::new(0),
         },
         Slow::new(),
     ))

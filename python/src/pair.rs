@@ -18,6 +18,19 @@ pub(crate) struct Pair<L: Cell> {
     pub(crate) booked: Arc<L>,
     pub(crate) exec: Option<Arc<L>>,
     pub(crate) stats: Stats,
+    /// Whether the execution cell may have less room than the booking cell (nonzero),
+    /// so that [`Pair::take_now`] must look at it before taking the booking cell's cells
+    /// (a refusal there would leave them spent). `take_now` takes the same cells from
+    /// both, one after the other, so while only it takes them the execution cell has room
+    /// whenever the booking cell has. Counts up after the execution cell is taken
+    /// otherwise (a waiter's run, which may come late) or refuses; back to zero by a look
+    /// that found room, only if nothing counted up meanwhile (a compare-and-swap from the
+    /// count read before the look). Only for a cell whose every taker is in this process,
+    /// under one key ([`Cell::PRIVATE`]): a shared file's lanes are taken by other
+    /// processes, and a keyed cell's runs are per key. Relaxed: a hint about the cells,
+    /// publishing nothing; a caller racing a run is the case the strict side of
+    /// `take_now` already covers.
+    pub(crate) exec_behind: AtomicU64,
 }
 
 /// Counts of this limiter object's calls (`stats()`): the Rust crate's `metrics` counters
@@ -104,7 +117,9 @@ impl<L: Cell> Pair<L> {
     /// `n` over the burst raises `ValueError`, checked only once it was not admitted
     /// (admitted, it fitted the burst): the admission reads the quota once.
     pub(crate) fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
-        if let Some(exec) = self.exec.as_ref().filter(|exec| !exec.fits(key, n)) {
+        let behind = self.exec_behind.load(Ordering::Relaxed);
+        let look = !L::PRIVATE || behind != 0;
+        if let Some(exec) = self.exec.as_ref().filter(|exec| look && !exec.fits(key, n)) {
             check_n(n, self.burst())?;
             // Not now; a new key with no room to store it (in either cell: each keeps its
             // own table) is told so.
@@ -119,12 +134,32 @@ impl<L: Cell> Pair<L> {
             check_n(n, self.burst())?;
             return Ok(took);
         }
-        // The execution cell had room a moment ago; a racing caller may have taken it,
-        // and then these cells stay spent (the strict side).
-        Ok(self
-            .exec
-            .as_ref()
-            .map_or(Took::Yes, |exec| exec.take(py, key, n)))
+        let Some(exec) = &self.exec else {
+            return Ok(Took::Yes);
+        };
+        if L::PRIVATE && behind != 0 {
+            // It had room a moment ago, and will have as long as only this takes it
+            // (unless a run counted up since the count was read: then it stays).
+            let _ =
+                self.exec_behind
+                    .compare_exchange(behind, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        // A racing caller may have taken the room, and then these cells stay spent (the
+        // strict side).
+        let took = exec.take(py, key, n);
+        if took != Took::Yes {
+            self.exec_taken();
+        }
+        Ok(took)
+    }
+
+    /// The execution cell was taken other than by [`Pair::take_now`], or refused it: it
+    /// may have less room than the booking cell from now on. Called after the take, so
+    /// that a look before it cannot clear what it says.
+    fn exec_taken(&self) {
+        if L::PRIVATE {
+            self.exec_behind.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Seconds until `n` cells would be admitted (0.0: now); spends nothing.
@@ -194,7 +229,9 @@ impl<L: Cell> Pair<L> {
         let Some(exec) = &self.exec else {
             return Ok(None);
         };
-        let held = match exec.reserve(py, key, n, Duration::MAX) {
+        let held = exec.reserve(py, key, n, Duration::MAX);
+        self.exec_taken();
+        let held = match held {
             Ok(held) => held,
             Err(Denied::NotUntil(e)) if e.is_table_full() => {
                 return Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
@@ -228,7 +265,9 @@ impl<L: Cell> Pair<L> {
         block(py, booked)?;
         if let Some(exec) = &self.exec {
             let run = loop {
-                match exec.reserve(py, key, n, Duration::MAX) {
+                let held = exec.reserve(py, key, n, Duration::MAX);
+                self.exec_taken();
+                match held {
                     Ok(held) => break held,
                     Err(Denied::NotUntil(e)) if e.is_table_full() => sleep(py, e.wait_time())?,
                     Err(denied) => return Err(too_late(denied)),

@@ -461,3 +461,19 @@ def test_a_subclass_that_overrides_acquire_keeps_its_override():
     assert limiter.try_acquire()
     asyncio.run(limiter.acquire())
     assert Counting.calls == 2 and limiter.remaining() == 0
+
+
+def test_a_try_acquire_the_execution_cell_refuses_spends_nothing_of_the_booking_cell():
+    limiter = paceline.Limiter(10, per=1.0, burst=2)
+    core = limiter._core
+    # Two waiters' late runs take the execution cell's whole burst (as after a stalled
+    # loop), while the booking cell keeps its room.
+    for _ in range(2):
+        run = core.run(1)
+        assert run.ready_in() == 0.0
+        run.done()
+    assert limiter.try_acquire(2) is False
+    assert limiter.try_acquire() is False
+    ticket = core.book(2, None)
+    assert ticket.ready_in() == 0.0, "the refusals spent nothing of the booking cell"
+    ticket.cancel()
