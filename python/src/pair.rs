@@ -35,6 +35,11 @@ pub(crate) struct Pair<L: Cell> {
 
 /// Counts of this limiter object's calls (`stats()`): the Rust crate's `metrics` counters
 /// for Python. Relaxed: independent counters, read together only as a report.
+///
+/// Every update is made attached to the interpreter (the `Python` token its methods
+/// take). With the GIL that means holding it, so no two updates run at once and a plain
+/// load and store counts exactly, where an atomic read-modify-write would cost about as
+/// much as a limiter's decision; a free-threaded build adds atomically ([`add`]).
 #[derive(Default)]
 pub(crate) struct Stats {
     admitted: AtomicU64,
@@ -46,23 +51,29 @@ pub(crate) struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn admitted(&self) {
-        self.admitted.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn admitted(&self, py: Python<'_>) {
+        add(py, &self.admitted, 1);
     }
 
-    pub(crate) fn refused(&self) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn refused(&self, py: Python<'_>) {
+        add(py, &self.refused, 1);
     }
 
     /// A booking: admitted when its turn is now, else waited for `wait`.
-    pub(crate) fn booked(&self, wait: Duration) {
+    pub(crate) fn booked(&self, py: Python<'_>, wait: Duration) {
         if wait.is_zero() {
-            return self.admitted();
+            return self.admitted(py);
         }
         let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-        self.waited.fetch_add(1, Ordering::Relaxed);
-        self.wait_total.fetch_add(nanos, Ordering::Relaxed);
+        add(py, &self.waited, 1);
+        add(py, &self.wait_total, nanos);
+        #[cfg(Py_GIL_DISABLED)]
         self.wait_max.fetch_max(nanos, Ordering::Relaxed);
+        #[cfg(not(Py_GIL_DISABLED))]
+        self.wait_max.store(
+            self.wait_max.load(Ordering::Relaxed).max(nanos),
+            Ordering::Relaxed,
+        );
     }
 
     /// The report: `admitted`, `waited`, `refused`, `wait_seconds_total`,
@@ -80,6 +91,18 @@ impl Stats {
     }
 }
 
+/// Adds `by` to `counter`, attached to the interpreter (see [`Stats`]).
+#[inline]
+fn add(_attached: Python<'_>, counter: &AtomicU64, by: u64) {
+    #[cfg(Py_GIL_DISABLED)]
+    counter.fetch_add(by, Ordering::Relaxed);
+    #[cfg(not(Py_GIL_DISABLED))]
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(by),
+        Ordering::Relaxed,
+    );
+}
+
 impl<L: Cell> Pair<L> {
     pub(crate) fn key(&self, key: &str) -> L::Key {
         L::key(key)
@@ -93,9 +116,9 @@ impl<L: Cell> Pair<L> {
     pub(crate) fn try_acquire(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
         let taken = self.take_now(py, key, n)?;
         if taken == Took::Yes {
-            self.stats.admitted();
+            self.stats.admitted(py);
         } else {
-            self.stats.refused();
+            self.stats.refused(py);
         }
         Ok(taken)
     }
@@ -105,7 +128,7 @@ impl<L: Cell> Pair<L> {
     pub(crate) fn acquire_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<bool> {
         let taken = self.take_now(py, key, n)? == Took::Yes;
         if taken {
-            self.stats.admitted();
+            self.stats.admitted(py);
         }
         Ok(taken)
     }
@@ -209,14 +232,14 @@ impl<L: Cell> Pair<L> {
         let max = max_wait(timeout)?;
         match self.booked.reserve(py, key, n, max) {
             Ok(held) => {
-                self.stats.booked(held.ready_in());
+                self.stats.booked(py, held.ready_in());
                 Ok(held)
             }
             Err(Denied::NotUntil(e)) if e.is_table_full() && e.wait_time() <= max => {
                 Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
             }
             Err(denied) => {
-                self.stats.refused();
+                self.stats.refused(py);
                 Err(too_late(denied))
             }
         }
