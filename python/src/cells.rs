@@ -15,8 +15,10 @@ use pyo3::prelude::*;
 /// processes, direct (key `()`) or keyed.
 pub(crate) trait Cell: Send + Sync + 'static {
     type Key;
-    /// Whether only this process takes the cell, under one key (`Pair::exec_behind`).
+    /// Whether only this process takes the cell (`Pair::exec_behind`).
     const PRIVATE: bool = false;
+    /// Whether the cell has one key (`Pair::exec_behind`).
+    const ONE_KEY: bool = true;
     /// The key a Python `str` names.
     fn key(key: &str) -> Self::Key;
     /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
@@ -104,6 +106,8 @@ impl Cell for Limiter {
 
 impl Cell for KeyedLimiter<TextKey> {
     type Key = TextKey;
+    const PRIVATE: bool = true;
+    const ONE_KEY: bool = false;
 
     fn key(key: &str) -> TextKey {
         key.into()
@@ -205,6 +209,7 @@ impl Cell for SharedLimiter {
 impl Cell for SharedKeyedLimiter {
     // Bytes: every process, in any language, finds the same key in the same slot.
     type Key = String;
+    const ONE_KEY: bool = false;
 
     fn key(key: &str) -> String {
         key.to_owned()

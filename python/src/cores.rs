@@ -305,12 +305,15 @@ pub(crate) fn new_keyed_core(
         }
         Arc::new(limiter)
     };
+    // With a key bound, the two cells' tables may fill apart (each hashes its keys to
+    // shards of its own), so a take must always look whether the execution cell's table
+    // has room: it starts, and stays, counted as behind (`Pair::exec_behind`).
     Ok(KeyedCore(
         Pair {
             booked: make(),
             exec: execution_bound.then(make),
             stats: Stats::default(),
-            exec_behind: AtomicU64::new(0),
+            exec_behind: AtomicU64::new(max_keys.is_some().into()),
         },
         Slow::new(),
     ))

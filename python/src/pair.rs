@@ -22,14 +22,16 @@ pub(crate) struct Pair<L: Cell> {
     /// so that [`Pair::take_now`] must look at it before taking the booking cell's cells
     /// (a refusal there would leave them spent). `take_now` takes the same cells from
     /// both, one after the other, so while only it takes them the execution cell has room
-    /// whenever the booking cell has. Counts up after the execution cell is taken
-    /// otherwise (a waiter's run, which may come late) or refuses; back to zero by a look
-    /// that found room, only if nothing counted up meanwhile (a compare-and-swap from the
-    /// count read before the look). Only for a cell whose every taker is in this process,
-    /// under one key ([`Cell::PRIVATE`]): a shared file's lanes are taken by other
-    /// processes, and a keyed cell's runs are per key. Relaxed: a hint about the cells,
-    /// publishing nothing; a caller racing a run is the case the strict side of
-    /// `take_now` already covers.
+    /// whenever the booking cell has (for a keyed cell, for every key; a key bound is
+    /// another matter, see `new_keyed_core`). Counts up after the execution cell is taken otherwise (a
+    /// waiter's run, which may come late) or refuses. Back to zero by a look that found
+    /// room, only if nothing counted up meanwhile (a compare-and-swap from the count read
+    /// before the look), and only for a cell with one key ([`Cell::ONE_KEY`]): a keyed
+    /// cell's look is for one key, so once a run has taken its execution cell, it looks
+    /// every time. Only for a cell whose every taker is in this process
+    /// ([`Cell::PRIVATE`]): a shared file's lanes are taken by other processes, so it
+    /// always looks. Relaxed: a hint about the cells, publishing nothing; a caller racing
+    /// a run is the case the strict side of `take_now` already covers.
     pub(crate) exec_behind: AtomicU64,
 }
 
@@ -160,7 +162,7 @@ impl<L: Cell> Pair<L> {
         let Some(exec) = &self.exec else {
             return Ok(Took::Yes);
         };
-        if L::PRIVATE && behind != 0 {
+        if L::PRIVATE && L::ONE_KEY && behind != 0 {
             // It had room a moment ago, and will have as long as only this takes it
             // (unless a run counted up since the count was read: then it stays).
             let _ =

@@ -477,3 +477,18 @@ def test_a_try_acquire_the_execution_cell_refuses_spends_nothing_of_the_booking_
     ticket = core.book(2, None)
     assert ticket.ready_in() == 0.0, "the refusals spent nothing of the booking cell"
     ticket.cancel()
+
+
+def test_a_keyed_try_acquire_the_execution_cell_refuses_spends_nothing_of_the_booking_cell():
+    for max_keys in (None, 10):
+        keyed = paceline.KeyedLimiter(10, per=1.0, burst=2, max_keys=max_keys)
+        core = keyed._core
+        for _ in range(2):
+            run = core.run("k", 1)
+            assert run.ready_in() == 0.0
+            run.done()
+        assert keyed.try_acquire("k", 2) is False
+        assert keyed.try_acquire("k") is False
+        ticket = core.book("k", 2, None)
+        assert ticket.ready_in() == 0.0, "the refusals spent nothing of the booking cell"
+        ticket.cancel()
