@@ -13,6 +13,7 @@ use crate::wait::Ticket;
 use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
 use paceline::{KeyedLimiter, Limiter, TextKey};
 use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyTuple};
 
 /// The arguments an `acquire` passes on to the Python layer's coroutine, as it was
@@ -76,8 +77,16 @@ macro_rules! core_methods {
             }
 
             /// Where an `acquire` that must wait goes (`ready.rs`): set once.
-            fn bind(&self, py: Python<'_>, method: Py<PyAny>) -> PyResult<()> {
-                self.1.bind(py, method)
+            fn bind(&self, method: Py<PyAny>) -> PyResult<()> {
+                self.1.bind(method)
+            }
+
+            fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+                self.1.traverse(&visit)
+            }
+
+            fn __clear__(&self) {
+                self.1.clear()
             }
 
             fn acquire_now(&self, py: Python<'_>, n: u32) -> PyResult<bool> {
@@ -173,8 +182,16 @@ macro_rules! core_methods {
             }
 
             /// Where an `acquire` that must wait goes (`ready.rs`): set once.
-            fn bind(&self, py: Python<'_>, method: Py<PyAny>) -> PyResult<()> {
-                self.1.bind(py, method)
+            fn bind(&self, method: Py<PyAny>) -> PyResult<()> {
+                self.1.bind(method)
+            }
+
+            fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+                self.1.traverse(&visit)
+            }
+
+            fn __clear__(&self) {
+                self.1.clear()
             }
 
             fn acquire_now(&self, py: Python<'_>, key: &str, n: u32) -> PyResult<bool> {

@@ -3,8 +3,11 @@
 //! task is made. An `acquire` that must wait (or whose arguments the fast path does not
 //! take) returns the Python layer's coroutine instead ([`Slow`]).
 
+use std::sync::{Mutex, MutexGuard};
+
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
 use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
 
@@ -63,35 +66,65 @@ pub(crate) fn ready(py: Python<'_>) -> PyResult<Py<PyAny>> {
         .into_any())
 }
 
-/// Where an `acquire` that must wait goes: the Python limiter's coroutine method, held
-/// as a `weakref.WeakMethod` (the limiter holds its core, so a strong reference here
-/// would be a cycle the garbage collector cannot see through a Rust object).
-pub(crate) struct Slow(PyOnceLock<Py<PyAny>>);
+/// Where an `acquire` that must wait goes: the Python limiter's `_acquire` (a bound
+/// method, so the limiter itself). Held strongly, so that the core's bound `acquire`
+/// alone (`acquire = Limiter(...).acquire`) keeps its limiter alive; the limiter holds
+/// the core too, and the garbage collector sees this side of that cycle through the
+/// core's `__traverse__` and breaks it with `__clear__` ([`Slow::traverse`],
+/// [`Slow::clear`]).
+pub(crate) struct Slow(Mutex<Option<Py<PyAny>>>);
 
 impl Slow {
     pub(crate) fn new() -> Slow {
-        Slow(PyOnceLock::new())
+        Slow(Mutex::new(None))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Py<PyAny>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Set once, by the limiter that owns the core.
-    pub(crate) fn bind(&self, py: Python<'_>, method: Py<PyAny>) -> PyResult<()> {
-        self.0
-            .set(py, method)
-            .map_err(|_| PyRuntimeError::new_err("this core is bound to its limiter already"))
+    pub(crate) fn bind(&self, method: Py<PyAny>) -> PyResult<()> {
+        let mut slot = self.lock();
+        if slot.is_some() {
+            return Err(PyRuntimeError::new_err(
+                "this core is bound to its limiter already",
+            ));
+        }
+        *slot = Some(method);
+        Ok(())
     }
 
-    /// The coroutine `method(*args)`, for the limiter still alive.
+    /// The coroutine `method(*args)`.
     pub(crate) fn call<'py>(
         &self,
         py: Python<'py>,
         args: Bound<'py, PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let gone = || PyRuntimeError::new_err("this core's limiter is gone");
-        let weak = self.0.get(py).ok_or_else(gone)?;
-        let method = weak.bind(py).call0()?;
-        if method.is_none() {
-            return Err(gone());
+        // Cloned out, so that the lock is not held while Python runs.
+        let method = self.lock().as_ref().map(|m| m.clone_ref(py));
+        match method {
+            Some(method) => method.bind(py).call1(args),
+            None => Err(PyRuntimeError::new_err("this core has no limiter bound")),
         }
-        method.call1(args)
+    }
+
+    /// The garbage collector's visit. The lock is only tried: a thread stopped while it
+    /// holds it (the free-threaded collector stops them all) would otherwise deadlock
+    /// the collection; then the reference goes unvisited, and the cycle waits for a later
+    /// collection.
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(slot) = self.0.try_lock() {
+            if let Some(method) = slot.as_ref() {
+                visit.call(method)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Breaks the cycle (the collector's `__clear__`).
+    pub(crate) fn clear(&self) {
+        let method = self.lock().take();
+        drop(method);
     }
 }

@@ -433,6 +433,18 @@ def test_bad_arguments_to_acquire_raise_when_awaited_and_change_nothing():
     assert limiter.stats()["admitted"] == 0 and limiter.stats()["refused"] == 0
 
 
+def test_an_acquire_held_without_its_limiter_still_waits_its_turns():
+    acquire = paceline.Limiter(50, per=1.0, burst=1).acquire
+
+    async def main():
+        t0 = time.monotonic()
+        for _ in range(3):
+            await acquire()  # the second and third wait their turns
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) >= 0.035
+
+
 def test_a_limiter_bound_to_its_core_is_still_collected():
     import gc
     import weakref

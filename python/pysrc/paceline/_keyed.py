@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import weakref
 from typing import Awaitable, Dict, Optional, Union
 
 from ._args import _MAX_COUNT, _capacity, _count, _gid, _hold_seconds, _path, _quota, _timeout, _trusted, _uid
@@ -85,7 +84,7 @@ class KeyedLimiter:
         """As ``Limiter._bind``: the Rust core's ``try_acquire`` and ``acquire`` on this
         object, unless a subclass overrides them."""
         core = self._core
-        core.bind(weakref.WeakMethod(self._acquire))
+        core.bind(self._acquire)
         cls = type(self)
         if cls.try_acquire is KeyedLimiter.try_acquire:
             self.try_acquire = core.try_acquire  # type: ignore[method-assign]

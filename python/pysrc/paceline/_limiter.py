@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import weakref
 from typing import Awaitable, Dict, Optional, Union
 
 from ._args import _MAX_COUNT, _count, _gid, _hold_seconds, _path, _quota, _timeout, _trusted, _uid
@@ -112,10 +111,10 @@ class Limiter:
     def _bind(self) -> None:
         """Makes ``try_acquire`` and ``acquire`` the Rust core's own methods on this
         object (no Python frame per call), unless a subclass overrides them. An
-        ``acquire`` that must wait comes back to ``_acquire``, which the core holds
-        weakly (a strong reference would be a cycle through a Rust object)."""
+        ``acquire`` that must wait comes back to ``_acquire``, which the core holds (a
+        cycle with this object that the garbage collector sees and breaks)."""
         core = self._core
-        core.bind(weakref.WeakMethod(self._acquire))
+        core.bind(self._acquire)
         cls = type(self)
         if cls.try_acquire is Limiter.try_acquire:
             self.try_acquire = core.try_acquire  # type: ignore[method-assign]

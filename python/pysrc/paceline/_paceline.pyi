@@ -1,6 +1,5 @@
 """Type stubs of the Rust half of paceline (booking, the FIFO queue, the arithmetic)."""
 
-import weakref
 from typing import Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Union
 
 class Ticket:
@@ -26,8 +25,8 @@ class Core:
     ) -> Union["Ready", Coroutine[Any, Any, None]]:
         """Limiter.acquire itself: Ready when the cells were taken in the call, else the
         bound limiter's _acquire(n, timeout) coroutine."""
-    def bind(self, method: "weakref.WeakMethod[Any]") -> None:
-        """Where an acquire that must wait goes; set once."""
+    def bind(self, method: Callable[..., Coroutine[Any, Any, None]]) -> None:
+        """Where an acquire that must wait goes (the limiter's _acquire); set once."""
     def acquire_now(self, n: int) -> bool: ...
     def stats(self) -> Dict[str, Union[int, float]]: ...
     def remaining(self) -> int: ...
@@ -49,7 +48,7 @@ class KeyedCore:
         self, key: str, n: int = 1, timeout: Optional[float] = None
     ) -> Union["Ready", Coroutine[Any, Any, None]]:
         """KeyedLimiter.acquire itself (see Core.acquire)."""
-    def bind(self, method: "weakref.WeakMethod[Any]") -> None: ...
+    def bind(self, method: Callable[..., Coroutine[Any, Any, None]]) -> None: ...
     def acquire_now(self, key: str, n: int) -> bool: ...
     def stats(self) -> Dict[str, Union[int, float]]: ...
     def remaining(self, key: str) -> int: ...
