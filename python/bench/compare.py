@@ -2,6 +2,9 @@
 
     python3 python/bench/compare.py
 
+0. paceline's acquires that do not wait against the interpreter's floor, measured in
+   the same rounds: a builtin C call (`len("a")`) for `try_acquire`, an `await` of a
+   coroutine that does nothing for `await acquire()`; the ratio and its goal printed.
 1. The cost of one acquire that does not wait (a quota far above the request rate),
    median of several rounds, per library.
 2. The job at volume: 20 000 tasks through 10 000/s (burst 1), on one event loop: wall
@@ -10,8 +13,10 @@ Both are printed as ratios to paceline's, with the raw numbers beside them.
 """
 
 import asyncio
+import os
 import statistics
 import sys
+import tempfile
 import time
 
 import paceline
@@ -28,6 +33,88 @@ def per_call(fn, n=N):
         fn(n)
         samples.append((time.perf_counter_ns() - t0) / n)
     return statistics.median(samples)
+
+
+def calls(fn, arg, n):
+    if arg is None:
+        for _ in range(n):
+            fn()
+    else:
+        for _ in range(n):
+            fn(arg)
+
+
+async def awaits(fn, arg, n):
+    if arg is None:
+        for _ in range(n):
+            await fn()
+    else:
+        for _ in range(n):
+            await fn(arg)
+
+
+async def nothing():
+    pass
+
+
+# (name, goal: at most this many times its floor); the floor is the first row of its kind.
+FLOOR_GOALS = {
+    "try_acquire()": 3.0,
+    "await acquire()": 1.6,
+    'try_acquire("client-1")': 4.0,
+    'await acquire("client-1")': 1.8,
+}
+
+
+# More rounds than section 1's: the ratios to the floors are what this section is for,
+# and a shared machine's slower stretches land on one candidate's round at a time.
+FLOOR_ROUNDS = 15
+
+
+def floor_costs(n=2 * N):
+    """[(what, name, ns, floor ns, goal)]: each paceline call beside its floor, every
+    candidate run once per round (so a slower stretch of the machine hits all alike),
+    medians of FLOOR_ROUNDS rounds of `n` calls."""
+    folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    big = dict(per=1.0, burst=10**6)
+    limiters = {
+        "Limiter": paceline.Limiter(10**9, **big),
+        "Limiter.shared": paceline.Limiter.shared(os.path.join(folder, "one"), 10**9, **big),
+        "KeyedLimiter": paceline.KeyedLimiter(10**9, **big),
+        "KeyedLimiter.shared": paceline.KeyedLimiter.shared(
+            os.path.join(folder, "keyed"), 10**9, **big, capacity=1024
+        ),
+    }
+    sync_floor = ("floor: len(\"a\")", lambda k: calls(len, "a", k))
+    async_floor = ("floor: await nothing()", lambda k: asyncio.run(awaits(nothing, None, k)))
+    runs = [sync_floor, async_floor]
+    for kind, limiter in limiters.items():
+        key = "client-1" if kind.startswith("Keyed") else None
+        arg = "" if key is None else '"client-1"'
+        try_name, await_name = f"try_acquire({arg})", f"await acquire({arg})"
+        runs.append((f"{kind} {try_name}", lambda k, l=limiter, a=key: calls(l.try_acquire, a, k)))
+        runs.append(
+            (
+                f"{kind} {await_name}",
+                lambda k, l=limiter, a=key: asyncio.run(awaits(l.acquire, a, k)),
+            )
+        )
+    samples = {name: [] for name, _ in runs}
+    for _ in range(FLOOR_ROUNDS):
+        for name, fn in runs:
+            t0 = time.perf_counter_ns()
+            fn(n)
+            samples[name].append((time.perf_counter_ns() - t0) / n)
+    ns = {name: statistics.median(s) for name, s in samples.items()}
+    for path in os.listdir(folder):
+        os.unlink(os.path.join(folder, path))
+    os.rmdir(folder)
+    rows = []
+    for name, _ in runs[2:]:
+        call = name.split(" ", 1)[1]
+        floor = sync_floor[0] if call.startswith("try") else async_floor[0]
+        rows.append((name, ns[name], floor, ns[floor], FLOOR_GOALS[call]))
+    return rows
 
 
 def no_wait_costs():
@@ -109,6 +196,14 @@ def volume():
 
 def main():
     print(f"Python {sys.version.split()[0]}; paceline, aiolimiter, pyrate-limiter, limits")
+    print("\n0. paceline against the interpreter's floor (medians of %d rounds)" % FLOOR_ROUNDS)
+    for name, ns, floor, floor_ns, goal in floor_costs():
+        ratio = ns / floor_ns
+        met = "met" if ratio <= goal else "NOT met"
+        print(
+            f"   {name:40s} {ns:6.0f} ns   {floor:22s} {floor_ns:5.0f} ns"
+            f"   {ratio:5.2f}x (goal <= {goal}x: {met})"
+        )
     costs = no_wait_costs()
     base = costs["aiolimiter await acquire()"]
     print("\n1. one acquire that does not wait (median of %d rounds)" % ROUNDS)

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use paceline::{Denied, Quota, QuotaError};
-use pyo3::exceptions::{PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt, PyString};
 
 /// `count` cells per `per` seconds with `burst`, or a `ValueError` saying why not, in the
 /// Python API's words.
@@ -106,4 +107,35 @@ pub(crate) fn too_late(denied: Denied) -> PyErr {
         )),
         Denied::InsufficientCapacity(e) => PyValueError::new_err(e.to_string()),
     }
+}
+
+/// The largest count of cells a call takes (a u32), as the Python layer names it.
+const MAX_COUNT: u32 = u32::MAX;
+
+/// A call's `n` on the hot path: absent is 1; an `int` (not a `bool`) from 0 to
+/// `MAX_COUNT`; anything else the same `TypeError` or `ValueError` as the Python layer's.
+pub(crate) fn count(n: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
+    let Some(n) = n else { return Ok(1) };
+    if n.is_exact_instance_of::<PyInt>() {
+        if let Ok(n) = n.extract::<u32>() {
+            return Ok(n);
+        }
+    }
+    if n.is_instance_of::<PyBool>() || !n.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "n must be an int, got {}",
+            n.get_type().name()?
+        )));
+    }
+    n.extract::<u32>()
+        .map_err(|_| PyValueError::new_err(format!("n must be between 0 and {MAX_COUNT}, got {n}")))
+}
+
+/// A keyed call's key: a `str`, or the Python layer's `TypeError`.
+pub(crate) fn text<'a, 'py>(key: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyString>> {
+    key.cast::<PyString>()
+        .map_err(|_| match key.get_type().name() {
+            Ok(name) => PyTypeError::new_err(format!("key must be a str, got {name}")),
+            Err(e) => e,
+        })
 }

@@ -15,8 +15,12 @@ use pyo3::prelude::*;
 /// processes, direct (key `()`) or keyed.
 pub(crate) trait Cell: Send + Sync + 'static {
     type Key;
+    /// Whether only this process takes the cell (`Pair::exec_behind`).
+    const PRIVATE: bool = false;
+    /// Whether the cell has one key (`Pair::exec_behind`).
+    const ONE_KEY: bool = true;
     /// The key a Python `str` names.
-    fn key(key: String) -> Self::Key;
+    fn key(key: &str) -> Self::Key;
     /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
     /// booking may wait for another process (a shared key's bucket).
     fn reserve(
@@ -58,8 +62,9 @@ pub(crate) trait Cell: Send + Sync + 'static {
 
 impl Cell for Limiter {
     type Key = ();
+    const PRIVATE: bool = true;
 
-    fn key(_: String) {}
+    fn key(_: &str) {}
 
     fn reserve(
         self: &Arc<Self>,
@@ -101,8 +106,10 @@ impl Cell for Limiter {
 
 impl Cell for KeyedLimiter<TextKey> {
     type Key = TextKey;
+    const PRIVATE: bool = true;
+    const ONE_KEY: bool = false;
 
-    fn key(key: String) -> TextKey {
+    fn key(key: &str) -> TextKey {
         key.into()
     }
 
@@ -151,7 +158,7 @@ impl Cell for KeyedLimiter<TextKey> {
 impl Cell for SharedLimiter {
     type Key = ();
 
-    fn key(_: String) {}
+    fn key(_: &str) {}
 
     fn reserve(
         self: &Arc<Self>,
@@ -202,9 +209,10 @@ impl Cell for SharedLimiter {
 impl Cell for SharedKeyedLimiter {
     // Bytes: every process, in any language, finds the same key in the same slot.
     type Key = String;
+    const ONE_KEY: bool = false;
 
-    fn key(key: String) -> String {
-        key
+    fn key(key: &str) -> String {
+        key.to_owned()
     }
 
     fn reserve(

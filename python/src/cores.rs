@@ -1,17 +1,39 @@
 //! The limiters Python holds (`Core`, `KeyedCore`, `SharedCore`, `SharedKeyedCore`),
 //! with the methods they share, and their constructors.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::args::quota;
+use crate::args::{count, quota, text};
 use crate::cells::{took_object, Took};
 use crate::pair::{Pair, Stats};
+use crate::ready::{ready, Slow};
 use crate::shared::{open_options, shared_error};
 use crate::wait::Ticket;
 use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
 use paceline::{KeyedLimiter, Limiter, TextKey};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
+use pyo3::types::{PyDict, PyTuple};
+
+/// The arguments an `acquire` passes on to the Python layer's coroutine, as it was
+/// given them (`n` absent: 1), so that it checks them and raises what it raises.
+fn slow_args<'py>(
+    py: Python<'py>,
+    key: Option<&Bound<'py, PyAny>>,
+    n: Option<&Bound<'py, PyAny>>,
+    timeout: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let n = match n {
+        Some(n) => n.clone(),
+        None => 1u32.into_pyobject(py)?.into_any(),
+    };
+    let timeout = timeout.map_or_else(|| py.None().into_bound(py), Bound::clone);
+    match key {
+        Some(key) => PyTuple::new(py, [key.clone(), n, timeout]),
+        None => PyTuple::new(py, [n, timeout]),
+    }
+}
 
 /// The methods every core has, for a direct (`keyed` absent) or keyed pair.
 macro_rules! core_methods {
@@ -28,8 +50,43 @@ macro_rules! core_methods {
                 self.0.quota().1
             }
 
-            fn try_acquire(&self, py: Python<'_>, n: u32) -> PyResult<bool> {
-                Ok(self.0.try_acquire(py, &(), n)? == Took::Yes)
+            /// `Limiter.try_acquire` itself: `n` checked here as the Python layer does.
+            #[pyo3(signature = (n=None))]
+            fn try_acquire(&self, py: Python<'_>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+                Ok(self.0.try_acquire(py, &(), count(n)?)? == Took::Yes)
+            }
+
+            /// `Limiter.acquire` itself: `Ready` when the cells are taken now (nobody
+            /// waits ahead, they fit), else the Python layer's coroutine, which checks
+            /// the arguments and waits a booked turn.
+            #[pyo3(signature = (n=None, timeout=None))]
+            fn acquire<'py>(
+                &self,
+                py: Python<'py>,
+                n: Option<&Bound<'py, PyAny>>,
+                timeout: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                if timeout.is_none_or(|t| t.is_none()) {
+                    if let Ok(count) = count(n) {
+                        if let Ok(true) = self.0.acquire_now(py, &(), count) {
+                            return Ok(ready(py)?.into_bound(py));
+                        }
+                    }
+                }
+                self.1.call(py, slow_args(py, None, n, timeout)?)
+            }
+
+            /// Where an `acquire` that must wait goes (`ready.rs`): set once.
+            fn bind(&self, method: Py<PyAny>) -> PyResult<()> {
+                self.1.bind(method)
+            }
+
+            fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+                self.1.traverse(&visit)
+            }
+
+            fn __clear__(&self) {
+                self.1.clear()
             }
 
             fn acquire_now(&self, py: Python<'_>, n: u32) -> PyResult<bool> {
@@ -88,12 +145,56 @@ macro_rules! core_methods {
             }
 
             /// True, False, or `TABLE_FULL` (a new key with no room to store it).
-            fn try_acquire(&self, py: Python<'_>, key: String, n: u32) -> PyResult<Py<PyAny>> {
-                let took = self.0.try_acquire(py, &self.0.key(key), n)?;
+            /// `KeyedLimiter.try_acquire` itself: True, False, or `TABLE_FULL` (a new key
+            /// with no room to store it); the arguments checked as the Python layer does.
+            #[pyo3(signature = (key, n=None))]
+            fn try_acquire(
+                &self,
+                py: Python<'_>,
+                key: &Bound<'_, PyAny>,
+                n: Option<&Bound<'_, PyAny>>,
+            ) -> PyResult<Py<PyAny>> {
+                let key = text(key)?;
+                let n = count(n)?;
+                let took = self.0.try_acquire(py, &self.0.key(key.to_str()?), n)?;
                 took_object(py, took)
             }
 
-            fn acquire_now(&self, py: Python<'_>, key: String, n: u32) -> PyResult<bool> {
+            /// `KeyedLimiter.acquire` itself (see the direct cores' `acquire`).
+            #[pyo3(signature = (key, n=None, timeout=None))]
+            fn acquire<'py>(
+                &self,
+                py: Python<'py>,
+                key: &Bound<'py, PyAny>,
+                n: Option<&Bound<'py, PyAny>>,
+                timeout: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                if timeout.is_none_or(|t| t.is_none()) {
+                    if let (Ok(text), Ok(count)) = (text(key), count(n)) {
+                        if let Ok(text) = text.to_str() {
+                            if let Ok(true) = self.0.acquire_now(py, &self.0.key(text), count) {
+                                return Ok(ready(py)?.into_bound(py));
+                            }
+                        }
+                    }
+                }
+                self.1.call(py, slow_args(py, Some(key), n, timeout)?)
+            }
+
+            /// Where an `acquire` that must wait goes (`ready.rs`): set once.
+            fn bind(&self, method: Py<PyAny>) -> PyResult<()> {
+                self.1.bind(method)
+            }
+
+            fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+                self.1.traverse(&visit)
+            }
+
+            fn __clear__(&self) {
+                self.1.clear()
+            }
+
+            fn acquire_now(&self, py: Python<'_>, key: &str, n: u32) -> PyResult<bool> {
                 self.0.acquire_now(py, &self.0.key(key), n)
             }
 
@@ -103,11 +204,11 @@ macro_rules! core_methods {
                 Ok(report)
             }
 
-            fn remaining(&self, key: String) -> u32 {
+            fn remaining(&self, key: &str) -> u32 {
                 self.0.remaining(&self.0.key(key))
             }
 
-            fn wait_time(&self, key: String, n: u32) -> PyResult<f64> {
+            fn wait_time(&self, key: &str, n: u32) -> PyResult<f64> {
                 self.0.wait_time(&self.0.key(key), n)
             }
 
@@ -115,14 +216,14 @@ macro_rules! core_methods {
             fn book(
                 &self,
                 py: Python<'_>,
-                key: String,
+                key: &str,
                 n: u32,
                 timeout: Option<f64>,
             ) -> PyResult<Ticket> {
                 self.0.book(py, &self.0.key(key), n, timeout)
             }
 
-            fn run(&self, py: Python<'_>, key: String, n: u32) -> PyResult<Option<Ticket>> {
+            fn run(&self, py: Python<'_>, key: &str, n: u32) -> PyResult<Option<Ticket>> {
                 self.0.run(py, &self.0.key(key), n)
             }
 
@@ -130,7 +231,7 @@ macro_rules! core_methods {
             fn acquire_blocking(
                 &self,
                 py: Python<'_>,
-                key: String,
+                key: &str,
                 n: u32,
                 timeout: Option<f64>,
             ) -> PyResult<()> {
@@ -141,11 +242,11 @@ macro_rules! core_methods {
                 self.0.set_quota(count, per, burst)
             }
 
-            fn hold(&self, py: Python<'_>, key: String, seconds: f64) -> PyResult<()> {
+            fn hold(&self, py: Python<'_>, key: &str, seconds: f64) -> PyResult<()> {
                 self.0.hold(py, &self.0.key(key), seconds)
             }
 
-            fn reset(&self, key: String) -> PyResult<()> {
+            fn reset(&self, key: &str) -> PyResult<()> {
                 self.0.reset(&self.0.key(key))
             }
 
@@ -158,12 +259,12 @@ macro_rules! core_methods {
 
 /// A limiter shared by threads and event loops (see the module docs).
 #[pyclass(frozen, module = "paceline._paceline")]
-pub(crate) struct Core(pub(crate) Pair<Limiter>);
+pub(crate) struct Core(pub(crate) Pair<Limiter>, Slow);
 core_methods!(Core, direct);
 
 /// A limiter per key (str), shared by threads and event loops.
 #[pyclass(frozen, module = "paceline._paceline")]
-pub(crate) struct KeyedCore(pub(crate) Pair<KeyedLimiter<TextKey>>);
+pub(crate) struct KeyedCore(pub(crate) Pair<KeyedLimiter<TextKey>>, Slow);
 core_methods!(KeyedCore, keyed);
 
 impl KeyedCore {
@@ -174,12 +275,12 @@ impl KeyedCore {
 
 /// A limiter in a file every process of the host maps (`paceline::shared`).
 #[pyclass(frozen, module = "paceline._paceline")]
-pub(crate) struct SharedCore(pub(crate) Pair<SharedLimiter>);
+pub(crate) struct SharedCore(pub(crate) Pair<SharedLimiter>, Slow);
 core_methods!(SharedCore, direct);
 
 /// A limiter per key in a file every process of the host maps.
 #[pyclass(frozen, module = "paceline._paceline")]
-pub(crate) struct SharedKeyedCore(pub(crate) Pair<SharedKeyedLimiter>);
+pub(crate) struct SharedKeyedCore(pub(crate) Pair<SharedKeyedLimiter>, Slow);
 core_methods!(SharedKeyedCore, keyed);
 
 impl SharedKeyedCore {
@@ -193,11 +294,15 @@ impl SharedKeyedCore {
 #[pyfunction]
 pub(crate) fn new_core(count: u32, per: f64, burst: u32, execution_bound: bool) -> PyResult<Core> {
     let quota = quota(count, per, burst)?;
-    Ok(Core(Pair {
-        booked: Arc::new(Limiter::new(quota)),
-        exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
-        stats: Stats::default(),
-    }))
+    Ok(Core(
+        Pair {
+            booked: Arc::new(Limiter::new(quota)),
+            exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
+            stats: Stats::default(),
+            exec_behind: AtomicU64::new(0),
+        },
+        Slow::new(),
+    ))
 }
 
 #[pyfunction]
@@ -217,11 +322,18 @@ pub(crate) fn new_keyed_core(
         }
         Arc::new(limiter)
     };
-    Ok(KeyedCore(Pair {
-        booked: make(),
-        exec: execution_bound.then(make),
-        stats: Stats::default(),
-    }))
+    // With a key bound, the two cells' tables may fill apart (each hashes its keys to
+    // shards of its own), so a take must always look whether the execution cell's table
+    // has room: it starts, and stays, counted as behind (`Pair::exec_behind`).
+    Ok(KeyedCore(
+        Pair {
+            booked: make(),
+            exec: execution_bound.then(make),
+            stats: Stats::default(),
+            exec_behind: AtomicU64::new(max_keys.is_some().into()),
+        },
+        Slow::new(),
+    ))
 }
 
 /// Opens (or makes) the shared file at `path`; the execution cell is the file's second
@@ -246,11 +358,15 @@ pub(crate) fn new_shared_core(
         .detach(|| SharedLimiter::open_with(&path, quota, options))
         .map_err(shared_error)?;
     let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
-    Ok(SharedCore(Pair {
-        booked: Arc::new(booked),
-        exec,
-        stats: Stats::default(),
-    }))
+    Ok(SharedCore(
+        Pair {
+            booked: Arc::new(booked),
+            exec,
+            stats: Stats::default(),
+            exec_behind: AtomicU64::new(0),
+        },
+        Slow::new(),
+    ))
 }
 
 #[pyfunction]
@@ -274,9 +390,13 @@ pub(crate) fn new_shared_keyed_core(
         .detach(|| SharedKeyedLimiter::open_with(&path, quota, capacity, options))
         .map_err(shared_error)?;
     let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
-    Ok(SharedKeyedCore(Pair {
-        booked: Arc::new(booked),
-        exec,
-        stats: Stats::default(),
-    }))
+    Ok(SharedKeyedCore(
+        Pair {
+            booked: Arc::new(booked),
+            exec,
+            stats: Stats::default(),
+            exec_behind: AtomicU64::new(0),
+        },
+        Slow::new(),
+    ))
 }

@@ -16,6 +16,7 @@ mod cells;
 mod cores;
 mod follow;
 mod pair;
+mod ready;
 mod redis;
 mod shared;
 mod wait;
@@ -40,6 +41,7 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SharedCore>()?;
     m.add_class::<SharedKeyedCore>()?;
     m.add_class::<Ticket>()?;
+    m.add_class::<ready::Ready>()?;
     m.add_class::<TableFull>()?;
     m.add("NoRoom", m.py().get_type::<NoRoom>())?;
     m.add("TABLE_FULL", table_full(m.py())?.clone_ref(m.py()))?;

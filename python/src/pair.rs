@@ -18,10 +18,30 @@ pub(crate) struct Pair<L: Cell> {
     pub(crate) booked: Arc<L>,
     pub(crate) exec: Option<Arc<L>>,
     pub(crate) stats: Stats,
+    /// Whether the execution cell may have less room than the booking cell (nonzero),
+    /// so that [`Pair::take_now`] must look at it before taking the booking cell's cells
+    /// (a refusal there would leave them spent). `take_now` takes the same cells from
+    /// both, one after the other, so while only it takes them the execution cell has room
+    /// whenever the booking cell has (for a keyed cell, for every key; a key bound is
+    /// another matter, see `new_keyed_core`). Counts up after the execution cell is taken otherwise (a
+    /// waiter's run, which may come late) or refuses. Back to zero by a look that found
+    /// room, only if nothing counted up meanwhile (a compare-and-swap from the count read
+    /// before the look), and only for a cell with one key ([`Cell::ONE_KEY`]): a keyed
+    /// cell's look is for one key, so once a run has taken its execution cell, it looks
+    /// every time. Only for a cell whose every taker is in this process
+    /// ([`Cell::PRIVATE`]): a shared file's lanes are taken by other processes, so it
+    /// always looks. Relaxed: a hint about the cells, publishing nothing; a caller racing
+    /// a run is the case the strict side of `take_now` already covers.
+    pub(crate) exec_behind: AtomicU64,
 }
 
 /// Counts of this limiter object's calls (`stats()`): the Rust crate's `metrics` counters
 /// for Python. Relaxed: independent counters, read together only as a report.
+///
+/// Every update is made attached to the interpreter (the `Python` token its methods
+/// take). With the GIL that means holding it, so no two updates run at once and a plain
+/// load and store counts exactly, where an atomic read-modify-write would cost about as
+/// much as a limiter's decision; a free-threaded build adds atomically ([`add`]).
 #[derive(Default)]
 pub(crate) struct Stats {
     admitted: AtomicU64,
@@ -33,23 +53,29 @@ pub(crate) struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn admitted(&self) {
-        self.admitted.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn admitted(&self, py: Python<'_>) {
+        add(py, &self.admitted, 1);
     }
 
-    pub(crate) fn refused(&self) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn refused(&self, py: Python<'_>) {
+        add(py, &self.refused, 1);
     }
 
     /// A booking: admitted when its turn is now, else waited for `wait`.
-    pub(crate) fn booked(&self, wait: Duration) {
+    pub(crate) fn booked(&self, py: Python<'_>, wait: Duration) {
         if wait.is_zero() {
-            return self.admitted();
+            return self.admitted(py);
         }
         let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-        self.waited.fetch_add(1, Ordering::Relaxed);
-        self.wait_total.fetch_add(nanos, Ordering::Relaxed);
+        add(py, &self.waited, 1);
+        add(py, &self.wait_total, nanos);
+        #[cfg(Py_GIL_DISABLED)]
         self.wait_max.fetch_max(nanos, Ordering::Relaxed);
+        #[cfg(not(Py_GIL_DISABLED))]
+        self.wait_max.store(
+            self.wait_max.load(Ordering::Relaxed).max(nanos),
+            Ordering::Relaxed,
+        );
     }
 
     /// The report: `admitted`, `waited`, `refused`, `wait_seconds_total`,
@@ -67,8 +93,20 @@ impl Stats {
     }
 }
 
+/// Adds `by` to `counter`, attached to the interpreter (see [`Stats`]).
+#[inline]
+fn add(_attached: Python<'_>, counter: &AtomicU64, by: u64) {
+    #[cfg(Py_GIL_DISABLED)]
+    counter.fetch_add(by, Ordering::Relaxed);
+    #[cfg(not(Py_GIL_DISABLED))]
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(by),
+        Ordering::Relaxed,
+    );
+}
+
 impl<L: Cell> Pair<L> {
-    pub(crate) fn key(&self, key: String) -> L::Key {
+    pub(crate) fn key(&self, key: &str) -> L::Key {
         L::key(key)
     }
 
@@ -80,9 +118,9 @@ impl<L: Cell> Pair<L> {
     pub(crate) fn try_acquire(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
         let taken = self.take_now(py, key, n)?;
         if taken == Took::Yes {
-            self.stats.admitted();
+            self.stats.admitted(py);
         } else {
-            self.stats.refused();
+            self.stats.refused(py);
         }
         Ok(taken)
     }
@@ -92,7 +130,7 @@ impl<L: Cell> Pair<L> {
     pub(crate) fn acquire_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<bool> {
         let taken = self.take_now(py, key, n)? == Took::Yes;
         if taken {
-            self.stats.admitted();
+            self.stats.admitted(py);
         }
         Ok(taken)
     }
@@ -100,9 +138,14 @@ impl<L: Cell> Pair<L> {
     /// Takes `n` cells now if nobody waits ahead and they fit; never waits (but for
     /// another process's claim of a new key's bucket, at most
     /// `paceline::shared::CLAIM_PATIENCE`, the GIL let go).
+    ///
+    /// `n` over the burst raises `ValueError`, checked only once it was not admitted
+    /// (admitted, it fitted the burst): the admission reads the quota once.
     pub(crate) fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
-        check_n(n, self.burst())?;
-        if let Some(exec) = self.exec.as_ref().filter(|exec| !exec.fits(key, n)) {
+        let behind = self.exec_behind.load(Ordering::Relaxed);
+        let look = !L::PRIVATE || behind != 0;
+        if let Some(exec) = self.exec.as_ref().filter(|exec| look && !exec.fits(key, n)) {
+            check_n(n, self.burst())?;
             // Not now; a new key with no room to store it (in either cell: each keeps its
             // own table) is told so.
             return Ok(if self.booked.has_room(key) && exec.has_room(key) {
@@ -113,14 +156,35 @@ impl<L: Cell> Pair<L> {
         }
         let took = self.booked.take(py, key, n);
         if took != Took::Yes {
+            check_n(n, self.burst())?;
             return Ok(took);
         }
-        // The execution cell had room a moment ago; a racing caller may have taken it,
-        // and then these cells stay spent (the strict side).
-        Ok(self
-            .exec
-            .as_ref()
-            .map_or(Took::Yes, |exec| exec.take(py, key, n)))
+        let Some(exec) = &self.exec else {
+            return Ok(Took::Yes);
+        };
+        if L::PRIVATE && L::ONE_KEY && behind != 0 {
+            // It had room a moment ago, and will have as long as only this takes it
+            // (unless a run counted up since the count was read: then it stays).
+            let _ =
+                self.exec_behind
+                    .compare_exchange(behind, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        // A racing caller may have taken the room, and then these cells stay spent (the
+        // strict side).
+        let took = exec.take(py, key, n);
+        if took != Took::Yes {
+            self.exec_taken();
+        }
+        Ok(took)
+    }
+
+    /// The execution cell was taken other than by [`Pair::take_now`], or refused it: it
+    /// may have less room than the booking cell from now on. Called after the take, so
+    /// that a look before it cannot clear what it says.
+    fn exec_taken(&self) {
+        if L::PRIVATE {
+            self.exec_behind.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Seconds until `n` cells would be admitted (0.0: now); spends nothing.
@@ -170,14 +234,14 @@ impl<L: Cell> Pair<L> {
         let max = max_wait(timeout)?;
         match self.booked.reserve(py, key, n, max) {
             Ok(held) => {
-                self.stats.booked(held.ready_in());
+                self.stats.booked(py, held.ready_in());
                 Ok(held)
             }
             Err(Denied::NotUntil(e)) if e.is_table_full() && e.wait_time() <= max => {
                 Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
             }
             Err(denied) => {
-                self.stats.refused();
+                self.stats.refused(py);
                 Err(too_late(denied))
             }
         }
@@ -190,7 +254,9 @@ impl<L: Cell> Pair<L> {
         let Some(exec) = &self.exec else {
             return Ok(None);
         };
-        let held = match exec.reserve(py, key, n, Duration::MAX) {
+        let held = exec.reserve(py, key, n, Duration::MAX);
+        self.exec_taken();
+        let held = match held {
             Ok(held) => held,
             Err(Denied::NotUntil(e)) if e.is_table_full() => {
                 return Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
@@ -224,7 +290,9 @@ impl<L: Cell> Pair<L> {
         block(py, booked)?;
         if let Some(exec) = &self.exec {
             let run = loop {
-                match exec.reserve(py, key, n, Duration::MAX) {
+                let held = exec.reserve(py, key, n, Duration::MAX);
+                self.exec_taken();
+                match held {
                     Ok(held) => break held,
                     Err(Denied::NotUntil(e)) if e.is_table_full() => sleep(py, e.wait_time())?,
                     Err(denied) => return Err(too_late(denied)),

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import paceline
+from paceline._paceline import Ready
 
 
 # How many more starts than the quota allows a window of readings may hold: each task
@@ -363,3 +364,143 @@ def test_long_keys_cost_a_bounded_number_of_bytes():
     # A long key is still its own key, the same each time it comes.
     assert not keyed.try_acquire(base + "0")
     assert keyed.try_acquire(base + "300")
+
+
+def test_an_acquire_that_need_not_wait_completes_without_a_coroutine_and_asyncio_takes_it():
+    limiter = paceline.Limiter(10, per=1.0, burst=3)
+    ready = limiter.acquire()
+    assert not asyncio.iscoroutinefunction(limiter.acquire)
+    assert limiter.remaining() == 2, "the call itself took the cell"
+    assert asyncio.iscoroutine(ready), "asyncio takes it as a coroutine"
+    assert asyncio.run(ready) is None
+
+    async def main():
+        await limiter.acquire()
+        return await asyncio.create_task(limiter.acquire())
+
+    assert asyncio.run(main()) is None
+    assert limiter.remaining() == 0
+    assert limiter.stats()["admitted"] == 3
+
+
+def test_an_acquire_does_not_jump_ahead_of_a_queued_waiter():
+    async def main():
+        limiter = paceline.Limiter(20, per=1.0, burst=1)
+        order = []
+
+        async def one(name):
+            await limiter.acquire()
+            order.append(name)
+
+        assert limiter.try_acquire()
+        first = asyncio.ensure_future(one("queued"))
+        await asyncio.sleep(0.01)  # queued: its turn is booked, 50 ms away
+        # The cell may be back by the time this runs; the queued waiter's turn is not.
+        late = limiter.acquire()
+        assert asyncio.iscoroutine(late) and not isinstance(late, Ready), "not taken now"
+        await asyncio.gather(first, one_after(late, order))
+        return order
+
+    async def one_after(awaitable, order):
+        await awaitable
+        order.append("later")
+
+    assert asyncio.run(main()) == ["queued", "later"]
+
+
+def test_bad_arguments_to_acquire_raise_when_awaited_and_change_nothing():
+    limiter = paceline.Limiter(10, per=1.0, burst=3)
+    keyed = paceline.KeyedLimiter(10, per=1.0, burst=3)
+    for bad, error, what in [
+        ((True,), TypeError, "n must be an int, got bool"),
+        (("1",), TypeError, "n must be an int, got str"),
+        ((-1,), ValueError, "n must be between 0 and 4294967295, got -1"),
+        ((1, "soon"), TypeError, "timeout"),
+    ]:
+        pending = limiter.acquire(*bad)
+        with pytest.raises(error, match=what):
+            asyncio.run(pending)
+        with pytest.raises(error, match=what):
+            asyncio.run(keyed.acquire("k", *bad))
+    with pytest.raises(TypeError, match="key must be a str, got int"):
+        asyncio.run(keyed.acquire(7))
+    with pytest.raises(TypeError, match="n must be an int, got bool"):
+        limiter.try_acquire(True)
+    with pytest.raises(ValueError, match="n must be between 0 and 4294967295, got -1"):
+        keyed.try_acquire("k", -1)
+    assert limiter.remaining() == 3 and keyed.remaining("k") == 3, "nothing was spent"
+    assert len(keyed) == 0, "no key was stored"
+    assert limiter.stats()["admitted"] == 0 and limiter.stats()["refused"] == 0
+
+
+def test_an_acquire_held_without_its_limiter_still_waits_its_turns():
+    acquire = paceline.Limiter(50, per=1.0, burst=1).acquire
+
+    async def main():
+        t0 = time.monotonic()
+        for _ in range(3):
+            await acquire()  # the second and third wait their turns
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) >= 0.035
+
+
+def test_a_limiter_bound_to_its_core_is_still_collected():
+    import gc
+    import weakref
+
+    limiter = paceline.Limiter(10)
+    keyed = paceline.KeyedLimiter(10)
+    gone = [weakref.ref(limiter), weakref.ref(keyed)]
+    del limiter, keyed
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None]
+
+
+def test_a_subclass_that_overrides_acquire_keeps_its_override():
+    class Counting(paceline.Limiter):
+        calls = 0
+
+        def try_acquire(self, n=1):
+            Counting.calls += 1
+            return super().try_acquire(n)
+
+        async def acquire(self, n=1, timeout=None):
+            Counting.calls += 1
+            await super().acquire(n, timeout)
+
+    limiter = Counting(10, burst=2)
+    assert limiter.try_acquire()
+    asyncio.run(limiter.acquire())
+    assert Counting.calls == 2 and limiter.remaining() == 0
+
+
+def test_a_try_acquire_the_execution_cell_refuses_spends_nothing_of_the_booking_cell():
+    limiter = paceline.Limiter(10, per=1.0, burst=2)
+    core = limiter._core
+    # Two waiters' late runs take the execution cell's whole burst (as after a stalled
+    # loop), while the booking cell keeps its room.
+    for _ in range(2):
+        run = core.run(1)
+        assert run.ready_in() == 0.0
+        run.done()
+    assert limiter.try_acquire(2) is False
+    assert limiter.try_acquire() is False
+    ticket = core.book(2, None)
+    assert ticket.ready_in() == 0.0, "the refusals spent nothing of the booking cell"
+    ticket.cancel()
+
+
+def test_a_keyed_try_acquire_the_execution_cell_refuses_spends_nothing_of_the_booking_cell():
+    for max_keys in (None, 10):
+        keyed = paceline.KeyedLimiter(10, per=1.0, burst=2, max_keys=max_keys)
+        core = keyed._core
+        for _ in range(2):
+            run = core.run("k", 1)
+            assert run.ready_in() == 0.0
+            run.done()
+        assert keyed.try_acquire("k", 2) is False
+        assert keyed.try_acquire("k") is False
+        ticket = core.book("k", 2, None)
+        assert ticket.ready_in() == 0.0, "the refusals spent nothing of the booking cell"
+        ticket.cancel()

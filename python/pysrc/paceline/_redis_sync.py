@@ -6,7 +6,8 @@ import threading
 import time
 from typing import Any, Optional, Union
 
-from . import KeyedLimiter, Limiter, _timeout
+from . import KeyedLimiter, Limiter
+from ._args import _timeout
 from ._redis_core import (
     DECIDE_SCRIPT,
     REFUND_SCRIPT,

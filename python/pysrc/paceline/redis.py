@@ -44,7 +44,8 @@ import asyncio
 import weakref
 from typing import Any, Optional, Tuple, Union
 
-from . import KeyedLimiter, Limiter, _timeout
+from . import KeyedLimiter, Limiter
+from ._args import _timeout
 from ._redis_core import (
     _DECIDE_SHA_B,
     _REFUND_RETRY,

@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any, Awaitable, Callable, Iterable, List, MutableMapping, Optional, Tuple, Union
 
-from .. import _capacity, _count, _gid, _path, _quota, _trusted, _uid
+from .._args import _capacity, _count, _gid, _path, _quota, _trusted, _uid
 from .._paceline import (
     build_limit,
     check_key_source,
