@@ -250,8 +250,13 @@ impl<C: Clock> Limit<C> {
         mut self,
         quota_for: impl Fn(&ClientKey) -> Option<Quota> + Send + Sync + 'static,
     ) -> Limit<C> {
-        if let Store::Local(limiter) = &mut self.store {
-            *limiter = Arc::new(limiter.remade_with_quota_for(quota_for));
+        match &mut self.store {
+            Store::Local(limiter) => {
+                *limiter = Arc::new(limiter.remade_with_quota_for(quota_for));
+            }
+            // A shared file's keys all take its one quota (documented on `Limit::shared`).
+            #[cfg(feature = "shared")]
+            Store::Shared(_) => {}
         }
         self
     }
