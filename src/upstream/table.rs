@@ -49,7 +49,16 @@ pub struct Followers<C: Clock = DefaultClock> {
     config: FollowerConfig,
     clock: C,
     max: usize,
-    map: Mutex<HashMap<String, Entry<C>>>,
+    map: Mutex<Table<C>>,
+}
+
+#[derive(Debug)]
+struct Table<C: Clock> {
+    hosts: HashMap<String, Entry<C>>,
+    /// The length at which a new host looks for idle ones to forget: `max`, or twice the
+    /// length after a look that left the table full of busy hosts, so that a table of busy
+    /// hosts costs each new host a constant share of a look, not a look.
+    sweep_at: usize,
 }
 
 #[derive(Debug)]
@@ -86,7 +95,10 @@ impl<C: Clock> Followers<C> {
             config,
             clock,
             max: MAX_HOSTS,
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(Table {
+                hosts: HashMap::new(),
+                sweep_at: 0,
+            }),
         }
     }
 
@@ -139,14 +151,21 @@ impl<C: Clock> Followers<C> {
     /// See [`Followers`].
     pub fn get(&self, host: &str) -> Arc<Follower<C>> {
         let now = self.clock.now();
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(entry) = map.get_mut(host) {
+        let mut table = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = table.hosts.get_mut(host) {
             entry.used = now;
             return Arc::clone(&entry.follower);
         }
-        if map.len() >= self.max {
-            forget_idle(&mut map, self.max / 2);
+        if table.hosts.len() >= table.sweep_at.max(self.max) {
+            forget_idle(&mut table.hosts, self.max / 2);
+            let len = table.hosts.len();
+            table.sweep_at = if len >= self.max {
+                len.saturating_mul(2)
+            } else {
+                0
+            };
         }
+        let map = &mut table.hosts;
         let follower = Arc::new(Follower::with_clock(
             self.configured,
             self.config,
@@ -168,7 +187,11 @@ impl<C: Clock> Followers<C> {
     ///
     /// See [`Followers`].
     pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .hosts
+            .len()
     }
 
     /// Whether the table keeps no host.
@@ -186,6 +209,8 @@ impl<C: Clock> Followers<C> {
 /// Forgets idle followers, the longest unused first, until at most `keep` are left (or
 /// none is idle).
 fn forget_idle<C: Clock>(map: &mut HashMap<String, Entry<C>>, keep: usize) {
+    #[cfg(test)]
+    tests::SWEEPS.with(|n| n.set(n.get() + 1));
     let mut idle: Vec<(u64, String)> = map
         .iter()
         .filter(|(_, e)| Arc::strong_count(&e.follower) == 1 && e.follower.is_idle())
@@ -206,6 +231,36 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use core::time::Duration;
+
+    std::thread_local! {
+        /// Looks for idle hosts made on this thread.
+        pub(super) static SWEEPS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+    }
+
+    #[test]
+    fn a_table_full_of_busy_hosts_looks_for_idle_ones_only_as_it_doubles() {
+        let clock = ManualClock::new();
+        let hosts = Followers::with_clock(
+            Quota::per_second(1),
+            FollowerConfig::default(),
+            clock.clone(),
+        )
+        .max_hosts(64);
+        SWEEPS.with(|n| n.set(0));
+        for i in 0..10_000 {
+            // Busy: a request taken, its quota not whole again for a second.
+            hosts.get(&format!("busy-{i}")).limiter().check().unwrap();
+        }
+        assert_eq!(hosts.len(), 10_000);
+        let sweeps = SWEEPS.with(core::cell::Cell::get);
+        assert!(sweeps <= 10, "{sweeps} looks for 10 000 new hosts");
+        // Once they are idle, the next look forgets them.
+        clock.advance(Duration::from_secs(2));
+        for i in 0..20_000 {
+            hosts.get(&format!("later-{i}"));
+        }
+        assert!(hosts.len() < 20_000, "{}", hosts.len());
+    }
 
     #[test]
     fn idle_hosts_are_forgotten_oldest_first_and_busy_ones_never() {
