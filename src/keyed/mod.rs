@@ -390,8 +390,11 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// ```
     /// use paceline::{KeyedLimiter, Quota};
     /// let limiter = KeyedLimiter::new(Quota::per_hour(1)).with_max_keys(1);
-    /// limiter.check_key(&"a").unwrap();
-    /// assert!(limiter.has_room_for(&"a") && !limiter.has_room_for(&"b"));
+    /// // New keys until the bound (about 1, per shard) refuses one as full.
+    /// let full = (0u32..)
+    ///     .find(|k| limiter.check_key(k).is_err_and(|e| e.is_table_full()))
+    ///     .unwrap();
+    /// assert!(limiter.has_room_for(&0) && !limiter.has_room_for(&full));
     /// ```
     pub fn has_room_for(&self, key: &K) -> bool {
         self.with_stored_word(key, |_, _| ()).is_some()
