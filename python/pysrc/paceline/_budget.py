@@ -23,36 +23,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
+from ._args import _count, _timeout
 from ._paceline import BudgetTurn, new_budget
 
 __all__ = ["Rate", "Budget", "Turn"]
 
-_MAX_COUNT = 0xFFFF_FFFF
 _RESERVED = ("timeout", "in_flight")
-
-
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not minimum <= value <= _MAX_COUNT:
-        raise ValueError(f"{name} must be between {minimum} and {_MAX_COUNT}, got {value}")
-    return value
-
-
-def _timeout(value: object) -> Optional[float]:
-    """Seconds, or ``None`` (also for infinity, as ``asyncio.wait_for`` reads it)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"timeout must be None or a number of seconds, got {type(value).__name__}"
-        )
-    value = float(value)
-    if value == float("inf"):
-        return None
-    if not value >= 0.0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value}")
-    return value
 
 
 def _seconds(name: str, value: object) -> float:
@@ -65,7 +41,7 @@ def _seconds(name: str, value: object) -> float:
 
 
 def _costs(costs: Dict[str, object]) -> List[Tuple[str, int]]:
-    return [(name, _int(name, cells, 0)) for name, cells in costs.items()]
+    return [(name, _count(name, cells, 0)) for name, cells in costs.items()]
 
 
 class Rate:
@@ -76,14 +52,14 @@ class Rate:
     __slots__ = ("count", "per", "burst")
 
     def __init__(self, count: int, per: float = 1.0, burst: Optional[int] = None) -> None:
-        self.count = _int("count", count, 1)
+        self.count = _count("count", count, 1)
         if isinstance(per, bool) or not isinstance(per, (int, float)):
             raise TypeError(f"per must be a number of seconds, got {type(per).__name__}")
         per = float(per)
         if not 0.0 < per < float("inf"):
             raise ValueError(f"per must be a positive, finite number of seconds, got {per}")
         self.per = per
-        self.burst = self.count if burst is None else _int("burst", burst, 1)
+        self.burst = self.count if burst is None else _count("burst", burst, 1)
 
     def __repr__(self) -> str:
         return f"Rate({self.count}, per={self.per}, burst={self.burst})"
@@ -221,7 +197,7 @@ class Budget:
                     f"{name} must be a paceline.Rate, got {type(rate).__name__}"
                 )
         if in_flight is not None:
-            in_flight = _int("in_flight", in_flight, 1)
+            in_flight = _count("in_flight", in_flight, 1)
         if not rates and in_flight is None:
             raise ValueError("a budget needs at least one rate or an in_flight cap")
         self._core = new_budget(
