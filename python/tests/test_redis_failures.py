@@ -158,7 +158,14 @@ def test_errors_redis_answers_are_their_own_and_admit_nothing(fresh):
         await r.set("paceline:{junk}", "not a state")
         secs, micros = await r.time()
         await r.set("paceline:{far}", f"{secs * 1_000_000 + micros} {2**60}")  # 36 years ahead
-        for key in ("list", "junk", "far"):
+        # Numbers another application keeps there, and values of the limiter's shape that
+        # no limiter wrote: one from 1970 (a limiter's value expires with its TAT) or with
+        # a tail that is not a list of bookings.
+        foreign = {"int": "42", "neg": "-5", "pair": "1 2", "tail": "1 2 not-ours",
+                   "half": f"{secs * 1_000_000 + micros} 5 a:1 b"}
+        for key, value in foreign.items():
+            await r.set(f"paceline:{{{key}}}", value)
+        for key in ("list", "junk", "far", *foreign):
             with pytest.raises(pr.RedisRejected) as caught:
                 await limiter.try_acquire(key)
             assert not isinstance(caught.value, pr.RedisOutOfMemory)
@@ -169,6 +176,8 @@ def test_errors_redis_answers_are_their_own_and_admit_nothing(fresh):
         # What sits there is left as it was.
         assert await r.lrange("paceline:{list}", 0, -1) == [b"x"]
         assert await r.get("paceline:{junk}") == b"not a state"
+        for key, value in foreign.items():
+            assert await r.get(f"paceline:{{{key}}}") == value.encode()
         await r.aclose()
 
     run(go())

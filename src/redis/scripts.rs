@@ -25,8 +25,7 @@
 //! 1.999 µs interval is 1999 ns, not 1 µs), and writes the new TAT relative to `now`
 //! again. Every quantity stays below 2^53 ns (104 days): the limiter refuses quotas whose
 //! burst window is longer than `MAX_WINDOW` when it is built, and caps how far ahead a
-//! booking may reach at the same bound. A value written in the older format (a bare
-//! integer: the TAT in absolute microseconds) is read as such.
+//! booking may reach at the same bound.
 //!
 //! **Bookings that can always be given back.** A waiting caller books with an id of its
 //! own, chosen before the call is sent; the value then lists the bookings made since the
@@ -40,8 +39,10 @@
 //! a booking whose answer never reached its caller (a timeout, a caller that went away)
 //! is refunded by id as well as one that was answered.
 //!
-//! **Errors are answers.** A value the scripts cannot read (not one of the two formats,
-//! or a TAT out of range) is reported with a `CORRUPT` error, never read as 0; a value
+//! **Errors are answers.** A value the scripts cannot read (not the format above, a TAT
+//! out of range, or one written more than a minute before it would have expired: no
+//! limiter left it there) is reported with a `CORRUPT` error, never read as 0 and never
+//! overwritten; a value
 //! of another type fails `GET` with `WRONGTYPE`; a full server fails the write with
 //! `OOM`. The limiter reports those as what they are, not as Redis being unreachable.
 
@@ -105,17 +106,14 @@ local id = ARGV[6]
 local v = redis.call('GET', KEYS[1])
 if v then
   local written, tat, rest = string.match(v, '^(%d+) (%-?%d+)(.*)$')
-  if written then
-    ahead = tonumber(tat) - (now - tonumber(written)) * 1000
-    list = rest
-  elseif string.match(v, '^%-?%d+$') then
-    ahead = (tonumber(v) - now) * 1000
-  else
+  if not written or (string.gsub(rest, ' [^ :]+:%-?%d+', '')) ~= '' then
     return redis.error_reply('CORRUPT unreadable rate-limit state at ' .. KEYS[1])
   end
-  -- Past 2^53 ns ahead (or not a number at all) no limiter wrote it; far behind is
-  -- simply long replenished.
-  if not (ahead < 9007199254740992) then
+  ahead = tonumber(tat) - (now - tonumber(written)) * 1000
+  list = rest
+  -- Past 2^53 ns ahead (or not a number at all) no limiter wrote it. Nor, on the
+  -- server's clock, a minute or more behind: a value expires with its TAT.
+  if not (ahead < 9007199254740992) or (ARGV[4] == '' and ahead < -60000000000) then
     return redis.error_reply('CORRUPT rate-limit state out of range at ' .. KEYS[1])
   end
 end

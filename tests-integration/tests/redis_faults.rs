@@ -177,10 +177,29 @@ fn errors_redis_answered_are_not_outages() {
             Err(RedisDenied::Rejected(_))
         ));
         // Values the limiter never writes: refused as unreadable, never a 0 wait.
-        for value in ["1e300", "inf", "nan", "garbage", "99999999999999999999999"] {
+        // Nor numbers another application keeps there, nor values of the limiter's shape
+        // that no limiter wrote (one from 1970: a limiter's value expires with its TAT;
+        // a tail that is not a list of bookings).
+        for value in [
+            "1e300",
+            "inf",
+            "nan",
+            "garbage",
+            "99999999999999999999999",
+            "42",
+            "-5",
+            "1 2",
+            "1 2 not-ours",
+        ] {
             redis_cmd(&mut admin, &["SET", "paceline:{bad}", value]).await;
             let r = open.check_key("bad").await;
             assert!(matches!(r, Err(RedisDenied::Rejected(_))), "{value}: {r:?}");
+            let kept: String = redis::cmd("GET")
+                .arg("paceline:{bad}")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            assert_eq!(kept, value);
         }
         // A full server that evicts nothing: its own error, nothing admitted.
         redis_cmd(
