@@ -119,9 +119,10 @@ def test_the_fields_are_the_rust_layers_for_the_same_quota(fresh):
         r = redis.asyncio.Redis.from_url(fresh.url)
         # Intervals of a second or more: a loaded machine's pauses between the two calls
         # change no field.
-        for rate, per, burst in ((10, 60.0, 3), (2, 4.0, 3), (100, 100.0, 1)):
+        # 3 per 7 s: not a whole number of cells in its burst window (q=3;w=7).
+        for rate, per, burst in ((10, 60.0, 3), (2, 4.0, 3), (100, 100.0, 1), (3, 7.0, 1)):
             fresh.cli("FLUSHALL")
-            options = dict(headers_on_success=True)
+            options = dict(headers_on_success=True, legacy_headers=True)
             local = RateLimitMiddleware(ok_app, [Limit("api", rate, per, burst, key=PROXY)], **options)
             fleet = RateLimitMiddleware(ok_app, [Limit("api", rate, per, burst, key=PROXY, redis=r, redis_timeout=SLOW_OK)], **options)
             for _ in range(burst + 2):
@@ -131,6 +132,8 @@ def test_the_fields_are_the_rust_layers_for_the_same_quota(fresh):
                 assert a[1]["ratelimit-policy"] == b[1]["ratelimit-policy"]
                 assert a[1]["ratelimit"] == b[1]["ratelimit"], (rate, per, burst)
                 assert a[1].get("retry-after") == b[1].get("retry-after")
+                for name in ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"):
+                    assert a[1][name] == b[1][name], (name, rate, per, burst)
         await r.aclose()
 
     asyncio.run(go())
@@ -300,3 +303,74 @@ def test_a_limit_in_redis_takes_costs_methods_and_exemptions(fresh):
         await r.aclose()
 
     asyncio.run(go())
+
+
+def test_a_refusal_in_the_process_is_told_the_longest_wait_of_the_limits_in_redis(fresh):
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        key = KeySource.header("x-user")
+        both = [
+            Limit("fast", rate=1, per=30.0, key=key),
+            Limit("slow", rate=1, per=HOUR, key=key, redis=r, redis_timeout=SLOW_OK),
+        ]
+        middleware = RateLimitMiddleware(ok_app, both, legacy_headers=True)
+        local = RateLimitMiddleware(
+            ok_app, [Limit("fast", rate=1, per=30.0, key=key), Limit("slow", rate=1, per=HOUR, key=key)],
+            legacy_headers=True,
+        )
+        user = [(b"x-user", b"u")]
+        assert (await call(middleware, headers=user))[0] == 200
+        assert (await call(local, headers=user))[0] == 200
+        status, fields = await call(middleware, headers=user)
+        expected_status, expected = await call(local, headers=user)
+        assert status == expected_status == 429
+        assert int(fields["retry-after"][0]) >= HOUR - 5, fields
+        assert abs(int(fields["retry-after"][0]) - int(expected["retry-after"][0])) <= 1
+        joined = ", ".join(fields["ratelimit"])
+        assert '"fast"' in joined and '"slow"' in joined, fields
+        assert fields["x-ratelimit-limit"] == expected["x-ratelimit-limit"]
+        assert fields["x-ratelimit-remaining"] == ["0"]
+        await r.aclose()
+
+    asyncio.run(go())
+
+
+def test_an_empty_key_is_a_key_of_its_own(fresh):
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        middleware = RateLimitMiddleware(
+            ok_app, [Limit("k", rate=1, per=HOUR, key=KeySource.header("x-api-key"), redis=r, redis_timeout=SLOW_OK)]
+        )
+        empty = [(b"x-api-key", b"")]
+        assert [(await call(middleware, headers=empty))[0] for _ in range(2)] == [200, 429]
+        assert (await call(middleware, headers=[(b"x-api-key", b"a")]))[0] == 200
+        by_function = RateLimitMiddleware(
+            ok_app, [Limit("f", rate=1, per=HOUR, key=lambda scope: "", redis=r, redis_timeout=SLOW_OK)]
+        )
+        assert [(await call(by_function))[0] for _ in range(2)] == [200, 429]
+        await r.aclose()
+
+    asyncio.run(go())
+
+
+def test_the_frameworks_test_client_works_with_a_client_made_at_import(fresh):
+    starlette = pytest.importorskip("starlette")
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    r = redis.asyncio.Redis.from_url(fresh.url)  # made once, outside any loop
+
+    async def home(request):
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/", home)])
+    app.add_middleware(
+        RateLimitMiddleware,
+        limits=[Limit("api", 2, per=HOUR, burst=2, key=KeySource.header("x-user"), redis=r, redis_timeout=SLOW_OK)],
+    )
+    for block in range(3):
+        with TestClient(app, raise_server_exceptions=False) as c:
+            statuses = [c.get("/", headers={"x-user": f"u{block}"}).status_code for _ in range(3)]
+        assert statuses == [200, 200, 429], (block, statuses)

@@ -119,3 +119,40 @@ def test_a_fleet_transport_takes_a_fleet_limiter_only(server):
         with pytest.raises(TimeoutError):
             client.get("http://c.example/")
     r.close()
+
+
+def test_the_wait_for_a_fleet_turn_counts_against_the_clients_timeout(server):
+    server.cli("FLUSHALL")
+
+    async def go():
+        r = redis.asyncio.Redis.from_url(server.url)
+        limiter = pr.RedisLimiter(r, 1, 3.0, 1, timeout=5.0)  # a turn every 3 s
+        times = []
+        fleet = paceline.httpx.AsyncFleetTransport(limiter, httpx.MockTransport(upstream(times)), key="k")
+        outer = paceline.httpx.AsyncTransport(paceline.Limiter(100), transport=fleet)
+        for transport in (fleet, outer):
+            server.cli("FLUSHALL")
+            times.clear()
+            async with httpx.AsyncClient(transport=transport, timeout=0.5) as client:
+                assert (await client.get("http://a.example/")).status_code == 200
+                started = time.monotonic()
+                with pytest.raises(httpx.PoolTimeout):
+                    await client.get("http://a.example/")
+                assert time.monotonic() - started < 1.0
+            assert len(times) == 1  # nothing sent
+            assert await limiter.wait_time("k") > 1.5  # and nothing booked
+        await r.aclose()
+
+    asyncio.run(go())
+    r = redis.Redis.from_url(server.url, socket_timeout=5.0)
+    server.cli("FLUSHALL")
+    times = []
+    transport = paceline.httpx.FleetTransport(
+        pr.SyncRedisLimiter(r, 1, 3.0, 1), httpx.MockTransport(upstream(times)), key="k"
+    )
+    with httpx.Client(transport=transport, timeout=0.5) as client:
+        client.get("http://a.example/")
+        with pytest.raises(httpx.PoolTimeout):
+            client.get("http://a.example/")
+    assert len(times) == 1
+    r.close()

@@ -359,3 +359,94 @@ def test_a_forked_child_books_with_ids_of_its_own(fresh):
     assert child_id.split(".")[0] != parent_id.split(".")[0]
     assert not limiter.try_acquire("forked")  # the child's admission counts here
     r.close()
+
+
+def test_a_huge_or_infinite_timeout_is_no_timeout(fresh):
+    async def go():
+        r = client(fresh)
+        limiter = limiter_of(r, 1, 3600.0, 1)
+        for timeout in (1e300, float("inf"), 1e9):
+            await limiter.acquire(f"k{timeout}", 1, timeout=timeout)
+        await r.aclose()
+
+    run(go())
+    sync = pr.SyncRedisLimiter(redis.Redis.from_url(fresh.url, socket_timeout=5.0), 1, 3600.0, 1)
+    for timeout in (1e300, float("inf")):
+        sync.acquire_blocking(f"s{timeout}", 1, timeout=timeout)
+
+
+def test_a_server_busy_with_another_clients_script_is_an_outage(fresh):
+    # Another tenant's endless script: past the time limit Redis answers BUSY to everyone.
+    fresh.cli("CONFIG", "SET", "lua-time-limit", "20")
+    import subprocess
+
+    blocker = subprocess.Popen(
+        [fresh.cli_binary, "-p", str(fresh.port), "EVAL", "while true do end", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)
+
+        async def go():
+            r = client(fresh)
+            opened = limiter_of(r, 10, 1.0, 2, on_failure="open")
+            assert await opened.try_acquire("k") is True
+            await opened.acquire("k")
+            share = limiter_of(r, 10, 1.0, 2, on_failure=paceline.KeyedLimiter(1, 3600.0, 1))
+            assert [await share.try_acquire("k") for _ in range(2)] == [True, False]
+            closed = limiter_of(r, 10, 1.0, 2)
+            with pytest.raises(pr.RedisUnavailable, match="BUSY"):
+                await closed.try_acquire("k")
+            await r.aclose()
+
+        run(go())
+        sync = pr.SyncRedisLimiter(
+            redis.Redis.from_url(fresh.url, socket_timeout=5.0), 10, on_failure="open"
+        )
+        assert sync.try_acquire("k") is True
+    finally:
+        subprocess.run([fresh.cli_binary, "-p", str(fresh.port), "SCRIPT", "KILL"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        blocker.wait(10)
+        fresh.cli("CONFIG", "SET", "lua-time-limit", "5000")
+
+
+def test_the_sync_twin_on_a_client_without_retries_is_bounded_by_its_socket_timeout():
+    # A server that takes connections and never answers (hung).
+    import socket
+
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        r = redis.Redis(
+            port=listener.getsockname()[1],
+            socket_timeout=0.25,
+            socket_connect_timeout=0.25,
+            retry=Retry(NoBackoff(), 0),
+        )
+        limiter = pr.SyncRedisLimiter(r, 10, on_failure="open")
+        for call in (lambda: limiter.try_acquire("k"), lambda: limiter.acquire_blocking("k")):
+            started = time.monotonic()
+            call()
+            # One attempt of 0.25 s; generous for a loaded machine, far below the ~7 s
+            # of redis-py's default retries.
+            assert time.monotonic() - started < 2.0
+    finally:
+        listener.close()
+        for c in held:
+            c.close()

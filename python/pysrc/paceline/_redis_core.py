@@ -103,16 +103,29 @@ for _name in ("ClusterDownError", "MasterDownError", "RedisClusterException", "A
 
 def _answered(e: BaseException) -> Optional[RedisLimitError]:
     """The exception to raise for an error Redis answered, or ``None`` for an outage.
-    Anything that is not redis-py's is raised as it is: a bug is not Redis's answer."""
+    Anything that is not redis-py's is raised as it is (a bug is not Redis's answer), but
+    for an asyncio client whose connections belong to an event loop that is gone (a
+    client made at import and used by a framework's test client, which runs a loop per
+    block): Redis cannot be reached from this loop, an outage."""
     if isinstance(e, _UNREACHABLE):
         return None
     if not isinstance(e, _rexc.RedisError):
+        if isinstance(e, RuntimeError) and _LOOP_GONE in str(e):
+            return None
         raise e
     message = str(e)
+    if message.startswith("BUSY"):
+        # Another client's script runs past the server's time limit: Redis serves no one
+        # until it ends or is killed, an outage like a loading server.
+        return None
     oom = getattr(_rexc, "OutOfMemoryError", ())
     if (oom and isinstance(e, oom)) or message.startswith("OOM"):
         return RedisOutOfMemory(f"Redis is out of memory: {message}")
     return RedisRejected(f"Redis refused the rate-limit call: {message}")
+
+
+# What asyncio says of a connection used on another loop than its own, or after it.
+_LOOP_GONE = "loop"
 
 
 def _describe(e: BaseException) -> str:
@@ -275,9 +288,9 @@ class _Base:
         )
 
     def _extra(self, timeout: Optional[float]) -> int:
-        if timeout is None:
+        if timeout is None or timeout * 1e9 >= MAX_WINDOW_NS:
             return MAX_WINDOW_NS
-        return min(int(timeout * 1e9), MAX_WINDOW_NS)
+        return int(timeout * 1e9)
 
     def _too_far(self, wait_ns: int) -> TimeoutError:
         return _TooFar(wait_ns)

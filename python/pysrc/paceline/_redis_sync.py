@@ -48,10 +48,14 @@ class SyncRedisLimiter(_Base):
     thread. Its decisions, keys and policies are ``RedisLimiter``'s.
 
     A synchronous call cannot be cut short from outside, so each call is bounded by the
-    client's own ``socket_timeout`` (and ``socket_connect_timeout``, times its retry
-    policy: redis-py retries a failed connection, with backoff, unless told otherwise):
-    the client must have a ``socket_timeout``, and it plays ``RedisLimiter``'s
-    ``timeout``. A thread interrupted while it
+    client's own ``socket_timeout`` (and ``socket_connect_timeout``) *per attempt*, times
+    the attempts of the client's retry policy, with its backoff between them: redis-py 6
+    and later retry 3 times by default, so a hung server at ``socket_timeout=0.25`` holds a
+    call about 7 s. For the failure policy to apply within ``socket_timeout``, make the
+    client with ``retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0)``. The client must
+    have a ``socket_timeout``, and it plays ``RedisLimiter``'s ``timeout``. A booking
+    whose answer did not come is given back from a daemon thread, not by the caller. A
+    thread interrupted while it
     waits its turn (Ctrl-C) gives the booking back, as a cancelled task does.
     """
 
@@ -77,7 +81,9 @@ class SyncRedisLimiter(_Base):
                 "the client has no socket_timeout, so a Redis that stops answering would "
                 "block every caller for ever and the failure policy would never apply: "
                 "make it with one, e.g. redis.Redis(..., socket_timeout=0.25, "
-                "socket_connect_timeout=0.25)"
+                "socket_connect_timeout=0.25, retry=Retry(NoBackoff(), 0)) (Retry from "
+                "redis.retry, NoBackoff from redis.backoff: without it redis-py retries 3 "
+                "times, with backoff, before the policy applies)"
             )
         super().__init__(client, rate, per, burst, prefix, bound or 1.0, on_failure)
         self._refund_lock = threading.Lock()
@@ -126,7 +132,9 @@ class SyncRedisLimiter(_Base):
         try:
             reply = self._send(args)
         except Exception as e:
-            self._give_back(args[3], booking)
+            # Booked or not, the caller is not kept waiting for the refund: Redis just
+            # failed to answer in time, so a daemon thread sends it.
+            self._give_back_later(args[3], booking)
             answered = _answered(e)
             if answered is not None:
                 raise answered from e
@@ -162,12 +170,11 @@ class SyncRedisLimiter(_Base):
     def _give_back(self, redis_key: str, booking: str) -> None:
         """Sends the refund once now; if Redis cannot take it, a daemon thread tries
         again (as the async limiter's background refunds)."""
-        if self._refund_once(redis_key, booking):
-            return
-        thread = threading.Thread(
-            target=self._refund_retrying, args=(redis_key, booking), daemon=True
-        )
-        thread.start()
+        if not self._refund_once(redis_key, booking):
+            self._give_back_later(redis_key, booking)
+
+    def _give_back_later(self, redis_key: str, booking: str) -> None:
+        threading.Thread(target=self._refund_retrying, args=(redis_key, booking), daemon=True).start()
 
     def _refund_once(self, redis_key: str, booking: str) -> bool:
         try:
@@ -177,10 +184,10 @@ class SyncRedisLimiter(_Base):
             return _answered(e) is not None
 
     def _refund_retrying(self, redis_key: str, booking: str) -> None:
-        for _ in range(_REFUND_TRIES - 1):
-            time.sleep(_REFUND_RETRY)
+        for _ in range(_REFUND_TRIES):
             if self._refund_once(redis_key, booking):
                 return
+            time.sleep(_REFUND_RETRY)
 
     def remaining(self, key: str) -> int:
         """As ``RedisLimiter.remaining``."""

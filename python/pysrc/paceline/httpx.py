@@ -43,7 +43,7 @@ raises or returns junk, or a body over 8 MiB ends the turn keeping its estimate:
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection, Optional, Union
+from typing import Callable, Collection, Optional, Tuple, Union
 
 import httpx
 
@@ -67,6 +67,26 @@ def _pool_timeout(request: httpx.Request) -> Optional[float]:
     timeout = request.extensions.get("timeout") or {}
     pool = timeout.get("pool")
     return None if pool is None else float(pool)
+
+
+# Where AsyncTransport / Transport leave the deadline of a request's wait for a transport
+# under them that waits too (a fleet transport), so that the two waits share one timeout.
+_DEADLINE = "paceline.deadline"
+
+
+def _fleet_wait(request: httpx.Request, max_wait: Optional[float]) -> Tuple[Optional[float], bool]:
+    """How long a fleet transport may wait for ``request``'s turn, and whether that bound
+    is the client's timeout (``PoolTimeout``) rather than ``max_wait`` (``TimeoutError``)."""
+    deadline = request.extensions.get(_DEADLINE)
+    if deadline is None:
+        timeout = _pool_timeout(request)
+        deadline = None if timeout is None else time.monotonic() + timeout
+    if deadline is None:
+        return max_wait, False
+    left = max(deadline - time.monotonic(), 0.0)
+    if max_wait is not None and max_wait <= left:
+        return max_wait, False
+    return left, True
 
 
 def _late(request: httpx.Request) -> httpx.PoolTimeout:
@@ -252,6 +272,8 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         key = "" if hosts is None else hosts.key(request.url.host)
         timeout = _pool_timeout(request)
         deadline = None if timeout is None else time.monotonic() + timeout
+        if deadline is not None:
+            request.extensions[_DEADLINE] = deadline
         attempt = 0
         while True:
             try:
@@ -316,6 +338,8 @@ class Transport(httpx.BaseTransport):
         key = "" if hosts is None else hosts.key(request.url.host)
         timeout = _pool_timeout(request)
         deadline = None if timeout is None else time.monotonic() + timeout
+        if deadline is not None:
+            request.extensions[_DEADLINE] = deadline
         attempt = 0
         while True:
             try:
@@ -387,7 +411,13 @@ class AsyncFleetTransport(httpx.AsyncBaseTransport):
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        await self._limiter.acquire(self._key(request.url.host), 1, self._max_wait)
+        wait, pool = _fleet_wait(request, self._max_wait)
+        try:
+            await self._limiter.acquire(self._key(request.url.host), 1, wait)
+        except TimeoutError:
+            if pool:
+                raise _late(request) from None
+            raise
         return await self._transport.handle_async_request(request)
 
     async def aclose(self) -> None:
@@ -419,7 +449,13 @@ class FleetTransport(httpx.BaseTransport):
         self._transport = transport if transport is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self._limiter.acquire_blocking(self._key(request.url.host), 1, self._max_wait)
+        wait, pool = _fleet_wait(request, self._max_wait)
+        try:
+            self._limiter.acquire_blocking(self._key(request.url.host), 1, wait)
+        except TimeoutError:
+            if pool:
+                raise _late(request) from None
+            raise
         return self._transport.handle_request(request)
 
     def close(self) -> None:

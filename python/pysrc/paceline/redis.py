@@ -124,6 +124,8 @@ class RedisLimiter(_Base):
         super().__init__(client, rate, per, burst, prefix, timeout, on_failure)
         # Refunds in flight, kept alive until they end.
         self._refunds: "set[asyncio.Task]" = set()
+        # The loop of the latest first call on a loop (``_new_loop``).
+        self._last_loop: "Optional[weakref.ref[asyncio.AbstractEventLoop]]" = None
         # The timer that bounds calls, per event loop (a client serves one loop; a loop
         # that ends takes its entry with it).
         self._watchdogs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog]" = (
@@ -140,6 +142,25 @@ class RedisLimiter(_Base):
             script = DECIDE_SCRIPT if args[1] == _DECIDE_SHA_B else REFUND_SCRIPT
             return await execute("EVAL", script, *args[2:])
 
+    async def _new_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """This limiter's first call on ``loop``. Where the loop it ran on before is closed
+        (a framework's test client runs each block on a loop of its own, with a client
+        made at import), the client's idle connections belong to that loop and would fail
+        their next call after sending it: they are closed first, so the next call opens one
+        on this loop."""
+        previous, self._last_loop = self._last_loop, weakref.ref(loop)
+        if previous is None:
+            return  # the first loop it runs on
+        last = previous()
+        if last is not None and not last.is_closed():
+            return  # that loop still runs: its connections are its own
+        pool = getattr(self._client, "connection_pool", None)
+        if pool is not None:
+            try:
+                await pool.disconnect(inuse_connections=False)
+            except Exception:  # noqa: BLE001 - a transport of a closed loop may refuse
+                pass
+
     async def _run(self, args: tuple, seconds: float) -> Any:
         """``_send`` within ``seconds``: past them, ``asyncio.TimeoutError``. The bound
         is kept by one timer per event loop for every call in flight (``_Watchdog``), not
@@ -148,6 +169,7 @@ class RedisLimiter(_Base):
         loop = asyncio.get_running_loop()
         watchdog = self._watchdogs.get(loop)
         if watchdog is None:
+            await self._new_loop(loop)
             # A quarter of the shortest bound it keeps (a call's, or a refund's).
             watchdog = self._watchdogs[loop] = _Watchdog(min(self._timeout, _REFUND_TIMEOUT) / 4)
         task = asyncio.current_task()

@@ -163,6 +163,7 @@ class _Checker:
                 fleet,
                 missing=_missing(on_missing_key),
                 headers_on_success=bool(headers_on_success),
+                legacy_headers=bool(legacy_headers),
                 wait_up_to=None if wait_up_to is None else float(wait_up_to),
                 buffer=wait_buffer,
             )
@@ -176,6 +177,7 @@ class _Checker:
             _missing(on_missing_key),
             exempt is None,
         )
+        self.legacy = bool(legacy_headers)
         self.exempt = exempt
         self.exempt_async = exempt is not None and _is_async(exempt)
         self.on_refusal = on_refusal

@@ -36,18 +36,56 @@ _LOG_EVERY = 60.0
 
 
 def _bounded(key: str) -> str:
-    if len(key) > _MAX_TEXT_KEY // 4 and len(key.encode("utf-8", "surrogatepass")) > _MAX_TEXT_KEY:
+    """The key kept in Redis: the client's own, or a digest of it when it is long, or
+    empty (an empty header value is a key like any other, and Redis keys need a byte)."""
+    if not key or (
+        len(key) > _MAX_TEXT_KEY // 4 and len(key.encode("utf-8", "surrogatepass")) > _MAX_TEXT_KEY
+    ):
         return "\x01" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
     return key
 
 
-def _policy(rate: int, per: float, burst: int) -> Tuple[int, int]:
+def _policy(interval: int, burst: int) -> Tuple[int, int]:
     """``RateLimit-Policy``'s ``q`` and ``w`` as the Rust layer writes them: ``w`` the
-    burst window in whole seconds (at least 1), ``q`` the cells the rate admits in ``w``,
-    rounded down."""
-    interval = max(int(per * 1e9) // rate, 1)
-    w = max(math.ceil(interval * burst / 1e9), 1)
-    return w * 1_000_000_000 // interval, w
+    burst window in whole seconds (at least 1) or, when the rate is not a whole number of
+    cells in it, the first longer whole number of seconds (at most a minute longer) in
+    which it is within 1 % of one; ``q`` the cells the rate admits in ``w``, rounded down.
+    So a client spacing its requests ``w / q`` apart is never refused."""
+    first = max(-(-interval * burst // 1_000_000_000), 1)
+
+    def cells(w: int) -> int:
+        return w * 1_000_000_000 // interval
+
+    best = (cells(first), first)
+    for w in range(first, first + 60):
+        q = cells(w)
+        if q * interval * 100 >= w * 99_000_000_000:
+            return q, w
+        if q * best[1] > best[0] * w:
+            best = (q, w)
+    return best
+
+
+_LEGACY = (b"x-ratelimit-limit", b"x-ratelimit-remaining", b"x-ratelimit-reset")
+
+
+def _legacy(limit: int, remaining: int, reset: int) -> List[Tuple[bytes, bytes]]:
+    return [(name, b"%d" % value) for name, value in zip(_LEGACY, (limit, remaining, reset))]
+
+
+def tightest_legacy(fields: List[Tuple[bytes, bytes]]) -> List[Tuple[bytes, bytes]]:
+    """``fields`` with one set of ``X-RateLimit-*`` fields, the tightest limit's (the
+    fewest cells left, then the longest until full), where the layer's and the limits in
+    Redis each wrote theirs."""
+    sets = [
+        [int(fields[i + k][1]) for k in range(3)]
+        for i, (name, _) in enumerate(fields)
+        if name == _LEGACY[0] and fields[i + 1 : i + 3] and fields[i + 1][0] == _LEGACY[1]
+    ]
+    if len(sets) < 2:
+        return fields
+    limit, remaining, reset = min(sets, key=lambda s: (s[1], -s[2]))
+    return [f for f in fields if f[0] not in _LEGACY] + _legacy(limit, remaining, reset)
 
 
 def _field_name(name: str) -> str:
@@ -68,12 +106,11 @@ class FleetLimit:
         self.methods = limit.methods
         self.exempt_when = limit.exempt_when
         field = _field_name(limit.name)
-        count, per, burst, _ = limit._rates[0]
-        q, w = _policy(count, per, burst)
-        self.policy = (b"ratelimit-policy", f"{field};q={q};w={w}".encode())
-        self.field = field
         self.interval = self.limiter._interval
         self.tau = self.limiter._tau
+        self.q, w = _policy(self.interval, self.limiter.burst)
+        self.policy = (b"ratelimit-policy", f"{field};q={self.q};w={w}".encode())
+        self.field = field
         self.logged_at = -_LOG_EVERY
 
     async def applies(self, scope: Any) -> bool:
@@ -99,9 +136,16 @@ class FleetLimit:
 
     def state(self, ahead_ns: int) -> Tuple[bytes, bytes]:
         """The ``RateLimit`` item for a key whose TAT is ``ahead_ns`` past now."""
-        remaining = max(self.tau - ahead_ns, 0) // self.interval
-        t = math.ceil(max(ahead_ns, 0) / 1e9)
+        remaining, t = self.counts(ahead_ns)
         return (b"ratelimit", f"{self.field};r={remaining};t={t}".encode())
+
+    def counts(self, ahead_ns: int) -> Tuple[int, int]:
+        """``(cells left, whole seconds until full)`` for a TAT ``ahead_ns`` past now."""
+        return max(self.tau - ahead_ns, 0) // self.interval, math.ceil(max(ahead_ns, 0) / 1e9)
+
+    def legacy(self, ahead_ns: int) -> List[Tuple[bytes, bytes]]:
+        """The ``X-RateLimit-*`` fields for a TAT ``ahead_ns`` past now."""
+        return _legacy(self.q, *self.counts(ahead_ns))
 
     def trouble(self, e: BaseException) -> None:
         now = time.monotonic()
@@ -146,7 +190,7 @@ def _unavailable(limit: FleetLimit) -> Answer:
     return Answer(503, headers, body)
 
 
-def _too_many(limit: FleetLimit, wait_ns: int, cost: int) -> Answer:
+def _too_many(limit: FleetLimit, wait_ns: int, cost: int, legacy: bool) -> Answer:
     retry_after = max(math.ceil(wait_ns / 1e9), 1)
     ahead = wait_ns + limit.tau - limit.interval * cost  # the refused wait, back to the TAT
     headers = [
@@ -155,6 +199,8 @@ def _too_many(limit: FleetLimit, wait_ns: int, cost: int) -> Answer:
         limit.policy,
         limit.state(ahead),
     ]
+    if legacy:
+        headers += limit.legacy(ahead)
     body = f'Too Many Requests: limit "{limit.name}", retry in {retry_after} s\n'.encode()
     return Answer(429, headers, body, limit.name, wait_ns / 1e9)
 
@@ -177,12 +223,14 @@ class FleetLimits:
         *,
         missing: Optional[str],
         headers_on_success: bool,
+        legacy_headers: bool,
         wait_up_to: Optional[float],
         buffer: int,
     ) -> None:
         self.limits = [FleetLimit(limit) for limit in limits]
         self.missing = missing
         self.headers_on_success = headers_on_success
+        self.legacy_headers = legacy_headers
         self.wait_up_to = wait_up_to
         self.buffer = buffer
 
@@ -238,8 +286,49 @@ class FleetLimits:
                 limit.trouble(e)
                 return _unavailable(limit), fields, kept, False
             if wait > 0:
-                return _too_many(limit, wait, cost), fields, kept, False
+                return _too_many(limit, wait, cost, self.legacy_headers), fields, kept, False
             if self.headers_on_success:
                 fields.append(limit.policy)
                 fields.append(limit.state(ahead))
+                if self.legacy_headers:
+                    fields += limit.legacy(ahead)
         return None, fields, kept, False
+
+    async def also_refusing(self, scope: Any, refused: Any) -> Any:
+        """A refusal of the layer's (``refused``), told the longest wait among every
+        limit that applies, those in Redis included: each of those is read (nothing is
+        spent), and one that would refuse for longer sets ``Retry-After``; their fields
+        join the refusal's. A limit whose Redis cannot answer is left out."""
+        from ..redis import RedisLimitError
+
+        headers = list(refused.headers)
+        longest, name = refused.wait, refused.limit
+        for limit in self.limits:
+            if not await limit.applies(scope):
+                continue
+            key = await limit.key(scope)
+            if key is None:
+                if self.missing != "shared" and self.missing is not None:
+                    continue
+                key = _KEYLESS
+            cost = limit.cost
+            if callable(cost):
+                continue  # a cost function is asked once, when the request is decided
+            try:
+                reply = await limit.limiter._read(key)
+            except RedisLimitError:
+                continue
+            ahead = int(reply[2])
+            wait = max(0, ahead - (limit.tau - cost * limit.interval)) / 1e9
+            headers += [limit.policy, limit.state(ahead)]
+            if self.legacy_headers:
+                headers += limit.legacy(ahead)
+            if wait > longest:
+                longest, name = wait, limit.name
+        if name == refused.limit:
+            return Answer(refused.status, tightest_legacy(headers), refused.body, name, longest)
+        retry_after = max(math.ceil(longest), 1)
+        headers = [h for h in headers if h[0] != b"retry-after"]
+        headers.insert(1, (b"retry-after", str(retry_after).encode()))
+        body = f'Too Many Requests: limit "{name}", retry in {retry_after} s\n'.encode()
+        return Answer(refused.status, tightest_legacy(headers), body, name, longest)

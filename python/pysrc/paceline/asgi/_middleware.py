@@ -10,6 +10,7 @@ from ._checker import PASS, Admitted, Refused, _Checker, _NoAddress
 from ._limit import Limit, Scope
 from ._listen import replaying, watching
 from ._exempt import is_exempt
+from ._fleet import tightest_legacy
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -198,7 +199,10 @@ class RateLimitMiddleware:
                 if refusal is not None:
                     await _refuse(checker, scope, receive, send, refusal)
                     return
-                fields = fields + more
+                fields = tightest_legacy(fields + more) if checker.legacy else fields + more
             await self.app(scope, receive, _adding(send, fields) if fields else send)
             return
+        if kind is Refused and outcome.status == 429 and checker.fleet is not None:
+            # The limits kept in Redis may refuse for longer: the client is told the longest.
+            outcome = await checker.fleet.also_refusing(scope, outcome)
         await _refuse(checker, scope, receive, send, outcome)
