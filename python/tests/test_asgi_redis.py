@@ -354,7 +354,7 @@ def test_an_empty_key_is_a_key_of_its_own(fresh):
 
 
 def test_the_frameworks_test_client_works_with_a_client_made_at_import(fresh):
-    starlette = pytest.importorskip("starlette")
+    pytest.importorskip("starlette")
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route

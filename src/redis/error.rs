@@ -81,7 +81,8 @@ pub enum RedisDenied {
     NotUntil(NotUntil),
     /// More cells than the burst: never admissible.
     InsufficientCapacity,
-    /// Redis could not answer (unreachable, or slower than the timeout) and the policy is
+    /// Redis could not answer (unreachable, slower than the timeout, loading, or `BUSY`
+    /// running another client's script) and the policy is
     /// [`FailurePolicy::FailClosed`]; also from [`RedisLimiter::remaining`], which has no
     /// decision to fall back on.
     Unavailable(redis::RedisError),

@@ -33,11 +33,14 @@
 //!   locally until the instant Redis gave, for as many cells as were refused or more
 //!   (fewer cells fit sooner, and are asked for), so a flood of refusals for one key costs
 //!   no round trips. Admissions always ask Redis.
-//! * **When Redis is unreachable or slow** (each call has a timeout), the configured
+//! * **When Redis is unreachable or slow** (each call has a timeout; a server loading, a
+//!   replica made read-only, a master down, or `BUSY` with another client's script past
+//!   its time limit count too), the configured
 //!   [`FailurePolicy`] decides: refuse, admit, or fall back to an in-process limiter with a
 //!   share of the quota. The connection reconnects in the background. An error Redis
 //!   *answered* is not an outage, and the policy does not apply: a value of another type
-//!   or an unreadable value at the limiter's key ([`RedisDenied::Rejected`]) or a full
+//!   or one the limiter did not write at its key (a number or text another application
+//!   keeps there, never overwritten: [`RedisDenied::Rejected`]) or a full
 //!   server ([`RedisDenied::OutOfMemory`]) refuses, whatever the policy.
 //! * **Bookings can always be given back**: a waiter books with an id chosen before its
 //!   call is sent, so a booking whose answer never arrived (a timeout, a caller that went

@@ -69,6 +69,9 @@ impl Failure {
             || e.is_connection_refusal()
             // Redirections the client could not follow, a cluster without coverage.
             || e.is_cluster_error()
+            // Another client's script past the server's time limit: Redis serves no one
+            // until it ends or is killed, as while it loads.
+            || e.code() == Some("BUSY")
             || matches!(
                 e.kind(),
                 ErrorKind::ClusterConnectionNotFound

@@ -293,3 +293,38 @@ fn a_server_that_does_not_run_scripts_is_refused_at_connect_with_the_reason() {
         .block_on(RedisLimiter::connect(&fine.url(), Quota::per_second(5)))
         .is_ok());
 }
+
+#[test]
+fn a_server_busy_with_another_clients_script_is_an_outage() {
+    let server = Server::with_args(&["--lua-time-limit", "20"]);
+    let cli = |args: &[&str]| {
+        let mut command = std::process::Command::new(redis_server::cli_binary());
+        command
+            .args(["-p", &server.port.to_string()])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        command
+    };
+    let outcome = runtime().block_on(async {
+        let quota = Quota::per_second(10);
+        let open = RedisLimiter::connect(&server.url(), quota)
+            .await
+            .unwrap()
+            .on_failure(FailurePolicy::FailOpen);
+        let closed = RedisLimiter::connect(&server.url(), quota).await.unwrap();
+        // Another tenant's endless script: past its time limit Redis answers BUSY to all.
+        let mut blocker = cli(&["EVAL", "while true do end", "0"]).spawn().unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let outcome = (open.check_key("k").await, closed.check_key("k").await);
+        let _ = cli(&["SCRIPT", "KILL"]).status();
+        let _ = blocker.wait();
+        outcome
+    });
+    assert!(outcome.0.is_ok(), "{:?}", outcome.0);
+    assert!(
+        matches!(outcome.1, Err(RedisDenied::Unavailable(_))),
+        "{:?}",
+        outcome.1
+    );
+}

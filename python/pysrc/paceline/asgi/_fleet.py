@@ -12,7 +12,6 @@ never passes more than its quota).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import math
