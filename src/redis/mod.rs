@@ -44,7 +44,10 @@
 //!   server ([`RedisDenied::OutOfMemory`]) refuses, whatever the policy.
 //! * **Bookings can always be given back**: a waiter books with an id chosen before its
 //!   call is sent, so a booking whose answer never arrived (a timeout, a caller that went
-//!   away) is given back as surely as one that was answered and then cancelled.
+//!   away) is given back as surely as one that was answered and then cancelled. A key
+//!   remembers its 32 latest bookings since its last plain admission: with more callers
+//!   waiting on one key at once, the oldest ones' cancellations give nothing back (their
+//!   turns stay spent, the strict side).
 //! * **A Redis restart loses the state**: every key then starts with a full burst again
 //!   (at most one extra burst per key across the restart).
 //! * Resolution: Redis time is in microseconds, so a quota's interval must be at least
