@@ -9,6 +9,7 @@
 
 #![cfg(unix)]
 
+use std::future::Future;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -407,4 +408,117 @@ fn a_child_copied_while_paceline_was_first_used_is_served() {
         };
         assert!(status.success(), "{which}: {status}");
     }
+}
+
+/// A task waker that writes a byte to a pipe when it is woken in another process than
+/// the one that made it, then wakes its thread.
+struct Spy {
+    pid: u32,
+    fd: i32,
+    thread: thread::Thread,
+}
+
+impl std::task::Wake for Spy {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if std::process::id() != self.pid {
+            // SAFETY: `fd` is the pipe's write end, open for the whole test; one byte from
+            // a valid buffer.
+            unsafe { libc::write(self.fd, b"x".as_ptr().cast(), 1) };
+        }
+        self.thread.unpark();
+    }
+}
+
+#[test]
+fn a_child_never_wakes_the_tasks_of_the_parents_other_threads() {
+    // Threads of the parent wait on a budget (each future's alarm is with the default
+    // clock's timer); the children inherit those alarms, and their timer rings them:
+    // a task waker of a thread the child lacks must be neither woken nor dropped.
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid array of two descriptors for `pipe` to fill.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let budget = paceline::Budget::builder()
+        .rate("requests", Quota::per_second(20).with_burst(1))
+        .in_flight(2)
+        .build()
+        .unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (budget, stop, fd) = (budget.clone(), Arc::clone(&stop), fds[1]);
+            thread::spawn(move || {
+                // Relaxed: a flag, publishing nothing.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let spy = Spy {
+                        pid: std::process::id(),
+                        fd,
+                        thread: thread::current(),
+                    };
+                    let waker = std::task::Waker::from(Arc::new(spy));
+                    let mut acquire = std::pin::pin!(budget.acquire(&[]));
+                    let mut cx = std::task::Context::from_waker(&waker);
+                    while acquire.as_mut().poll(&mut cx).is_pending() {
+                        thread::park_timeout(Duration::from_millis(200));
+                    }
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(100));
+    let failed = (0..10)
+        .map(|_| {
+            in_child(|| {
+                // Long enough for the inherited alarms (50 ms apart) to come due.
+                thread::sleep(Duration::from_millis(300));
+                budget.acquire_blocking(&[]).is_ok()
+            })
+        })
+        .find(Result::is_err);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for waiter in waiters {
+        waiter.join().unwrap();
+    }
+    assert_eq!(failed, None);
+    // SAFETY: the read end is ours; non-blocking, so an empty pipe reads nothing.
+    let woken = unsafe {
+        libc::fcntl(fds[0], libc::F_SETFL, libc::O_NONBLOCK);
+        let mut buf = [0u8; 256];
+        libc::read(fds[0], buf.as_mut_ptr().cast(), buf.len())
+    };
+    assert!(woken <= 0, "{woken} parent task wakers woken in children");
+}
+
+#[test]
+fn a_child_forked_while_other_threads_add_keys_is_served() {
+    // Other threads insert new keys as fast as they can, so one holds a shard of the key
+    // store at many of the forks.
+    let limiter = Arc::new(paceline::KeyedLimiter::<u64>::new(
+        Quota::per_second(1000).with_burst(5),
+    ));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+            thread::spawn(move || {
+                let mut key = t << 40;
+                // Relaxed: a flag, publishing nothing.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    key += 1;
+                    let _ = limiter.check_key(&key);
+                }
+            })
+        })
+        .collect();
+    let failed = (0..100)
+        .map(|i| in_child(|| (0..2000u64).all(|k| limiter.check_key(&(u64::MAX - k - i)).is_ok())))
+        .find(Result::is_err);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for thread in busy {
+        thread.join().unwrap();
+    }
+    assert_eq!(failed, None);
 }

@@ -96,6 +96,31 @@ static ALL_ADDED: AtomicBool = AtomicBool::new(false);
 /// Forks this process descends through, counted by the child handler.
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
+/// The [`thread_token`] of the thread that made this process by forking (0 in the first).
+static FORKER: AtomicUsize = AtomicUsize::new(0);
+
+std::thread_local! {
+    /// Its address tells a thread from the others (a forked child's thread keeps the
+    /// address it had in the parent).
+    static TOKEN: u8 = const { 0 };
+}
+
+/// The calling thread's token: unique among the threads alive in this process, and the
+/// same in a forked child for the thread that forked.
+pub(crate) fn thread_token() -> usize {
+    TOKEN.with(|token| ptr::from_ref(token) as usize)
+}
+
+/// Whether a task registered by the thread of token `thread` when this process's line
+/// had gone through `generation` forks still runs here: registered in this process, or
+/// by the thread that forked it, just before (the other threads did not come along).
+pub(crate) fn runs_here(generation: u64, thread: usize) -> bool {
+    // Relaxed: as in `generation`; FORKER is written by the child handler before the
+    // child had another thread.
+    let now = FORKS.load(Ordering::Relaxed);
+    generation == now || (generation + 1 == now && thread == FORKER.load(Ordering::Relaxed))
+}
+
 /// [`REGISTERED`], or the id of the process one of whose threads is registering the
 /// handlers, or 0 before anyone has.
 static REGISTRATION: AtomicU32 = AtomicU32::new(0);
@@ -221,6 +246,7 @@ extern "C" fn child() {
     // Relaxed: the child has no other thread yet; threads spawned later see these.
     REGISTRATION.store(REGISTERED, Ordering::Relaxed);
     FORKS.fetch_add(1, Ordering::Relaxed);
+    FORKER.store(thread_token(), Ordering::Relaxed);
     for hooks in prepared() {
         (hooks.child)();
     }

@@ -47,7 +47,7 @@ std::thread_local! {
 }
 
 /// The gate's hooks (added by `clock::forks`, after the clocks').
-pub(super) static FORK_HOOKS: Hooks = Hooks::new(close, open, open);
+pub(super) static FORK_HOOKS: Hooks = Hooks::new(close, open, open_in_child);
 
 /// Being inside the gate; leaving it on drop.
 pub(crate) struct Inside {
@@ -96,9 +96,16 @@ fn close() {
     });
 }
 
-/// Fork's parent and child handlers: the gate opens.
+/// Fork's parent handler: the gate opens.
 fn open() {
     drop(HELD.with(Cell::take));
+}
+
+/// Fork's child handler: the key stores' reader slots held by threads that did not come
+/// along are freed (`sync/read_mostly.rs`), then the gate opens.
+fn open_in_child() {
+    crate::sync::read_mostly_forks::forget_readers();
+    open();
 }
 
 /// A lock taken inside the gate ([`lock`]); the lock goes first, then the gate.

@@ -42,6 +42,18 @@ pub use coarse::CoarseClock;
 pub(crate) fn forks() -> u64 {
     fork::generation(&[&timer::FORK_HOOKS, &coarse::FORK_HOOKS, &gate::FORK_HOOKS])
 }
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use fork::{runs_here, thread_token};
+/// Loom models run in one process that never forks.
+#[cfg(loom)]
+pub(crate) fn runs_here(_generation: u64, _thread: usize) -> bool {
+    true
+}
+/// Loom models run in one process that never forks.
+#[cfg(loom)]
+pub(crate) fn thread_token() -> usize {
+    0
+}
 #[cfg(all(feature = "shared", not(loom)))]
 pub(crate) use host::{HostClock, HostTime};
 

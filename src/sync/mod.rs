@@ -56,6 +56,8 @@ mod wake_list;
 #[cfg(feature = "std")]
 pub(crate) use backoff::Backoff;
 pub(crate) use backoff::CasBackoff;
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use read_mostly::forks as read_mostly_forks;
 #[cfg(feature = "std")]
 pub(crate) use read_mostly::ReadMostly;
 #[cfg(feature = "std")]

@@ -12,7 +12,17 @@
 //! waiting for one: with more threads than cores, a thread can be descheduled holding a
 //! slot, and readers that waited for slots would then wait for the scheduler (16 threads
 //! on 2 cores checked keys at a third of governor's speed that way).
+//!
+//! **Fork.** `fork` copies the calling thread only: a reader of another thread caught
+//! holding a slot (or counted in the shared word) at a fork would hold it in the child for
+//! ever, and the child's first writer would wait for it for ever. So every lock's words
+//! live in one allocation whose address is in a registry, and the fork's child handler
+//! (`clock::gate`) frees every registered lock's words: the forking thread is never inside
+//! a read (no code of the caller's runs there), so no holder came along. Writers hold their
+//! mutex inside the fork gate, so a fork never copies a write half done, nor the mutex held.
+//! The hot path pays nothing for it.
 
+use crate::clock::gate;
 use crate::sync::{AtomicU32, Backoff, Mutex, Ordering};
 
 /// A slot nobody holds.
@@ -40,9 +50,10 @@ const WRITER: u32 = 1 << 31;
 /// by the writer queues on that mutex instead of spinning, so a long write (a sweep of a
 /// large table) parks the readers it holds up.
 pub(crate) struct ReadMostly<T> {
-    slots: Box<[crossbeam_utils::CachePadded<AtomicU32>]>,
-    /// Readers that found no free slot, plus [`WRITER`] while a writer holds the lock.
-    shared: crossbeam_utils::CachePadded<AtomicU32>,
+    /// The reader slots (a power of two of them), then the shared word: readers that
+    /// found no free slot, plus [`WRITER`] while a writer holds the lock. One allocation,
+    /// registered for forks (module docs).
+    words: Box<[crossbeam_utils::CachePadded<AtomicU32>]>,
     /// One writer at a time; where readers wait for a writer to finish.
     write_lock: Mutex<()>,
     value: core::cell::UnsafeCell<T>,
@@ -151,25 +162,38 @@ impl<T> ReadMostly<T> {
     /// A lock with `slots` reader slots, rounded up to a power of two (at least one).
     pub(crate) fn new(value: T, slots: usize) -> Self {
         let slots = slots.max(1).next_power_of_two();
-        Self {
-            slots: (0..slots)
+        let lock = Self {
+            words: (0..=slots)
                 .map(|_| crossbeam_utils::CachePadded::new(AtomicU32::new(FREE)))
                 .collect(),
-            shared: crossbeam_utils::CachePadded::new(AtomicU32::new(0)),
             write_lock: Mutex::new(()),
             value: core::cell::UnsafeCell::new(value),
-        }
+        };
+        forks::register(&lock.words);
+        lock
+    }
+
+    /// The reader slots.
+    #[inline]
+    fn slots(&self) -> &[crossbeam_utils::CachePadded<AtomicU32>] {
+        &self.words[..self.words.len() - 1]
+    }
+
+    /// The shared word.
+    #[inline]
+    fn shared(&self) -> &AtomicU32 {
+        &self.words[self.words.len() - 1]
     }
 
     /// Shared access, excluding writers only.
     #[inline]
     pub(crate) fn read(&self) -> ReadGuard<'_, T> {
-        // `slots.len()` is a power of two, so the mask keeps every index in range.
-        let mask = self.slots.len() - 1;
+        // The slots are a power of two, so the mask keeps every index in range.
+        let mask = self.words.len() - 2;
         let start = slot_hint() & mask;
         // Acquire on taking the slot: a writer's changes, released with the slot, are
         // visible to this reader. Relaxed on failure: nothing is read through it.
-        if self.slots[start]
+        if self.words[start]
             .compare_exchange(FREE, READ, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
@@ -181,7 +205,8 @@ impl<T> ReadMostly<T> {
     /// [`ReadMostly::read`] when the hinted slot was taken or a writer is waiting.
     #[cold]
     fn read_slow(&self, start: usize) -> ReadGuard<'_, T> {
-        let mask = self.slots.len() - 1;
+        let slots = self.slots();
+        let mask = slots.len() - 1;
         loop {
             let mut writer = false;
             for i in 0..=mask {
@@ -190,7 +215,7 @@ impl<T> ReadMostly<T> {
                 // cache (a failed compare-and-swap would take the line from it, or from a
                 // writer taking the slots one by one). Relaxed: only a hint; the exchange
                 // decides.
-                match self.slots[slot].load(Ordering::Relaxed) {
+                match slots[slot].load(Ordering::Relaxed) {
                     FREE => {}
                     WRITE => {
                         writer = true;
@@ -199,12 +224,8 @@ impl<T> ReadMostly<T> {
                     _ => continue,
                 }
                 // Orderings as in `read`.
-                match self.slots[slot].compare_exchange(
-                    FREE,
-                    READ,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
+                match slots[slot].compare_exchange(FREE, READ, Ordering::Acquire, Ordering::Relaxed)
+                {
                     Ok(_) => {
                         settle_on(slot);
                         return self.guard(slot);
@@ -218,15 +239,15 @@ impl<T> ReadMostly<T> {
                 // it): count this reader in the shared word rather than wait for them.
                 // Acquire: a writer's changes, released with the flag, are visible to
                 // this reader.
-                if self.shared.fetch_add(1, Ordering::Acquire) & WRITER == 0 {
+                if self.shared().fetch_add(1, Ordering::Acquire) & WRITER == 0 {
                     return self.guard_shared();
                 }
                 // A writer came first: step back out. Relaxed: this reader read nothing.
-                self.shared.fetch_sub(1, Ordering::Relaxed);
+                self.shared().fetch_sub(1, Ordering::Relaxed);
             }
             // Wait for the writer on its mutex rather than spinning through a long write
-            // (a sweep of a large table).
-            drop(self.write_lock.lock());
+            // (a sweep of a large table); inside the fork gate, as every hold of it.
+            drop(gate::lock(&self.write_lock));
         }
     }
 
@@ -234,7 +255,7 @@ impl<T> ReadMostly<T> {
     fn guard(&self, slot: usize) -> ReadGuard<'_, T> {
         ReadGuard {
             lock: self,
-            slot: Some(&self.slots[slot]),
+            slot: Some(&self.words[slot]),
         }
     }
 
@@ -248,8 +269,8 @@ impl<T> ReadMostly<T> {
 
     /// Runs `f` with exclusive access.
     pub(crate) fn write<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        let _one_writer = self.write_lock.lock();
-        for slot in self.slots.iter() {
+        let _one_writer = gate::lock(&self.write_lock);
+        for slot in self.slots() {
             let mut backoff = Backoff::new();
             // Acquire: every reader that held this slot released it (its reads of the
             // value happen before our writes).
@@ -263,9 +284,9 @@ impl<T> ReadMostly<T> {
         // Acquire (the fetch_or and each load): every reader counted in the shared word
         // released it (its reads happen before our writes). A reader that counts itself
         // after the flag is up sees it and steps back out.
-        self.shared.fetch_or(WRITER, Ordering::Acquire);
+        self.shared().fetch_or(WRITER, Ordering::Acquire);
         let mut backoff = Backoff::new();
-        while self.shared.load(Ordering::Acquire) != WRITER {
+        while self.shared().load(Ordering::Acquire) != WRITER {
             backoff.snooze();
         }
         /// Gives the slots back even if `f` panics, so the lock stays usable.
@@ -273,8 +294,8 @@ impl<T> ReadMostly<T> {
         impl<T> Drop for Release<'_, T> {
             fn drop(&mut self) {
                 // Release: our writes happen before the reads of any reader counted later.
-                self.0.shared.fetch_and(!WRITER, Ordering::Release);
-                for slot in self.0.slots.iter() {
+                self.0.shared().fetch_and(!WRITER, Ordering::Release);
+                for slot in self.0.slots() {
                     // Release: our writes happen before any later reader's reads.
                     slot.store(FREE, Ordering::Release);
                 }
@@ -286,6 +307,77 @@ impl<T> ReadMostly<T> {
         // reference to the value until `_release` drops.
         f(unsafe { &mut *self.value.get() })
     }
+}
+
+impl<T> Drop for ReadMostly<T> {
+    fn drop(&mut self) {
+        forks::unregister(&self.words);
+    }
+}
+
+/// The registry of every lock's words, for the fork's child handler (module docs).
+#[cfg(not(loom))]
+pub(crate) mod forks {
+    use std::sync::{Mutex, PoisonError};
+
+    use super::{AtomicU32, Ordering};
+    use crate::clock::gate;
+
+    type Words = [crossbeam_utils::CachePadded<AtomicU32>];
+
+    /// A registered lock's words.
+    struct Entry(*const Words);
+
+    // SAFETY: the pointer is only read by the fork's child handler, under the registry's
+    // lock, while the words it points to are alive (see `forget_readers`).
+    unsafe impl Send for Entry {}
+
+    /// Each registered lock's words. Changed only inside the fork gate, so a child never
+    /// finds it held.
+    static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+    pub(super) fn register(words: &Words) {
+        let _inside = gate::enter();
+        // Nothing here panics half-way, so poisoning breaks no invariant.
+        let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+        registry.push(Entry(words));
+    }
+
+    pub(super) fn unregister(words: &Words) {
+        let _inside = gate::enter();
+        let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = registry.iter().position(|e| core::ptr::eq(e.0, words)) {
+            registry.swap_remove(i);
+        }
+    }
+
+    /// In a forked child, before it has any thread but the forking one: every slot and
+    /// shared count is freed (their holders did not come along; module docs).
+    pub(crate) fn forget_readers() {
+        let registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+        for entry in registry.iter() {
+            // SAFETY: a registered lock's words stay allocated until its `Drop`
+            // unregisters them, under the lock we hold; the gate keeps every thread out
+            // of the registry and out of a write across the fork, and the child's only
+            // thread is the forking one, inside neither a read nor a write. So these are
+            // live words that nothing else touches now.
+            let words = unsafe { &*entry.0 };
+            for word in words {
+                // Relaxed: the child has no other thread yet.
+                word.store(FREE_WORD, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A free slot, and an empty shared word.
+    const FREE_WORD: u32 = super::FREE;
+}
+
+/// Loom models never fork.
+#[cfg(loom)]
+mod forks {
+    pub(super) fn register<T: ?Sized>(_words: &T) {}
+    pub(super) fn unregister<T: ?Sized>(_words: &T) {}
 }
 
 /// The guard of [`ReadMostly::read`]: the value, and what keeps writers out while the
@@ -322,7 +414,7 @@ impl<T> Drop for ReadGuard<'_, T> {
         match self.slot {
             Some(slot) => slot.store(FREE, Ordering::Release),
             None => {
-                self.lock.shared.fetch_sub(1, Ordering::Release);
+                self.lock.shared().fetch_sub(1, Ordering::Release);
             }
         }
     }
@@ -411,7 +503,7 @@ mod tests {
     fn slot_counts_round_up_to_a_power_of_two() {
         for (asked, got) in [(0, 1), (1, 1), (3, 4), (8, 8)] {
             let lock = ReadMostly::new(7u8, asked);
-            assert_eq!(lock.slots.len(), got);
+            assert_eq!(lock.slots().len(), got);
             assert_eq!(*lock.read(), 7);
             assert_eq!(lock.write(|v| *v), 7);
         }

@@ -25,6 +25,12 @@ use crate::sync::Mutex;
 struct Ring {
     /// The task to wake; taken when the alarm rings or its future goes.
     task: Option<Waker>,
+    /// Where the task was set: the process's fork generation and the setting thread's
+    /// token. An alarm inherited by a forked child rings there too (the child's timer
+    /// serves what it copied); the task of a thread that did not come along is then
+    /// neither woken (its executor is gone, and may hold its locks in the child) nor
+    /// dropped (for the same reason): it is leaked.
+    set_in: (u64, usize),
     /// The clock instant the clock was last asked to ring at; `None` once it rang (or
     /// before it was set).
     set_for: Option<u64>,
@@ -39,14 +45,18 @@ impl Wake for Inner {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let task = {
+        let (task, (generation, thread)) = {
             let mut ring = self.0.lock();
             ring.set_for = None;
-            ring.task.take()
+            (ring.task.take(), ring.set_in)
         };
         // Woken after the lock: a task's waker is foreign code.
         if let Some(task) = task {
-            task.wake();
+            if crate::clock::runs_here(generation, thread) {
+                task.wake();
+            } else {
+                core::mem::forget(task);
+            }
         }
     }
 }
@@ -77,6 +87,7 @@ impl Alarm {
                 Some(current) if current.will_wake(task) => None,
                 _ => ring.task.replace(task.clone()),
             };
+            ring.set_in = (crate::clock::forks(), crate::clock::thread_token());
             let previous = ring.set_for.replace(at);
             (previous != Some(at), previous.is_some(), old)
             // `_old`, a replaced task waker, is dropped after the lock.
