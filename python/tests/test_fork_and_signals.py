@@ -170,3 +170,63 @@ def test_a_signal_handler_that_raises_ends_a_keyed_blocking_wait():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_a_child_never_runs_the_wakers_of_the_parents_event_loop():
+    # Tasks on another thread's loop wait on a budget; each child inherits their alarms,
+    # and its timer rings them: the parent loop's call_soon_threadsafe must never run
+    # there (it crashed children), and every child must exit cleanly.
+    budget = paceline.Budget(in_flight=2, requests=paceline.Rate(2000, 1.0, 1))
+    ready, stop = threading.Event(), threading.Event()
+    r, w = os.pipe()
+
+    class Spy(asyncio.SelectorEventLoop):
+        def call_soon_threadsafe(self, *args, **kwargs):
+            if os.getpid() != self.owner:
+                os.write(w, b"x")
+            return super().call_soon_threadsafe(*args, **kwargs)
+
+    def loop_thread():
+        loop = Spy()
+        loop.owner = os.getpid()
+
+        async def waiter():
+            while not stop.is_set():
+                async with budget.acquire(requests=1, timeout=30):
+                    await asyncio.sleep(0)
+
+        async def main():
+            tasks = [asyncio.create_task(waiter()) for _ in range(50)]
+            await asyncio.sleep(0.2)
+            ready.set()
+            await asyncio.gather(*tasks)
+
+        loop.run_until_complete(main())
+        loop.close()
+
+    thread = threading.Thread(target=loop_thread, daemon=True)
+    thread.start()
+    ready.wait(10)
+    failed = []
+    for _ in range(15):
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)
+            code = 3
+            try:
+                time.sleep(0.2)
+                with budget.acquire_blocking(requests=1, timeout=5):
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+            failed.append(status)
+    stop.set()
+    thread.join(10)
+    os.set_blocking(r, False)
+    try:
+        ran = len(os.read(r, 1 << 16))
+    except BlockingIOError:
+        ran = 0
+    assert (ran, failed) == (0, [])
