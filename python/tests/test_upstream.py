@@ -274,3 +274,33 @@ def test_aiohttp_paces_every_hop_of_a_redirect_chain():
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     # 10/s, burst 1: 100 ms apart (a millisecond of the clocks' disagreement allowed).
     assert min(gaps) >= 0.099, gaps
+
+
+def test_a_hold_that_comes_while_the_limiter_waits_refuses_as_its_turn_comes():
+    # A's 429 holds the upstream 5 s while B waits its limiter's turn (1 s away); B's
+    # timeout is 2.5 s: B is refused as its limiter's turn comes, not at its deadline.
+    async def handle(request):
+        if request.headers.get("x-which") == "a":
+            await asyncio.sleep(0.3)  # answered once B waits for its turn
+            return httpx.Response(429, headers={"retry-after": "5"})
+        return httpx.Response(200)
+
+    async def go():
+        transport = paceline.httpx.AsyncTransport(
+            paceline.Limiter(1, 1.0, 1), transport=httpx.MockTransport(handle), retries=0
+        )
+        async with httpx.AsyncClient(transport=transport, timeout=2.5) as client:
+            started = time.monotonic()
+
+            async def b():
+                await asyncio.sleep(0.05)
+                with pytest.raises(httpx.PoolTimeout):
+                    await client.get("http://u.example/", headers={"x-which": "b"})
+                return time.monotonic() - started
+
+            a = client.get("http://u.example/", headers={"x-which": "a"})
+            first, took = await asyncio.gather(a, b())
+            assert first.status_code == 429
+            assert 0.8 < took < 2.0, took
+
+    asyncio.run(go())
