@@ -325,3 +325,26 @@ fn a_first_refusal_of_one_rounded_second_at_a_fast_announced_pace_holds_two_inte
         Some(Duration::from_secs(1))
     );
 }
+
+#[test]
+fn a_first_refusal_that_announces_its_pace_holds_two_of_its_intervals_or_the_second() {
+    // The first answer the client sees is the refusal, and it announces the pace: the
+    // two intervals are the announced pace's, not the configured one's (100/s here).
+    let (f, _) = follower(FollowerConfig::default());
+    let hold = respond(
+        &f,
+        429,
+        &[("ratelimit-policy", &policy(10, "1")), ("retry-after", "1")],
+    )
+    .unwrap();
+    let interval = Duration::from_secs_f64(1.0 / 9.5);
+    assert!(hold >= 2 * interval - MS && hold <= 2 * interval + MS, "{hold:?}");
+    // An announced pace slower than two a second: the second was meant.
+    let (f, _) = follower(FollowerConfig::default());
+    let hold = respond(
+        &f,
+        429,
+        &[("ratelimit-policy", &policy(1, "1")), ("retry-after", "1")],
+    );
+    assert_eq!(hold, Some(Duration::from_secs(1)));
+}
