@@ -15,7 +15,9 @@
 //! in whole seconds). A boundary is known only by an upper bound: it passed before the
 //! server handled the request that saw the fresh window, so before its response came
 //! back. The model is trusted (*confirmed*) once a second jump lands a whole number of
-//! windows after the first, within a tenth of a window; the boundary kept is the tighter
+//! windows after the first, within a tenth of a window or two pace intervals, whichever
+//! is more (at most a third of a window): the first response after a boundary comes up
+//! to an interval late, a fifth of a window at five requests a window. The boundary kept is the tighter
 //! of the two bounds, so the predicted ends are never before the real ones, and a
 //! client that waits for them is never early. An inconsistent jump starts the model over.
 
@@ -57,18 +59,21 @@ impl Window {
                     .or(reset.map(|r| r.at_most()))
                     .map(nanos)
                     .filter(|l| *l > 0);
-                self.boundary_passed(now, length);
+                self.boundary_passed(now, length, interval);
             }
         }
         self.last = Some((remaining, now));
     }
 
-    fn boundary_passed(&mut self, now: u64, length: Option<u64>) {
+    fn boundary_passed(&mut self, now: u64, length: Option<u64>, interval: u64) {
         if let (Some(b), Some(p)) = (self.boundary, self.period) {
             if now >= b {
                 let k = (now - b).saturating_add(p / 2) / p;
                 let predicted = b.saturating_add(k.saturating_mul(p));
-                if k >= 1 && now.abs_diff(predicted) <= p / 10 {
+                // A jump is seen by the first response after a boundary: up to a pace
+                // interval late (two, with the round trip), however few a window holds.
+                let slack = (p / 10).max(interval.saturating_mul(2)).min(p / 3);
+                if k >= 1 && now.abs_diff(predicted) <= slack {
                     self.confirmed = true;
                     self.boundary = Some(now.min(predicted));
                     return;
@@ -138,6 +143,31 @@ mod tests {
         let next = w.next_boundary(2_400 * MS).unwrap();
         assert!((3_300 * MS..=3_330 * MS).contains(&next), "{next}");
         assert_eq!(w.rate(), Some(50.0));
+    }
+
+    #[test]
+    fn a_few_requests_a_window_are_recognised_too() {
+        // 5 per 1 s window, boundaries at whole seconds plus 300 ms, a client at 4.75/s:
+        // the first response after a boundary comes up to a fifth of a window late.
+        for phase in [0, 100 * MS, 300 * MS, 700 * MS] {
+            let mut w = Window::default();
+            let (mut current, mut count) = (u64::MAX, 0);
+            let interval = 210 * MS;
+            let mut t = 0;
+            while t < 6 * S {
+                let window = (t + S - phase) / S;
+                if window != current {
+                    (current, count) = (window, 0);
+                }
+                count += 1;
+                w.observe(t + MS, 5u64.saturating_sub(count), second(), None, interval);
+                t += interval;
+            }
+            let next = w.next_boundary(6 * S);
+            assert!(next.is_some(), "phase {phase}: not recognised");
+            // Never before the real end.
+            assert!(next.unwrap() % S >= phase % S, "{next:?} {phase}");
+        }
     }
 
     #[test]

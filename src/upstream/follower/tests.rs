@@ -338,7 +338,10 @@ fn a_first_refusal_that_announces_its_pace_holds_two_of_its_intervals_or_the_sec
     )
     .unwrap();
     let interval = Duration::from_secs_f64(1.0 / 9.5);
-    assert!(hold >= 2 * interval - MS && hold <= 2 * interval + MS, "{hold:?}");
+    assert!(
+        hold >= 2 * interval - MS && hold <= 2 * interval + MS,
+        "{hold:?}"
+    );
     // An announced pace slower than two a second: the second was meant.
     let (f, _) = follower(FollowerConfig::default());
     let hold = respond(
