@@ -356,11 +356,10 @@ pub(crate) mod forks {
     pub(crate) fn forget_readers() {
         let registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
         for entry in registry.iter() {
-            // SAFETY: a registered lock's words stay allocated until its `Drop`
-            // unregisters them, under the lock we hold; the gate keeps every thread out
-            // of the registry and out of a write across the fork, and the child's only
-            // thread is the forking one, inside neither a read nor a write. So these are
-            // live words that nothing else touches now.
+            // The gate kept every thread out of the registry and out of a write across
+            // the fork, and the child's only thread is the forking one, in no read.
+            // SAFETY: registered words stay allocated until `Drop` unregisters them,
+            // under the lock we hold; nothing else touches them now (above).
             let words = unsafe { &*entry.0 };
             for word in words {
                 // Relaxed: the child has no other thread yet.
