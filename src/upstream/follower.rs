@@ -448,16 +448,16 @@ impl<C: Clock> Follower<C> {
             // a moment early at the edge of the pace, its wait rounded up to the whole
             // seconds the field allows. Two intervals, not the second; if the second was
             // meant, the next request is refused at once and that one holds.
-            // The pace this answer leaves: its own announcement counts.
-            let announced = nanos_per(self.pace(&state, now));
+            // The interval of the pace this answer leaves: its own announcement counts.
+            let after = nanos_per(self.pace(&state, now));
             let rounded_edge = status == 429
                 && state.streak == 0
                 && d <= Duration::from_secs(1)
                 && d.subsec_nanos() == 0
                 && state.announced.is_some()
-                && announced < ROUNDED_EDGE_INTERVAL;
+                && after < ROUNDED_EDGE_INTERVAL;
             let d = if rounded_edge {
-                announced.saturating_mul(2)
+                after.saturating_mul(2)
             } else {
                 crate::wait::duration_nanos(d)
             };

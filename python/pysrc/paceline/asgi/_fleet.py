@@ -318,7 +318,7 @@ class FleetLimits:
             except RedisLimitError:
                 continue
             ahead = int(reply[2])
-            wait = max(0, ahead - (limit.tau - cost * limit.interval)) / 1e9
+            wait = limit.limiter._wait_from(reply, cost)
             headers += [limit.policy, limit.state(ahead)]
             if self.legacy_headers:
                 headers += limit.legacy(ahead)
