@@ -469,9 +469,18 @@ impl<C: Clock> Follower<C> {
                 event = true;
             }
             if signal.retry_after().is_none() && !reset_hold && state.streak >= 2 {
-                // A bare refusal again: back off, doubling.
+                // A bare refusal again: back off, doubling, but never past a reset the
+                // upstream named for what is spent (a rounded `t=1` is still a bound).
                 let doubling = 1u64 << (state.streak - 1).min(62);
-                hold = hold.max(interval.saturating_mul(doubling));
+                let named = signal
+                    .left()
+                    .iter()
+                    .filter(|l| l.remaining == 0)
+                    .filter_map(|l| l.reset)
+                    .map(|r| crate::wait::duration_nanos(r.at_most()))
+                    .min()
+                    .unwrap_or(u64::MAX);
+                hold = hold.max(interval.saturating_mul(doubling).min(named));
             }
         } else if status < 400 {
             state.streak = 0;

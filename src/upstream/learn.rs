@@ -7,27 +7,30 @@
 //! announced one. A *congestion event* (a refusal, or a response whose remaining count
 //! fell to zero; the follower decides which responses count) cuts it:
 //!
-//! * to [`FIRST_DECREASE`] (0.5) times the pace when nothing else is known of the
+//! * to [`FIRST_DECREASE`] (0.475) times the pace when nothing else is known of the
 //!   upstream's rate (no announced policy, no earlier cut): the client may be far too
 //!   fast, and halving finds the right range in one step for a client configured at up
-//!   to twice its upstream;
+//!   to twice its upstream; less the 5 % an announced pace leaves for jitter
+//!   ([`PACE_SHARE`](super::PACE_SHARE)), so that a client at exactly twice its upstream
+//!   lands just below the upstream's rate rather than on it, where the jitter of every
+//!   window (or burst) sends one request too many and draws a second refusal;
 //! * to [`DECREASE`] (0.9) times the pace otherwise.
 //!
 //! (The rate a client got through is no bound to cut to: it is the client's own sending
 //! rate as much as the upstream's, and a client with few tasks, or slow responses, sends
 //! below its pace; cutting to it would spiral down.)
 //!
-//! After a cut the rate grows back by [`INCREASE`] (0.5 %) of the pace at the cut, per
-//! second: 20 s to win back a 10 % cut, so that an upstream that answers refusals with
+//! After a cut the rate grows back by [`INCREASE`] (0.5 %) of the rate after the cut,
+//! per second: about 20 s to win back a 10 % cut, so that an upstream that answers refusals with
 //! whole-second holds sees about one refusal per 20 s near its limit (each costs a
 //! second of its rate). Once the learned rate reaches the ceilings above it, it is
 //! forgotten, and the client runs at those again.
 
 /// The first cut, when nothing else is known of the upstream's rate.
-pub(super) const FIRST_DECREASE: f64 = 0.5;
+pub(super) const FIRST_DECREASE: f64 = 0.5 * super::PACE_SHARE;
 /// Every later cut.
 pub(super) const DECREASE: f64 = 0.9;
-/// The growth after a cut, per second, as a share of the pace at the cut.
+/// The growth after a cut, per second, as a share of the rate after the cut.
 pub(super) const INCREASE: f64 = 0.005;
 
 const NANOS: f64 = 1e9;
@@ -62,9 +65,10 @@ impl Learned {
         } else {
             DECREASE
         };
-        self.rate = Some(factor * pace);
+        let rate = factor * pace;
+        self.rate = Some(rate);
         self.since = now;
-        self.slope = INCREASE * pace;
+        self.slope = INCREASE * rate;
         self.cuts = self.cuts.saturating_add(1);
     }
 
@@ -89,15 +93,17 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     #[test]
-    fn halves_first_then_cuts_by_a_tenth_and_grows_back() {
+    fn halves_first_below_the_edge_then_cuts_by_a_tenth_and_grows_back() {
         let mut learned = Learned::default();
         assert_eq!(learned.rate_at(0), None);
+        // A client at twice its upstream lands below the upstream's rate, not on it.
         learned.cut(S, 100.0, false);
-        assert_eq!(learned.rate_at(S), Some(50.0));
-        // 0.5 % of 100 per second.
-        assert!((learned.rate_at(11 * S).unwrap() - 55.0).abs() < 1e-9);
+        assert!((learned.rate_at(S).unwrap() - 47.5).abs() < 1e-9);
+        // 0.5 % of the rate after the cut (47.5) per second.
+        assert!((learned.rate_at(11 * S).unwrap() - 49.875).abs() < 1e-9);
         learned.cut(11 * S, 55.0, false);
         assert!((learned.rate_at(11 * S).unwrap() - 49.5).abs() < 1e-9);
+        assert!((learned.rate_at(21 * S).unwrap() - 49.5 * 1.05).abs() < 1e-9);
         learned.settle(11 * S, 100.0);
         assert!(learned.rate_at(11 * S).is_some());
         learned.settle(200 * S, 60.0);

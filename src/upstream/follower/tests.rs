@@ -124,9 +124,10 @@ fn the_callers_own_quota_is_never_overridden() {
 #[test]
 fn refusals_alone_halve_the_pace_then_cut_it_by_a_tenth_and_it_grows_back() {
     let (f, clock) = follower(FollowerConfig::default());
-    // A refusal explained by nothing: halved.
+    // A refusal explained by nothing: halved, less the jitter share (just below the
+    // upstream's rate for a client at twice it).
     respond(&f, 429, &[]);
-    assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+    assert!((pace(&f) - 47.5).abs() < 0.01, "{}", pace(&f));
     // A request sent before the cut says nothing more.
     let early = f.sent();
     clock.advance(MS);
@@ -143,11 +144,11 @@ fn refusals_alone_halve_the_pace_then_cut_it_by_a_tenth_and_it_grows_back() {
         before,
     );
     // Sent after the cut: cut by a tenth (of the pace then, which grew a little).
-    assert!((pace(&f) - 45.0).abs() < 0.1, "{}", pace(&f));
-    // 0.5 % of the pace at the cut per second: 10 s for 2.25 more.
+    assert!((pace(&f) - 42.75).abs() < 0.1, "{}", pace(&f));
+    // 0.5 % of the rate after the cut per second: 10 s for 2.14 more.
     clock.advance(Duration::from_secs(10));
     respond(&f, 200, &[]);
-    assert!((pace(&f) - 47.25).abs() < 0.5, "{}", pace(&f));
+    assert!((pace(&f) - 44.89).abs() < 0.1, "{}", pace(&f));
 }
 
 #[test]
@@ -159,6 +160,23 @@ fn consecutive_bare_refusals_back_off_doubling() {
     assert_eq!(respond(&f, 429, &[]), Some(interval * 4));
     respond(&f, 200, &[]);
     assert_eq!(respond(&f, 429, &[]), None);
+}
+
+#[test]
+fn refusals_in_a_row_never_back_off_past_the_reset_the_upstream_named() {
+    let (f, clock) = follower(FollowerConfig::default());
+    for _ in 0..12 {
+        let hold = respond(
+            &f,
+            429,
+            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
+        );
+        assert!(
+            hold.is_none_or(|h| h <= Duration::from_secs(1)),
+            "{hold:?}"
+        );
+        clock.advance(hold.unwrap_or_default());
+    }
 }
 
 #[test]
@@ -177,13 +195,13 @@ fn a_count_that_falls_to_zero_is_a_cut_and_one_that_stays_there_is_not() {
         ),
         None
     );
-    assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+    assert!((pace(&f) - 47.5).abs() < 0.01, "{}", pace(&f));
     respond(
         &f,
         200,
         &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
     );
-    assert!((pace(&f) - 50.0).abs() < 0.01, "{}", pace(&f));
+    assert!((pace(&f) - 47.5).abs() < 0.01, "{}", pace(&f));
     // A reset two seconds or more away with nothing left: a hold.
     let hold = respond(
         &f,
@@ -225,7 +243,8 @@ fn a_fixed_window_is_recognised_and_a_spent_one_holds_until_its_end() {
             holds.push((now, hold));
             clock.advance(hold);
         }
-        clock.advance(Duration::from_millis(10));
+        // The client keeps to the follower's pace.
+        clock.advance(f.limiter().quota().emission_interval());
     }
     // Once recognised, a spent window holds until its end, never past it by much.
     let (at, hold) = *holds.last().unwrap();
