@@ -33,9 +33,9 @@
 //! rounded `t=1` or `t=0` (anything up to a second) is a pace signal instead, except on
 //! a recognised fixed window, where it holds until the window's end. Consecutive bare
 //! `429`s (nothing said about when) back off: the second holds two pace intervals, each
-//! later one twice the one before. Every hold is capped at
-//! [`FollowerConfig::max_hold`], and so is the spacing of any pace the upstream imposes:
-//! nothing it says makes a caller wait longer than that.
+//! later one twice the one before, never past a reset named for what is spent. Every
+//! hold is capped at [`FollowerConfig::max_hold`], and so is the spacing of any pace the
+//! upstream imposes: nothing it says makes a caller wait longer than that.
 //!
 //! **Lowering the pace re-spaces booked turns** ([`Limiter::set_quota_respaced`]): 600
 //! tasks that booked their turns at the configured rate leave at the new one.

@@ -12,10 +12,10 @@
 //!   ([`PACE_WINDOW`]; longer windows are budgets, held when spent), followed at 95 %
 //!   ([`PACE_SHARE`]) of its rate, one request at a time, down and back up, never above
 //!   your own quota unless you allow it;
-//! * a **learned rate**, where the upstream only refuses: halved at the first refusal
-//!   when nothing else is known, cut by a tenth at each later one (or to 90 % of the rate
-//!   it actually let through, if lower), grown back by 0.5 % of the rate at the cut per
-//!   second (AIMD; constants and why in `learn.rs`);
+//! * a **learned rate**, where the upstream only refuses: halved (less the 5 % jitter
+//!   share) at the first refusal when nothing else is known, cut by a tenth at each later
+//!   one, grown back by 0.5 % of the rate after the cut per second (AIMD; constants and
+//!   why in `learn.rs`);
 //! * a **fixed window** recognised from the remaining counts: a client that spent one
 //!   waits for its end, not for a whole rounded-up second.
 //!
