@@ -39,6 +39,13 @@ pub(crate) trait Cell: Send + Sync + 'static {
     /// Takes `n` cells now, or nothing (the GIL is released if storing a new key may wait
     /// for another process).
     fn take(&self, py: Python<'_>, key: &Self::Key, n: u32) -> Took;
+    /// Takes `n` cells from this cell and from `exec`, its execution cell, together, or
+    /// none, for a cell that other processes take too (`Pair::take_now`): where the
+    /// cell can, in one step that reads the clock and finds the key once.
+    fn take_with(&self, py: Python<'_>, exec: &Self, key: &Self::Key, n: u32) -> Option<Took> {
+        let _ = (py, exec, key, n);
+        None
+    }
     fn remaining(&self, key: &Self::Key) -> u32;
     fn quota(&self) -> Quota;
     fn set_quota(&self, quota: Quota) -> PyResult<()>;
@@ -180,6 +187,10 @@ impl Cell for SharedLimiter {
         self.check_n(n).into()
     }
 
+    fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Option<Took> {
+        Some(self.check_n_with(exec, n).into())
+    }
+
     fn remaining(&self, (): &()) -> u32 {
         SharedLimiter::remaining(self)
     }
@@ -239,6 +250,14 @@ impl Cell for SharedKeyedLimiter {
             Some(checked) => checked.into(),
             None => py.detach(|| self.check_key_n(key, n)).into(),
         }
+    }
+
+    fn take_with(&self, py: Python<'_>, exec: &Self, key: &String, n: u32) -> Option<Took> {
+        // As `take`: the GIL let go only to store a new key.
+        Some(match self.check_key_n_with_if_stored(key, exec, n) {
+            Some(checked) => checked.into(),
+            None => py.detach(|| self.check_key_n_with(key, exec, n)).into(),
+        })
     }
 
     fn remaining(&self, key: &String) -> u32 {

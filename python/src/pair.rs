@@ -142,6 +142,20 @@ impl<L: Cell> Pair<L> {
     /// `n` over the burst raises `ValueError`, checked only once it was not admitted
     /// (admitted, it fitted the burst): the admission reads the quota once.
     pub(crate) fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
+        if !L::PRIVATE {
+            // Other processes take the execution cell too, so it is always looked at: in
+            // one step with the take where the cell can.
+            if let Some(took) = self
+                .exec
+                .as_ref()
+                .and_then(|exec| self.booked.take_with(py, exec, key, n))
+            {
+                if took != Took::Yes {
+                    check_n(n, self.burst())?;
+                }
+                return Ok(took);
+            }
+        }
         let behind = self.exec_behind.load(Ordering::Relaxed);
         let look = !L::PRIVATE || behind != 0;
         if let Some(exec) = self.exec.as_ref().filter(|exec| look && !exec.fits(key, n)) {

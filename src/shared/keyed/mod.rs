@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 mod admission;
 pub(crate) mod bucket;
+mod paired;
 mod slots;
 mod waiting;
 

@@ -386,6 +386,59 @@ impl SharedLimiter {
         }
     }
 
+    /// Admits `n` cells in this lane and in `other` together, or none: what a caller whose
+    /// work runs at once takes from the booking lane and the execution lane
+    /// ([`SharedLimiter::execution_lane`]). `other` is looked at first, so that neither is
+    /// spent unless both have room now; another process may take `other`'s room between
+    /// the look and the take, and then this lane's cells stay spent (the strict side:
+    /// never more through) and the answer is `other`'s refusal. For two lanes of one file,
+    /// one clock reading and one quota reading serve both; otherwise it is
+    /// `other.peek_n`, `self.check_n` and `other.check_n`, in that order.
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] with the wait of the lane that had no room;
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::SharedLimiter, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-cnw-{}", std::process::id()));
+    /// let booked = SharedLimiter::open(&path, Quota::per_second(10))?;
+    /// let running = booked.execution_lane();
+    /// running.check_n(10)?; // the work of late turns spent the execution lane
+    /// assert!(booked.check_n_with(&running, 1).is_err());
+    /// assert_eq!(booked.remaining(), 10); // nothing spent where the other had no room
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_n_with(&self, other: &SharedLimiter, n: u32) -> Result<(), Denied> {
+        if !Arc::ptr_eq(&self.shared, &other.shared) {
+            let wait = other.peek_n(n)?;
+            if !wait.is_zero() {
+                return Err(NotUntil::from_nanos(crate::wait::duration_nanos(wait)).into());
+            }
+            self.check_n(n)?;
+            return other.check_n(n);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        let params = self.params();
+        let cost = error::cost(&params, n)?;
+        let room = params.tau().saturating_sub(cost);
+        // The look reads `other`'s TAT relaxed (`TatWord::tat`): a hint that spares this
+        // lane a take the other would refuse; the takes' compare-and-swaps decide.
+        let look = gcra::admit_in_room(other.cell().tat(), now, cost, room);
+        let taken = look.and_then(|_| self.cell().spend(now, cost, room));
+        match taken.and_then(|_| other.cell().spend(now, cost, room)) {
+            Ok(_) => Ok(()),
+            Err(wait) => Err(NotUntil::from_nanos(wait).into()),
+        }
+    }
+
     /// How many cells `check_n` would admit right now; spends nothing.
     ///
     /// # Examples

@@ -171,10 +171,7 @@ fn refusals_in_a_row_never_back_off_past_the_reset_the_upstream_named() {
             429,
             &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
         );
-        assert!(
-            hold.is_none_or(|h| h <= Duration::from_secs(1)),
-            "{hold:?}"
-        );
+        assert!(hold.is_none_or(|h| h <= Duration::from_secs(1)), "{hold:?}");
         clock.advance(hold.unwrap_or_default());
     }
 }

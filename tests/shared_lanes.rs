@@ -1,0 +1,179 @@
+//! Taking a caller's cells from a shared file's booking and execution lanes in one step
+//! (`check_n_with`, `check_key_n_with`) decides as the three steps it stands for: a look
+//! at the execution lane, then the booking lane's check, then the execution lane's.
+
+#![cfg(unix)]
+
+use std::time::Duration;
+
+use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
+use paceline::{Denied, Quota};
+use proptest::prelude::*;
+
+mod common;
+use common::dir::Dir;
+
+/// What a check came to, as a caller tells it apart.
+fn outcome(checked: Result<(), Denied>) -> &'static str {
+    match checked {
+        Ok(()) => "admitted",
+        Err(Denied::InsufficientCapacity(_)) => "over the burst",
+        Err(Denied::NotUntil(e)) if e.is_table_full() => "table full",
+        Err(Denied::NotUntil(_)) => "not yet",
+    }
+}
+
+/// The three steps, on lanes of another file.
+fn stepwise(booked: &SharedLimiter, exec: &SharedLimiter, n: u32) -> Result<(), Denied> {
+    if !exec.peek_n(n)?.is_zero() {
+        return Err(exec.check_n(n).unwrap_err());
+    }
+    booked.check_n(n)?;
+    exec.check_n(n)
+}
+
+fn stepwise_key(
+    booked: &SharedKeyedLimiter,
+    exec: &SharedKeyedLimiter,
+    key: &str,
+    n: u32,
+) -> Result<(), Denied> {
+    if !exec.peek_key_n(key, n)?.is_zero() {
+        return Err(exec.check_key_n(key, n).unwrap_err());
+    }
+    booked.check_key_n(key, n)?;
+    exec.check_key_n(key, n)
+}
+
+/// A step of a run: a caller taking both lanes at once, or a late turn's work taking the
+/// execution lane alone (which leaves it with less room than the booking lane).
+#[derive(Debug, Clone)]
+enum Step {
+    Both { key: u8, n: u32 },
+    LateRun { key: u8, n: u32 },
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        prop_oneof![
+            4 => (0..3u8, 0..7u32).prop_map(|(key, n)| Step::Both { key, n }),
+            1 => (0..3u8, 1..4u32).prop_map(|(key, n)| Step::LateRun { key, n }),
+        ],
+        1..40,
+    )
+}
+
+// An hour per cell: the run takes far less than a cell's refill, so the two files see the
+// same decisions however the steps are timed.
+fn quota() -> Quota {
+    Quota::per_hour(1_000).with_burst(5)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn one_step_decides_as_the_three_it_stands_for(steps in steps()) {
+        let dir = Dir::new("lanes");
+        let fused = SharedLimiter::open(dir.path("fused"), quota()).unwrap();
+        let fused_exec = fused.execution_lane();
+        let model = SharedLimiter::open(dir.path("model"), quota()).unwrap();
+        let model_exec = model.execution_lane();
+        for step in &steps {
+            match *step {
+                Step::Both { n, .. } => prop_assert_eq!(
+                    outcome(fused.check_n_with(&fused_exec, n)),
+                    outcome(stepwise(&model, &model_exec, n)),
+                    "{:?}", step
+                ),
+                Step::LateRun { n, .. } => prop_assert_eq!(
+                    outcome(fused_exec.check_n(n)),
+                    outcome(model_exec.check_n(n))
+                ),
+            }
+            prop_assert_eq!(fused.remaining(), model.remaining());
+            prop_assert_eq!(fused_exec.remaining(), model_exec.remaining());
+        }
+    }
+
+    #[test]
+    fn one_step_decides_as_the_three_it_stands_for_each_key(steps in steps()) {
+        let dir = Dir::new("keyed-lanes");
+        let fused = SharedKeyedLimiter::open(dir.path("fused"), quota(), 64).unwrap();
+        let fused_exec = fused.execution_lane();
+        let model = SharedKeyedLimiter::open(dir.path("model"), quota(), 64).unwrap();
+        let model_exec = model.execution_lane();
+        for step in &steps {
+            match *step {
+                Step::Both { key, n } => {
+                    let key = format!("client-{key}");
+                    let stored = fused.check_key_n_with_if_stored(&key, &fused_exec, n);
+                    let fused_outcome = match stored {
+                        Some(checked) => outcome(checked),
+                        None => outcome(fused.check_key_n_with(&key, &fused_exec, n)),
+                    };
+                    prop_assert_eq!(
+                        fused_outcome,
+                        outcome(stepwise_key(&model, &model_exec, &key, n)),
+                        "{:?}", step
+                    );
+                }
+                Step::LateRun { key, n } => {
+                    let key = format!("client-{key}");
+                    prop_assert_eq!(
+                        outcome(fused_exec.check_key_n(&key, n)),
+                        outcome(model_exec.check_key_n(&key, n))
+                    );
+                }
+            }
+            for key in 0..3 {
+                let key = format!("client-{key}");
+                prop_assert_eq!(fused.remaining_key(&key), model.remaining_key(&key));
+                prop_assert_eq!(fused_exec.remaining_key(&key), model_exec.remaining_key(&key));
+            }
+        }
+    }
+}
+
+#[test]
+fn lanes_of_two_files_are_taken_in_three_steps() {
+    let dir = Dir::new("two-files");
+    let a = SharedLimiter::open(dir.path("a"), Quota::per_hour(2)).unwrap();
+    let b = SharedLimiter::open(dir.path("b"), Quota::per_hour(1)).unwrap();
+    assert!(a.check_n_with(&b, 1).is_ok());
+    // `b` has no room: nothing is spent in `a`.
+    assert!(a.check_n_with(&b, 1).is_err());
+    assert_eq!((a.remaining(), b.remaining()), (1, 0));
+    let ka = SharedKeyedLimiter::open(dir.path("ka"), Quota::per_hour(2), 16).unwrap();
+    let kb = SharedKeyedLimiter::open(dir.path("kb"), Quota::per_hour(1), 16).unwrap();
+    assert!(ka.check_key_n_with_if_stored("k", &kb, 1).is_none());
+    assert!(ka.check_key_n_with("k", &kb, 1).is_ok());
+    assert!(ka.check_key_n_with_if_stored("k", &kb, 1).unwrap().is_err());
+    assert_eq!((ka.remaining_key("k"), kb.remaining_key("k")), (1, 0));
+}
+
+#[test]
+fn a_new_key_at_a_full_table_is_told_so_and_spends_nothing() {
+    let dir = Dir::new("full-lanes");
+    let booked = SharedKeyedLimiter::open(
+        dir.path("t"),
+        Quota::try_new(1, Duration::from_secs(3600)).unwrap(),
+        16,
+    )
+    .unwrap();
+    let exec = booked.execution_lane();
+    let mut stored = 0;
+    let refused = loop {
+        match booked.check_key_n_with(format!("key-{stored}"), &exec, 1) {
+            Ok(()) => stored += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(refused, Denied::NotUntil(ref e) if e.is_table_full()),
+        "{refused:?}"
+    );
+    assert_eq!(booked.len(), stored);
+    assert_eq!(booked.remaining_key("key-0"), 0);
+    assert_eq!(exec.remaining_key("key-0"), 0);
+}
