@@ -14,13 +14,12 @@ use pyo3::prelude::*;
 /// What a Python limiter needs of a paceline limiter: in-process or shared across
 /// processes, direct (key `()`) or keyed.
 pub(crate) trait Cell: Send + Sync + 'static {
-    type Key;
+    /// What names a key: `()` for a direct cell, the key's text (`str`) for a keyed one.
+    type Key: ?Sized;
     /// Whether only this process takes the cell (`Pair::exec_behind`).
     const PRIVATE: bool = false;
     /// Whether the cell has one key (`Pair::exec_behind`).
     const ONE_KEY: bool = true;
-    /// The key a Python `str` names.
-    fn key(key: &str) -> Self::Key;
     /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
     /// booking may wait for another process (a shared key's bucket).
     fn reserve(
@@ -71,8 +70,6 @@ impl Cell for Limiter {
     type Key = ();
     const PRIVATE: bool = true;
 
-    fn key(_: &str) {}
-
     fn reserve(
         self: &Arc<Self>,
         _: Python<'_>,
@@ -112,40 +109,37 @@ impl Cell for Limiter {
 }
 
 impl Cell for KeyedLimiter<TextKey> {
-    type Key = TextKey;
+    type Key = str;
     const PRIVATE: bool = true;
     const ONE_KEY: bool = false;
-
-    fn key(key: &str) -> TextKey {
-        key.into()
-    }
 
     fn reserve(
         self: &Arc<Self>,
         _: Python<'_>,
-        key: &TextKey,
+        key: &str,
         n: u32,
         max: Duration,
     ) -> Result<Held, Denied> {
         Arc::clone(self)
-            .reserve_key_within_owned(key.clone(), n, max)
+            .reserve_key_within_owned(TextKey::new(key), n, max)
             .map(Held::Keyed)
     }
 
-    fn wait_time(&self, key: &TextKey, n: u32) -> Duration {
-        self.peek_key_n(key, n).unwrap_or(Duration::MAX)
+    // The hot paths find a stored key by its text, making no `TextKey` for it.
+    fn wait_time(&self, key: &str, n: u32) -> Duration {
+        self.peek_text_n(key, n).unwrap_or(Duration::MAX)
     }
 
-    fn take(&self, _: Python<'_>, key: &TextKey, n: u32) -> Took {
-        self.check_key_n(key, n).into()
+    fn take(&self, _: Python<'_>, key: &str, n: u32) -> Took {
+        self.check_text_n(key, n).into()
     }
 
-    fn has_room(&self, key: &TextKey) -> bool {
-        self.has_room_for(key)
+    fn has_room(&self, key: &str) -> bool {
+        self.has_room_for(&TextKey::new(key))
     }
 
-    fn remaining(&self, key: &TextKey) -> u32 {
-        self.remaining_key(key)
+    fn remaining(&self, key: &str) -> u32 {
+        self.remaining_key(&TextKey::new(key))
     }
 
     fn quota(&self) -> Quota {
@@ -157,15 +151,13 @@ impl Cell for KeyedLimiter<TextKey> {
         Ok(())
     }
 
-    fn hold(&self, _: Python<'_>, key: &TextKey, d: Duration) {
-        self.hold_key_for(key, d);
+    fn hold(&self, _: Python<'_>, key: &str, d: Duration) {
+        self.hold_key_for(&TextKey::new(key), d);
     }
 }
 
 impl Cell for SharedLimiter {
     type Key = ();
-
-    fn key(_: &str) {}
 
     fn reserve(
         self: &Arc<Self>,
@@ -219,17 +211,13 @@ impl Cell for SharedLimiter {
 
 impl Cell for SharedKeyedLimiter {
     // Bytes: every process, in any language, finds the same key in the same slot.
-    type Key = String;
+    type Key = str;
     const ONE_KEY: bool = false;
-
-    fn key(key: &str) -> String {
-        key.to_owned()
-    }
 
     fn reserve(
         self: &Arc<Self>,
         py: Python<'_>,
-        key: &String,
+        key: &str,
         n: u32,
         max: Duration,
     ) -> Result<Held, Denied> {
@@ -239,11 +227,11 @@ impl Cell for SharedKeyedLimiter {
             .map(Held::SharedKeyed)
     }
 
-    fn wait_time(&self, key: &String, n: u32) -> Duration {
+    fn wait_time(&self, key: &str, n: u32) -> Duration {
         self.peek_key_n(key, n).unwrap_or(Duration::MAX)
     }
 
-    fn take(&self, py: Python<'_>, key: &String, n: u32) -> Took {
+    fn take(&self, py: Python<'_>, key: &str, n: u32) -> Took {
         // A stored key's check never waits; storing a new one may wait (briefly) for
         // another process's claim, so the GIL is let go for it.
         match self.check_key_n_if_stored(key, n) {
@@ -252,7 +240,7 @@ impl Cell for SharedKeyedLimiter {
         }
     }
 
-    fn take_with(&self, py: Python<'_>, exec: &Self, key: &String, n: u32) -> Option<Took> {
+    fn take_with(&self, py: Python<'_>, exec: &Self, key: &str, n: u32) -> Option<Took> {
         // As `take`: the GIL let go only to store a new key.
         Some(match self.check_key_n_with_if_stored(key, exec, n) {
             Some(checked) => checked.into(),
@@ -260,7 +248,7 @@ impl Cell for SharedKeyedLimiter {
         })
     }
 
-    fn remaining(&self, key: &String) -> u32 {
+    fn remaining(&self, key: &str) -> u32 {
         self.remaining_key(key)
     }
 
@@ -272,11 +260,11 @@ impl Cell for SharedKeyedLimiter {
         SharedKeyedLimiter::set_quota(self, quota).map_err(shared_error)
     }
 
-    fn hold(&self, py: Python<'_>, key: &String, d: Duration) {
+    fn hold(&self, py: Python<'_>, key: &str, d: Duration) {
         py.detach(|| self.hold_key_for(key, d));
     }
 
-    fn has_room(&self, key: &String) -> bool {
+    fn has_room(&self, key: &str) -> bool {
         self.has_room_for(key)
     }
 
@@ -284,7 +272,7 @@ impl Cell for SharedKeyedLimiter {
         Some(paceline::shared::MAX_HOLD)
     }
 
-    fn reset(&self, key: &String) -> PyResult<()> {
+    fn reset(&self, key: &str) -> PyResult<()> {
         self.reset_key(key);
         Ok(())
     }

@@ -156,7 +156,7 @@ macro_rules! core_methods {
             ) -> PyResult<Py<PyAny>> {
                 let key = text(key)?;
                 let n = count(n)?;
-                let took = self.0.try_acquire(py, &self.0.key(key.to_str()?), n)?;
+                let took = self.0.try_acquire(py, key.to_str()?, n)?;
                 took_object(py, took)
             }
 
@@ -172,7 +172,7 @@ macro_rules! core_methods {
                 if timeout.is_none_or(|t| t.is_none()) {
                     if let (Ok(text), Ok(count)) = (text(key), count(n)) {
                         if let Ok(text) = text.to_str() {
-                            if let Ok(true) = self.0.acquire_now(py, &self.0.key(text), count) {
+                            if let Ok(true) = self.0.acquire_now(py, text, count) {
                                 return Ok(ready(py)?.into_bound(py));
                             }
                         }
@@ -195,7 +195,7 @@ macro_rules! core_methods {
             }
 
             fn acquire_now(&self, py: Python<'_>, key: &str, n: u32) -> PyResult<bool> {
-                self.0.acquire_now(py, &self.0.key(key), n)
+                self.0.acquire_now(py, key, n)
             }
 
             fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -205,11 +205,11 @@ macro_rules! core_methods {
             }
 
             fn remaining(&self, key: &str) -> u32 {
-                self.0.remaining(&self.0.key(key))
+                self.0.remaining(key)
             }
 
             fn wait_time(&self, key: &str, n: u32) -> PyResult<f64> {
-                self.0.wait_time(&self.0.key(key), n)
+                self.0.wait_time(key, n)
             }
 
             #[pyo3(signature = (key, n, timeout=None))]
@@ -220,11 +220,11 @@ macro_rules! core_methods {
                 n: u32,
                 timeout: Option<f64>,
             ) -> PyResult<Ticket> {
-                self.0.book(py, &self.0.key(key), n, timeout)
+                self.0.book(py, key, n, timeout)
             }
 
             fn run(&self, py: Python<'_>, key: &str, n: u32) -> PyResult<Option<Ticket>> {
-                self.0.run(py, &self.0.key(key), n)
+                self.0.run(py, key, n)
             }
 
             #[pyo3(signature = (key, n, timeout=None))]
@@ -235,7 +235,7 @@ macro_rules! core_methods {
                 n: u32,
                 timeout: Option<f64>,
             ) -> PyResult<()> {
-                self.0.acquire_blocking(py, &self.0.key(key), n, timeout)
+                self.0.acquire_blocking(py, key, n, timeout)
             }
 
             fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
@@ -243,11 +243,11 @@ macro_rules! core_methods {
             }
 
             fn hold(&self, py: Python<'_>, key: &str, seconds: f64) -> PyResult<()> {
-                self.0.hold(py, &self.0.key(key), seconds)
+                self.0.hold(py, key, seconds)
             }
 
             fn reset(&self, key: &str) -> PyResult<()> {
-                self.0.reset(&self.0.key(key))
+                self.0.reset(key)
             }
 
             fn __len__(&self) -> usize {

@@ -106,10 +106,6 @@ fn add(_attached: Python<'_>, counter: &AtomicU64, by: u64) {
 }
 
 impl<L: Cell> Pair<L> {
-    pub(crate) fn key(&self, key: &str) -> L::Key {
-        L::key(key)
-    }
-
     pub(crate) fn burst(&self) -> u32 {
         self.booked.quota().burst()
     }

@@ -32,7 +32,7 @@ use crate::quota_cell::QuotaCell;
 use crate::snapshot::Snapshot;
 use crate::sync::Mutex;
 use crate::wait::queue::Waiters;
-use store::Store;
+use store::{KeyRef, Store};
 
 mod admission;
 mod members;
@@ -232,12 +232,20 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// wait until the key bound leaves room for it. The clock is read once the cell is
     /// found, so the read overlaps the likely cache miss on it.
     #[inline]
-    fn with_word<R>(&self, key: &K, f: impl FnOnce(&TatWord, u64) -> R) -> Result<R, u64> {
+    fn with_word<Q: KeyRef<K> + ?Sized, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&TatWord, u64) -> R,
+    ) -> Result<R, u64> {
         self.store.with_word(key, || self.now(), f)
     }
 
     /// Runs `f` on `key`'s cell and the time now if the key is stored.
-    fn with_stored_word<R>(&self, key: &K, f: impl FnOnce(&TatWord, u64) -> R) -> Option<R> {
+    fn with_stored_word<Q: KeyRef<K> + ?Sized, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&TatWord, u64) -> R,
+    ) -> Option<R> {
         self.store.with_stored_word(key, || self.now(), f)
     }
 
@@ -317,7 +325,16 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert!(matches!(limiter.check_key_n(&7, 6), Err(Denied::InsufficientCapacity(_))));
     /// ```
     pub fn check_key_n(&self, key: &K, n: u32) -> Result<(), Denied> {
-        let params = self.params_for(key);
+        self.check_n_by(key, self.params_for(key), n)
+    }
+
+    /// [`KeyedLimiter::check_key_n`] for the key `key` names, under `params`.
+    fn check_n_by<Q: KeyRef<K> + ?Sized>(
+        &self,
+        key: &Q,
+        params: Params,
+        n: u32,
+    ) -> Result<(), Denied> {
         let cost = error::cost(&params, n)?;
         if cost == 0 {
             return Ok(());
@@ -421,7 +438,16 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// assert_eq!(limiter.peek_key_n(&"b", 3).unwrap(), Duration::ZERO);
     /// ```
     pub fn peek_key_n(&self, key: &K, n: u32) -> Result<Duration, InsufficientCapacity> {
-        let params = self.params_for(key);
+        self.peek_n_by(key, self.params_for(key), n)
+    }
+
+    /// [`KeyedLimiter::peek_key_n`] for the key `key` names, under `params`.
+    fn peek_n_by<Q: KeyRef<K> + ?Sized>(
+        &self,
+        key: &Q,
+        params: Params,
+        n: u32,
+    ) -> Result<Duration, InsufficientCapacity> {
         let cost = match error::cost(&params, n) {
             Ok(cost) => cost,
             Err(Denied::InsufficientCapacity(e)) => return Err(e),

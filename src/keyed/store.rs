@@ -98,6 +98,27 @@ use super::members::Members;
 use crate::cell::TatWord;
 use crate::sync::{AtomicUsize, Ordering, ReadMostly};
 
+/// A key as a caller names it: hashes as the stored key it stands for, tells that key
+/// apart, and makes it when it must be stored. Every key names itself; a
+/// [`TextKey`](super::TextKey) is also named by its text, with no allocation to find it.
+pub(crate) trait KeyRef<K>: Hash {
+    /// Whether `key` is the key this names.
+    fn is(&self, key: &K) -> bool;
+    /// The key to store.
+    fn to_key(&self) -> K;
+}
+
+impl<K: Hash + Eq + Clone> KeyRef<K> for K {
+    #[inline]
+    fn is(&self, key: &K) -> bool {
+        self == key
+    }
+
+    fn to_key(&self) -> K {
+        self.clone()
+    }
+}
+
 /// Every key's cell, in shards.
 pub(super) struct Store<K> {
     shards: Box<[CachePadded<ReadMostly<Shard<K>>>]>,
@@ -166,9 +187,9 @@ impl<K: Hash + Eq + Clone> Store<K> {
     ///
     /// The clock is read only once the key's word is found: the read then overlaps the likely
     /// cache miss on the word instead of adding to it.
-    pub(super) fn with_word<R>(
+    pub(super) fn with_word<Q: KeyRef<K> + ?Sized, R>(
         &self,
-        key: &K,
+        key: &Q,
         now: impl Fn() -> u64,
         f: impl FnOnce(&TatWord, u64) -> R,
     ) -> Result<R, u64> {
@@ -181,7 +202,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
             // docs, "Bounded under a flood").
             let ruled_out = shard.members.as_ref().is_some_and(|m| !m.may_hold(hash));
             if !ruled_out {
-                if let Some((_, cell)) = shard.table.find(hash, |(k, _)| k == key) {
+                if let Some((_, cell)) = shard.table.find(hash, |(k, _)| key.is(k)) {
                     return Ok(f(cell, now()));
                 }
             }
@@ -198,15 +219,15 @@ impl<K: Hash + Eq + Clone> Store<K> {
     }
 
     /// Runs `f` on `key`'s cell if it is stored; never stores it.
-    pub(super) fn with_stored_word<R>(
+    pub(super) fn with_stored_word<Q: KeyRef<K> + ?Sized, R>(
         &self,
-        key: &K,
+        key: &Q,
         now: impl Fn() -> u64,
         f: impl FnOnce(&TatWord, u64) -> R,
     ) -> Option<R> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash).read();
-        let (_, cell) = shard.table.find(hash, |(k, _)| k == key)?;
+        let (_, cell) = shard.table.find(hash, |(k, _)| key.is(k))?;
         Some(f(cell, now().max(shard.forgotten_to)))
     }
 
@@ -214,7 +235,7 @@ impl<K: Hash + Eq + Clone> Store<K> {
     /// forgetting time, see "Lossless forgetting"), or, when its shard is full of limited
     /// keys, the wait until a slot frees, exactly as [`Store::with_word`] would answer.
     /// May sweep the shard, as storing the key would; stores nothing.
-    pub(super) fn vacancy(&self, key: &K, now: u64) -> Result<u64, u64> {
+    pub(super) fn vacancy<Q: KeyRef<K> + ?Sized>(&self, key: &Q, now: u64) -> Result<u64, u64> {
         let shard = self.shard(self.hasher.hash_one(key));
         {
             let shard = shard.read();
@@ -258,15 +279,15 @@ impl<K: Hash + Eq + Clone> Store<K> {
 
     /// [`Store::with_word`]'s path for a key that was not found: under the shard's
     /// write lock, stores it unless the shard is full of limited keys, then runs `f`.
-    fn insert_and<R>(
+    fn insert_and<Q: KeyRef<K> + ?Sized, R>(
         &self,
         shard: &mut Shard<K>,
         hash: u64,
-        key: &K,
+        key: &Q,
         now: u64,
         f: impl FnOnce(&TatWord, u64) -> R,
     ) -> Result<R, u64> {
-        if shard.table.find(hash, |(k, _)| k == key).is_none() {
+        if shard.table.find(hash, |(k, _)| key.is(k)).is_none() {
             if shard.table.len() >= self.shard_cap() {
                 self.make_room(shard, now)?;
             } else {
@@ -278,11 +299,11 @@ impl<K: Hash + Eq + Clone> Store<K> {
             let hasher = &self.hasher;
             shard.table.insert_unique(
                 hash,
-                (key.clone(), TatWord::starting_at(shard.forgotten_to)),
+                (key.to_key(), TatWord::starting_at(shard.forgotten_to)),
                 |(k, _)| hasher.hash_one(k),
             );
         }
-        match shard.table.find(hash, |(k, _)| k == key) {
+        match shard.table.find(hash, |(k, _)| key.is(k)) {
             Some((_, cell)) => Ok(f(cell, now)),
             None => unreachable!("the key was just found or inserted under this lock"),
         }
