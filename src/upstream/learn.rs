@@ -20,18 +20,32 @@
 //! rate as much as the upstream's, and a client with few tasks, or slow responses, sends
 //! below its pace; cutting to it would spiral down.)
 //!
-//! After a cut the rate grows back by [`INCREASE`] (0.5 %) of the rate after the cut,
-//! per second: about 20 s to win back a 10 % cut, so that an upstream that answers refusals with
-//! whole-second holds sees about one refusal per 20 s near its limit (each costs a
-//! second of its rate). Once the learned rate reaches the ceilings above it, it is
-//! forgotten, and the client runs at those again.
+//! After a cut the rate grows back, until it reaches the ceilings above it and is
+//! forgotten (the client then runs at those again):
+//!
+//! * when nothing says what the upstream's rate is, by [`INCREASE`] (0.5 %) of the rate
+//!   after the cut, per second: about 20 s to win back a 10 % cut, so that an upstream
+//!   that answers refusals with whole-second holds sees about one refusal per 20 s near
+//!   its limit (each costs up to a second of its rate);
+//! * when an announced pace (or a recognised window) says it, a cut is won back over
+//!   [`REGROW_REQUESTS`] (100) requests at the learned rate: 2 s at 50/s, 20 s at 5/s.
+//!   Below a known rate a refusal says that requests arrived bunched (the pace leaves 5 %
+//!   for that), not that the rate is wrong, and its hold is short (two intervals for a
+//!   rounded `Retry-After`, the rest of a spent window); should refusals go on, they
+//!   come at most about once per hundred requests.
 
 /// The first cut, when nothing else is known of the upstream's rate.
 pub(super) const FIRST_DECREASE: f64 = 0.5 * super::PACE_SHARE;
 /// Every later cut.
 pub(super) const DECREASE: f64 = 0.9;
-/// The growth after a cut, per second, as a share of the rate after the cut.
+/// The growth after a cut, per second, as a share of the rate after the cut, when
+/// nothing says what the upstream's rate is.
 pub(super) const INCREASE: f64 = 0.005;
+/// When the upstream's rate is known: the requests over which a cut by a tenth is won
+/// back.
+pub(super) const REGROW_REQUESTS: f64 = 100.0;
+/// What a later cut takes away.
+const DECREASE_SHARE: f64 = 1.0 - DECREASE;
 
 const NANOS: f64 = 1e9;
 
@@ -68,7 +82,12 @@ impl Learned {
         let rate = factor * pace;
         self.rate = Some(rate);
         self.since = now;
-        self.slope = INCREASE * rate;
+        self.slope = if rate_known {
+            // A tenth of the rate back over `REGROW_REQUESTS` requests at it.
+            DECREASE_SHARE * rate * rate / REGROW_REQUESTS
+        } else {
+            INCREASE * rate
+        };
         self.cuts = self.cuts.saturating_add(1);
     }
 
@@ -111,9 +130,15 @@ mod tests {
     }
 
     #[test]
-    fn a_known_rate_is_cut_by_a_tenth_even_the_first_time() {
+    fn a_known_rate_is_cut_by_a_tenth_even_the_first_time_and_won_back_in_100_requests() {
         let mut learned = Learned::default();
         learned.cut(0, 47.5, true);
         assert!((learned.rate_at(0).unwrap() - 42.75).abs() < 1e-9);
+        // 100 requests at 42.75/s: 2.339 s for a tenth of it back.
+        let hundred = (100.0 / 42.75 * S as f64) as u64;
+        assert!((learned.rate_at(hundred).unwrap() - 42.75 * 1.1).abs() < 1e-6);
+        // At 5/s, the same tenth takes 20 s.
+        learned.cut(0, 5.0 / 0.9, true);
+        assert!((learned.rate_at(20 * S).unwrap() - 5.5).abs() < 1e-6);
     }
 }

@@ -14,8 +14,8 @@
 //!   your own quota unless you allow it;
 //! * a **learned rate**, where the upstream only refuses: halved (less the 5 % jitter
 //!   share) at the first refusal when nothing else is known, cut by a tenth at each later
-//!   one, grown back by 0.5 % of the rate after the cut per second (AIMD; constants and
-//!   why in `learn.rs`);
+//!   one, grown back by 0.5 % of the rate after the cut per second (over 100 requests
+//!   when the upstream's rate is known) (AIMD; constants and why in `learn.rs`);
 //! * a **fixed window** recognised from the remaining counts: a client that spent one
 //!   waits for its end, not for a whole rounded-up second.
 //!
