@@ -23,7 +23,9 @@
 //! **Congestion events.** A `429` is one, unless an announced pace lowered by the same
 //! response explains it; so is a success whose remaining count fell to zero from above
 //! (an upstream that says "that was the last one" before it refuses: the fall, not the
-//! zero, since at the upstream's exact rate the count stays at zero). Only the first
+//! zero, since at the upstream's exact rate the count stays at zero), unless a learned
+//! rate is still below the ceilings (a count flickering between one and zero at the edge
+//! of a bucket loses nothing: after the first cut, only refusals cut). Only the first
 //! refusal of a run counts, and only for a request sent after the pace last went down
 //! (the others were sent too fast before the client knew: one cut per round trip, as TCP
 //! does).
@@ -431,7 +433,10 @@ impl<C: Clock> Follower<C> {
                     } else if signal.status() < 400
                         && state.last_remaining.is_some_and(|r| r > 0)
                         && sent.0 >= state.lowered_at
+                        && !state.learned.is_set()
                     {
+                        // A success that spent the last cell warns once; while that cut
+                        // is not won back, only refusals (a loss) cut again.
                         event = true;
                     }
                 }

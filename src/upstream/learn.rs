@@ -91,6 +91,11 @@ impl Learned {
         self.cuts = self.cuts.saturating_add(1);
     }
 
+    /// Whether a rate is learned (a cut not yet won back).
+    pub(super) fn is_set(&self) -> bool {
+        self.rate.is_some()
+    }
+
     /// Forgets the learned rate (the upstream announced a higher pace: what was learned
     /// below the old one says nothing of the new).
     pub(super) fn forget(&mut self) {

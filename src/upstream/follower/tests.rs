@@ -177,6 +177,42 @@ fn refusals_in_a_row_never_back_off_past_the_reset_the_upstream_named() {
 }
 
 #[test]
+fn a_count_flickering_to_zero_cuts_once_and_only_refusals_cut_again() {
+    // Pacing at the edge of a bucket, the count flickers 1 -> 0 on successes: the first
+    // fall says the client is at the limit; the next ones lose nothing and cut nothing.
+    let (f, clock) = follower(FollowerConfig::default());
+    let headers = |left: &str| {
+        [
+            ("x-ratelimit-limit", "50"),
+            ("x-ratelimit-remaining", left),
+            ("x-ratelimit-reset", "1"),
+        ]
+        .map(|(n, v)| (n, v.to_owned()))
+    };
+    let answer = |left: &str| {
+        let h = headers(left);
+        let h: Vec<(&str, &str)> = h.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        respond(&f, 200, &h)
+    };
+    answer("5");
+    clock.advance(Duration::from_millis(50));
+    answer("1");
+    answer("0");
+    let cut = pace(&f);
+    assert!((cut - 47.5).abs() < 0.01, "{cut}");
+    for _ in 0..10 {
+        clock.advance(Duration::from_millis(50));
+        answer("1");
+        answer("0");
+    }
+    assert!(pace(&f) >= cut, "{cut} then {}", pace(&f));
+    // A refusal still cuts.
+    clock.advance(Duration::from_millis(50));
+    respond(&f, 429, &[]);
+    assert!(pace(&f) < cut * 0.95, "{cut} then {}", pace(&f));
+}
+
+#[test]
 fn a_count_that_falls_to_zero_is_a_cut_and_one_that_stays_there_is_not() {
     let (f, _) = follower(FollowerConfig::default());
     respond(
