@@ -272,8 +272,12 @@ def test_aiohttp_paces_every_hop_of_a_redirect_chain():
     asyncio.run(main())
     assert len(arrivals) == 6
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    # 10/s, burst 1: 100 ms apart (a millisecond of the clocks' disagreement allowed).
-    assert min(gaps) >= 0.099, gaps
+    # 10/s, burst 1: the turns 100 ms apart. An arrival is its turn plus the server's
+    # scheduling delay, which a loaded machine stretches for one hop and not the next:
+    # so each hop at least half a turn after the one before (unpaced, they come a
+    # millisecond or two apart) and the five turns' span whole (less 20 ms).
+    assert min(gaps) >= 0.05, gaps
+    assert arrivals[-1] - arrivals[0] >= 0.48, gaps
 
 
 def test_a_hold_that_comes_while_the_limiter_waits_refuses_as_its_turn_comes():

@@ -16,6 +16,13 @@
 //!   window (or burst) sends one request too many and draws a second refusal;
 //! * to [`DECREASE`] (0.9) times the pace otherwise.
 //!
+//! For a [`GRACE`] of one second after a halving, events cut nothing: the client's
+//! too-fast start emptied the upstream's bucket (or spent its window), and until that
+//! refills, requests at the halved pace that arrive a little bunched are refused
+//! whatever the pace (a client at twice its upstream cut itself to a third of it in
+//! the first second, one bunched arrival after another). The refusals still hold as
+//! they say.
+//!
 //! (The rate a client got through is no bound to cut to: it is the client's own sending
 //! rate as much as the upstream's, and a client with few tasks, or slow responses, sends
 //! below its pace; cutting to it would spiral down.)
@@ -46,6 +53,9 @@ pub(super) const INCREASE: f64 = 0.005;
 pub(super) const REGROW_REQUESTS: f64 = 100.0;
 /// What a later cut takes away.
 const DECREASE_SHARE: f64 = 1.0 - DECREASE;
+/// After a first cut that halved the pace: how long its upstream's refusals are put down
+/// to the bucket (or window) that the too-fast start emptied, not to the new pace.
+pub(super) const GRACE: u64 = 1_000_000_000;
 
 const NANOS: f64 = 1e9;
 
@@ -60,6 +70,8 @@ pub(super) struct Learned {
     slope: f64,
     /// Cuts so far.
     cuts: u64,
+    /// Until when congestion events are not cuts (a halving's [`GRACE`]).
+    grace_until: u64,
 }
 
 impl Learned {
@@ -72,13 +84,16 @@ impl Learned {
 
     /// A congestion event at `now`, the pace being `pace` requests per second;
     /// `rate_known` when an announced policy (or an observed window) says what the
-    /// upstream's rate is.
+    /// upstream's rate is. Within a halving's [`GRACE`], nothing.
     pub(super) fn cut(&mut self, now: u64, pace: f64, rate_known: bool) {
-        let factor = if self.cuts == 0 && !rate_known {
-            FIRST_DECREASE
-        } else {
-            DECREASE
-        };
+        if now < self.grace_until {
+            return;
+        }
+        let halving = self.cuts == 0 && !rate_known;
+        let factor = if halving { FIRST_DECREASE } else { DECREASE };
+        if halving {
+            self.grace_until = now.saturating_add(GRACE);
+        }
         let rate = factor * pace;
         self.rate = Some(rate);
         self.since = now;
@@ -132,6 +147,20 @@ mod tests {
         assert!(learned.rate_at(11 * S).is_some());
         learned.settle(200 * S, 60.0);
         assert_eq!(learned.rate_at(200 * S), None);
+    }
+
+    #[test]
+    fn a_halving_is_followed_by_a_second_of_grace() {
+        let mut learned = Learned::default();
+        learned.cut(S, 100.0, false);
+        learned.cut(S + S / 2, 47.5, false);
+        // Not cut, only grown.
+        assert!(learned.rate_at(S + S / 2).unwrap() > 47.5);
+        learned.cut(2 * S, 47.5, false);
+        assert!((learned.rate_at(2 * S).unwrap() - 42.75).abs() < 1e-9);
+        // Cuts by a tenth have no grace.
+        learned.cut(2 * S, 42.75, false);
+        assert!((learned.rate_at(2 * S).unwrap() - 38.475).abs() < 1e-9);
     }
 
     #[test]

@@ -139,16 +139,26 @@ fn refusals_alone_halve_the_pace_then_cut_it_by_a_tenth_and_it_grows_back() {
     let before = f.sent();
     respond(&f, 200, &[]);
     clock.advance(MS);
+    // Within a second of the halving: the refusal holds, and cuts nothing.
     f.apply(
         &Signal::read(429, [("a", &b""[..])], SystemTime::now()),
         before,
     );
-    // Sent after the cut: cut by a tenth (of the pace then, which grew a little).
-    assert!((pace(&f) - 42.75).abs() < 0.1, "{}", pace(&f));
-    // 0.5 % of the rate after the cut per second: 10 s for 2.14 more.
+    assert!((pace(&f) - 47.5).abs() < 0.1, "{}", pace(&f));
+    clock.advance(Duration::from_secs(1));
+    let after = f.sent();
+    respond(&f, 200, &[]);
+    f.apply(
+        &Signal::read(429, [("a", &b""[..])], SystemTime::now()),
+        after,
+    );
+    // Sent after the cut and its grace: cut by a tenth (of the pace then, which grew a
+    // little: 47.74).
+    assert!((pace(&f) - 42.96).abs() < 0.05, "{}", pace(&f));
+    // 0.5 % of the rate after the cut per second: 10 s for 2.15 more.
     clock.advance(Duration::from_secs(10));
     respond(&f, 200, &[]);
-    assert!((pace(&f) - 44.89).abs() < 0.1, "{}", pace(&f));
+    assert!((pace(&f) - 45.11).abs() < 0.05, "{}", pace(&f));
 }
 
 #[test]
@@ -206,8 +216,8 @@ fn a_count_flickering_to_zero_cuts_once_and_only_refusals_cut_again() {
         answer("0");
     }
     assert!(pace(&f) >= cut, "{cut} then {}", pace(&f));
-    // A refusal still cuts.
-    clock.advance(Duration::from_millis(50));
+    // A refusal still cuts (once the first cut's grace is over).
+    clock.advance(Duration::from_secs(1));
     respond(&f, 429, &[]);
     assert!(pace(&f) < cut * 0.95, "{cut} then {}", pace(&f));
 }
