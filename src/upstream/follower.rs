@@ -47,6 +47,7 @@ use std::sync::{Arc, Mutex};
 
 use super::config::FollowerConfig;
 use super::learn::Learned;
+use super::sent::Sent;
 use super::signal::{Reset, Signal};
 use super::window::Window;
 use crate::clock::{Clock, DefaultClock};
@@ -104,44 +105,6 @@ pub struct Follower<C: Clock = DefaultClock> {
     run: Option<Arc<Limiter<C>>>,
     clock: C,
     state: Mutex<State>,
-}
-
-/// When a request was sent, by the follower's clock ([`Follower::sent`]).
-///
-/// # Examples
-///
-/// ```
-/// let follower = paceline::upstream::Follower::new(paceline::Quota::per_second(5), Default::default());
-/// let sent = follower.sent();
-/// # let _ = sent;
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Sent(u64);
-
-impl Sent {
-    /// The instant as nanoseconds on the follower's clock (to carry it through code that
-    /// holds plain numbers, a foreign-language binding's).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use paceline::upstream::{Follower, Sent};
-    /// let follower = Follower::new(paceline::Quota::per_second(5), Default::default());
-    /// let sent = follower.sent();
-    /// assert_eq!(Sent::from_nanos(sent.nanos()), sent);
-    /// ```
-    pub fn nanos(&self) -> u64 {
-        self.0
-    }
-
-    /// The instant `nanos` on the follower's clock (what [`Sent::nanos`] gave).
-    ///
-    /// # Examples
-    ///
-    /// See [`Sent::nanos`].
-    pub fn from_nanos(nanos: u64) -> Sent {
-        Sent(nanos)
-    }
 }
 
 #[derive(Debug)]
@@ -288,7 +251,7 @@ impl<C: Clock> Follower<C> {
     ///
     /// See [`Follower`].
     pub fn sent(&self) -> Sent {
-        Sent(self.clock.now())
+        Sent::from_nanos(self.clock.now())
     }
 
     /// Waits this request's turn: on [`Follower::limiter`], then (with the execution
@@ -432,7 +395,7 @@ impl<C: Clock> Follower<C> {
                         reset_hold = true;
                     } else if signal.status() < 400
                         && state.last_remaining.is_some_and(|r| r > 0)
-                        && sent.0 >= state.lowered_at
+                        && sent.nanos() >= state.lowered_at
                         && !state.learned.is_set()
                     {
                         // A success that spent the last cell warns once; while that cut
@@ -470,7 +433,7 @@ impl<C: Clock> Follower<C> {
         }
         if status == 429 {
             state.streak = state.streak.saturating_add(1);
-            if state.streak == 1 && sent.0 >= state.lowered_at && !explained {
+            if state.streak == 1 && sent.nanos() >= state.lowered_at && !explained {
                 event = true;
             }
             if signal.retry_after().is_none() && !reset_hold && state.streak >= 2 {

@@ -55,6 +55,7 @@ mod dims;
 mod follower;
 mod go;
 mod learn;
+mod sent;
 mod sf;
 mod signal;
 mod table;
@@ -62,6 +63,7 @@ mod window;
 
 pub use config::FollowerConfig;
 pub use dims::{DimensionLeft, DimensionSignal, MAX_DIMENSIONS};
-pub use follower::{Follower, Sent, PACE_SHARE};
+pub use follower::{Follower, PACE_SHARE};
+pub use sent::Sent;
 pub use signal::{Left, Policy, Reset, Signal, PACE_WINDOW};
 pub use table::{Followers, MAX_HOSTS};
