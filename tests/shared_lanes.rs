@@ -177,3 +177,68 @@ fn a_new_key_at_a_full_table_is_told_so_and_spends_nothing() {
     assert_eq!(booked.remaining_key("key-0"), 0);
     assert_eq!(exec.remaining_key("key-0"), 0);
 }
+
+#[test]
+fn racing_threads_never_get_more_than_either_lane_allows() {
+    // Four threads take both lanes in one step while two more spend the execution lane
+    // alone (late runs): whatever the interleaving, no lane admits past its burst, and
+    // every one-step admission was admitted by both.
+    let dir = Dir::new("race-lanes");
+    let quota = Quota::per_hour(1).with_burst(200);
+    let booked = std::sync::Arc::new(SharedLimiter::open(dir.path("f"), quota).unwrap());
+    let keyed = std::sync::Arc::new(SharedKeyedLimiter::open(dir.path("k"), quota, 16).unwrap());
+    let both = std::sync::atomic::AtomicU32::new(0);
+    let late = std::sync::atomic::AtomicU32::new(0);
+    let keyed_both = std::sync::atomic::AtomicU32::new(0);
+    let keyed_late = std::sync::atomic::AtomicU32::new(0);
+    std::thread::scope(|s| {
+        for i in 0..6 {
+            let (booked, keyed) = (&booked, &keyed);
+            let (both, late, keyed_both, keyed_late) = (&both, &late, &keyed_both, &keyed_late);
+            s.spawn(move || {
+                let exec = booked.execution_lane();
+                let keyed_exec = keyed.execution_lane();
+                for _ in 0..300 {
+                    let count = |c: &std::sync::atomic::AtomicU32| {
+                        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    };
+                    if i < 4 {
+                        if booked.check_n_with(&exec, 1).is_ok() {
+                            count(both);
+                        }
+                        if keyed.check_key_n_with("k", &keyed_exec, 1).is_ok() {
+                            count(keyed_both);
+                        }
+                    } else {
+                        if exec.check().is_ok() {
+                            count(late);
+                        }
+                        if keyed_exec.check_key("k").is_ok() {
+                            count(keyed_late);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let get = |c: &std::sync::atomic::AtomicU32| c.load(std::sync::atomic::Ordering::Relaxed);
+    // The execution lane admitted each one-step admission and each late run once.
+    assert!(
+        get(&both) + get(&late) <= 200,
+        "{} + {}",
+        get(&both),
+        get(&late)
+    );
+    assert!(get(&keyed_both) + get(&keyed_late) <= 200);
+    // The booking lane admitted at least the one-step admissions (a few more where a
+    // late run took the execution lane's room between the look and the take).
+    assert!(200 - booked.remaining() >= get(&both));
+    assert_eq!(
+        booked.execution_lane().remaining(),
+        200 - get(&both) - get(&late)
+    );
+    assert_eq!(
+        keyed.execution_lane().remaining_key("k"),
+        200 - get(&keyed_both) - get(&keyed_late)
+    );
+}
