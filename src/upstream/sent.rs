@@ -1,7 +1,7 @@
 //! [`Sent`]: when a request was sent, so that its answer is read against the pace it
 //! was sent at.
 
-/// When a request was sent, by the follower's clock ([`Follower::sent`]).
+/// When a request was sent, by the follower's clock ([`Follower::sent`](super::Follower::sent)).
 ///
 /// # Examples
 ///
