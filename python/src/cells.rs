@@ -39,8 +39,8 @@ pub(crate) trait Cell: Send + Sync + 'static {
     /// for another process).
     fn take(&self, py: Python<'_>, key: &Self::Key, n: u32) -> Took;
     /// Takes `n` cells from this cell and from `exec`, its execution cell, together, or
-    /// none, for a cell that other processes take too (`Pair::take_now`): where the
-    /// cell can, in one step that reads the clock and finds the key once.
+    /// none (`Pair::take_now`): where the cell can, in one step that reads the clock and
+    /// finds the key once.
     fn take_with(&self, py: Python<'_>, exec: &Self, key: &Self::Key, n: u32) -> Option<Took> {
         let _ = (py, exec, key, n);
         None
@@ -88,6 +88,10 @@ impl Cell for Limiter {
 
     fn take(&self, _: Python<'_>, (): &(), n: u32) -> Took {
         self.check_n(n).into()
+    }
+
+    fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Option<Took> {
+        Some(self.check_n_with(exec, n).into())
     }
 
     fn remaining(&self, (): &()) -> u32 {

@@ -20,18 +20,15 @@ pub(crate) struct Pair<L: Cell> {
     pub(crate) stats: Stats,
     /// Whether the execution cell may have less room than the booking cell (nonzero),
     /// so that [`Pair::take_now`] must look at it before taking the booking cell's cells
-    /// (a refusal there would leave them spent). `take_now` takes the same cells from
-    /// both, one after the other, so while only it takes them the execution cell has room
-    /// whenever the booking cell has (for a keyed cell, for every key; a key bound is
-    /// another matter, see `new_keyed_core`). Counts up after the execution cell is taken otherwise (a
-    /// waiter's run, which may come late) or refuses. Back to zero by a look that found
-    /// room, only if nothing counted up meanwhile (a compare-and-swap from the count read
-    /// before the look), and only for a cell with one key ([`Cell::ONE_KEY`]): a keyed
-    /// cell's look is for one key, so once a run has taken its execution cell, it looks
-    /// every time. Only for a cell whose every taker is in this process
-    /// ([`Cell::PRIVATE`]): a shared file's lanes are taken by other processes, so it
-    /// always looks. Relaxed: a hint about the cells, publishing nothing; a caller racing
-    /// a run is the case the strict side of `take_now` already covers.
+    /// (a refusal there would leave them spent), for an in-process keyed cell (the others
+    /// take both cells in one step that looks: [`Cell::take_with`]). `take_now` takes the
+    /// same cells from both, one after the other, so while only it takes them the
+    /// execution cell has room whenever the booking cell has, for every key (a key bound
+    /// is another matter, see `new_keyed_core`). Counts up after the execution cell is
+    /// taken otherwise (a waiter's run, which may come late) or refuses, and never comes
+    /// back down: a look is for one key, so once a run has taken an execution cell, every
+    /// take looks. Relaxed: a hint about the cells, publishing nothing; a caller racing a
+    /// run is the case the strict side of `take_now` already covers.
     pub(crate) exec_behind: AtomicU64,
 }
 
@@ -138,9 +135,10 @@ impl<L: Cell> Pair<L> {
     /// `n` over the burst raises `ValueError`, checked only once it was not admitted
     /// (admitted, it fitted the burst): the admission reads the quota once.
     pub(crate) fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
-        if !L::PRIVATE {
-            // Other processes take the execution cell too, so it is always looked at: in
-            // one step with the take where the cell can.
+        if !L::PRIVATE || L::ONE_KEY {
+            // One step where the cell can: it looks at the execution cell (a load, cheaper
+            // than the clock reading it saves), which a cell that other processes take
+            // needs every time, and a cell with one key can afford every time.
             if let Some(took) = self
                 .exec
                 .as_ref()
@@ -172,13 +170,6 @@ impl<L: Cell> Pair<L> {
         let Some(exec) = &self.exec else {
             return Ok(Took::Yes);
         };
-        if L::PRIVATE && L::ONE_KEY && behind != 0 {
-            // It had room a moment ago, and will have as long as only this takes it
-            // (unless a run counted up since the count was read: then it stays).
-            let _ =
-                self.exec_behind
-                    .compare_exchange(behind, 0, Ordering::Relaxed, Ordering::Relaxed);
-        }
         // A racing caller may have taken the room, and then these cells stay spent (the
         // strict side).
         let took = exec.take(py, key, n);

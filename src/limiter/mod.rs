@@ -179,6 +179,55 @@ impl<C: Clock> Limiter<C> {
         }
     }
 
+    /// Admits `n` cells in this limiter and in `other` together, or none: what a caller
+    /// whose work runs at once takes from a booking limiter and the limiter that bounds
+    /// when work runs. `other` is looked at first, so that neither is spent unless both
+    /// have room now; a caller racing on `other` may take its room between the look and
+    /// the take, and then this limiter's cells stay spent (the strict side: never more
+    /// through) and the answer is `other`'s refusal. Each limiter's own quota decides for
+    /// it; the clock is read once, this limiter's, so give it limiters that read one
+    /// clock (the default clock, or clones of one [`ManualClock`](crate::clock::ManualClock)).
+    ///
+    /// # Errors
+    ///
+    /// [`Denied::NotUntil`] with the wait of the limiter that had no room;
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds either burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::{Limiter, Quota};
+    /// let booked = Limiter::new(Quota::per_second(10));
+    /// let running = Limiter::new(Quota::per_second(10));
+    /// running.check_n(10).unwrap(); // late work spent the execution bound
+    /// assert!(booked.check_n_with(&running, 1).is_err());
+    /// assert_eq!(booked.remaining(), 10); // nothing spent where the other had no room
+    /// ```
+    pub fn check_n_with(&self, other: &Limiter<C>, n: u32) -> Result<(), Denied> {
+        if n == 0 {
+            return Ok(());
+        }
+        let now = self.now();
+        let (mine, theirs) = (self.quota.load(), other.quota.load());
+        // In the order of the steps this stands for, errors included: `other`'s look
+        // first. Each cost is within its burst, so its room does not underflow.
+        let other_cost = error::cost(&theirs, n)?;
+        let other_room = theirs.tau() - other_cost;
+        let refused = |wait| Denied::from(NotUntil::from_nanos(wait));
+        // The look reads `other`'s TAT relaxed (`TatWord::tat`): a hint that spares this
+        // limiter a take the other would refuse; the takes' compare-and-swaps decide.
+        gcra::admit_in_room(other.cell.tat(), now, other_cost, other_room).map_err(refused)?;
+        let cost = error::cost(&mine, n)?;
+        self.cell
+            .spend(now, cost, mine.tau() - cost)
+            .map_err(refused)?;
+        other
+            .cell
+            .spend(now, other_cost, other_room)
+            .map(drop)
+            .map_err(refused)
+    }
+
     /// How many cells `check_n` would admit right now; spends nothing.
     ///
     /// # Examples
