@@ -122,6 +122,9 @@ struct State {
     streak: u32,
     /// When the pace last went down.
     lowered_at: u64,
+    /// Until when the upstream last said that what it allows is spent (0: never said),
+    /// on any answer: a refusal that repeats nothing is still bound by it.
+    spent_until: u64,
 }
 
 impl Follower {
@@ -160,6 +163,7 @@ impl<C: Clock> Follower<C> {
                 last_remaining: None,
                 streak: 0,
                 lowered_at: 0,
+                spent_until: 0,
             }),
             clock,
         }
@@ -408,6 +412,17 @@ impl<C: Clock> Follower<C> {
         if let Some(left) = fewest {
             state.last_remaining = Some(left.remaining);
         }
+        // A reset named for what is spent, on this answer (success or refusal).
+        if let Some(end) = signal
+            .left()
+            .iter()
+            .filter(|l| l.remaining == 0)
+            .filter_map(|l| l.reset)
+            .map(|r| now.saturating_add(crate::wait::duration_nanos(r.at_most())))
+            .min()
+        {
+            state.spent_until = end;
+        }
         // Refusals.
         let status = signal.status();
         if let Some(d) = signal.retry_after() {
@@ -440,14 +455,11 @@ impl<C: Clock> Follower<C> {
                 // A bare refusal again: back off, doubling, but never past a reset the
                 // upstream named for what is spent (a rounded `t=1` is still a bound).
                 let doubling = 1u64 << (state.streak - 1).min(62);
-                let named = signal
-                    .left()
-                    .iter()
-                    .filter(|l| l.remaining == 0)
-                    .filter_map(|l| l.reset)
-                    .map(|r| crate::wait::duration_nanos(r.at_most()))
-                    .min()
-                    .unwrap_or(u64::MAX);
+                let named = if state.spent_until > now {
+                    state.spent_until - now
+                } else {
+                    u64::MAX
+                };
                 hold = hold.max(interval.saturating_mul(doubling).min(named));
             }
         } else if status < 400 {

@@ -187,6 +187,25 @@ fn refusals_in_a_row_never_back_off_past_the_reset_the_upstream_named() {
 }
 
 #[test]
+fn refusals_that_repeat_nothing_back_off_no_further_than_a_reset_named_before() {
+    // A success says what is allowed is spent until 1 s from now; the refusals that
+    // follow carry no fields (as upstreams that send them on successes only).
+    let (f, clock) = follower(FollowerConfig::default());
+    respond(
+        &f,
+        200,
+        &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
+    );
+    let start = Duration::from_nanos(crate::clock::Clock::now(&clock));
+    for _ in 0..12 {
+        let hold = respond(&f, 429, &[]).unwrap_or_default();
+        let now = Duration::from_nanos(crate::clock::Clock::now(&clock));
+        assert!(now + hold <= start + Duration::from_secs(1), "{hold:?}");
+        clock.advance(hold.min(Duration::from_millis(50)));
+    }
+}
+
+#[test]
 fn a_count_flickering_to_zero_cuts_once_and_only_refusals_cut_again() {
     // Pacing at the edge of a bucket, the count flickers 1 -> 0 on successes: the first
     // fall says the client is at the limit; the next ones lose nothing and cut nothing.
