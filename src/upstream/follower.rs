@@ -380,7 +380,15 @@ impl<C: Clock> Follower<C> {
                 interval,
             );
         }
+        // The earliest reset named for what is spent, on this answer.
+        let mut spent: Option<u64> = None;
         for left in signal.left().iter().filter(|l| l.remaining == 0) {
+            let named = left
+                .reset
+                .map(|r| now.saturating_add(crate::wait::duration_nanos(r.at_most())));
+            if let Some(end) = named {
+                spent = Some(spent.map_or(end, |s| s.min(end)));
+            }
             match left.reset {
                 Some(Reset::Exact(d)) => {
                     hold = hold.max(crate::wait::duration_nanos(d));
@@ -391,9 +399,7 @@ impl<C: Clock> Follower<C> {
                     reset_hold = true;
                 }
                 _ => {
-                    let bound = left.reset.map_or(u64::MAX, |r| {
-                        now.saturating_add(crate::wait::duration_nanos(r.at_most()))
-                    });
+                    let bound = named.unwrap_or(u64::MAX);
                     if let Some(end) = state.window.next_boundary(now) {
                         hold = hold.max(end.min(bound).saturating_sub(now));
                         reset_hold = true;
@@ -412,15 +418,8 @@ impl<C: Clock> Follower<C> {
         if let Some(left) = fewest {
             state.last_remaining = Some(left.remaining);
         }
-        // A reset named for what is spent, on this answer (success or refusal).
-        if let Some(end) = signal
-            .left()
-            .iter()
-            .filter(|l| l.remaining == 0)
-            .filter_map(|l| l.reset)
-            .map(|r| now.saturating_add(crate::wait::duration_nanos(r.at_most())))
-            .min()
-        {
+        // Kept from any answer, success or refusal, for the bare refusals that follow.
+        if let Some(end) = spent {
             state.spent_until = end;
         }
         // Refusals.
