@@ -18,8 +18,6 @@ pub(crate) trait Cell: Send + Sync + 'static {
     type Key: ?Sized;
     /// Whether only this process takes the cell (`Pair::exec_behind`).
     const PRIVATE: bool = false;
-    /// Whether the cell has one key (`Pair::exec_behind`).
-    const ONE_KEY: bool = true;
     /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
     /// booking may wait for another process (a shared key's bucket).
     fn reserve(
@@ -115,7 +113,6 @@ impl Cell for Limiter {
 impl Cell for KeyedLimiter<TextKey> {
     type Key = str;
     const PRIVATE: bool = true;
-    const ONE_KEY: bool = false;
 
     fn reserve(
         self: &Arc<Self>,
@@ -216,7 +213,6 @@ impl Cell for SharedLimiter {
 impl Cell for SharedKeyedLimiter {
     // Bytes: every process, in any language, finds the same key in the same slot.
     type Key = str;
-    const ONE_KEY: bool = false;
 
     fn reserve(
         self: &Arc<Self>,

@@ -135,20 +135,17 @@ impl<L: Cell> Pair<L> {
     /// `n` over the burst raises `ValueError`, checked only once it was not admitted
     /// (admitted, it fitted the burst): the admission reads the quota once.
     pub(crate) fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
-        if !L::PRIVATE || L::ONE_KEY {
-            // One step where the cell can: it looks at the execution cell (a load, cheaper
-            // than the clock reading it saves), which a cell that other processes take
-            // needs every time, and a cell with one key can afford every time.
-            if let Some(took) = self
-                .exec
-                .as_ref()
-                .and_then(|exec| self.booked.take_with(py, exec, key, n))
-            {
-                if took != Took::Yes {
-                    check_n(n, self.burst())?;
-                }
-                return Ok(took);
+        // One step where the cell can (all but an in-process keyed cell): it looks at the
+        // execution cell (a load, cheaper than the clock reading it saves).
+        if let Some(took) = self
+            .exec
+            .as_ref()
+            .and_then(|exec| self.booked.take_with(py, exec, key, n))
+        {
+            if took != Took::Yes {
+                check_n(n, self.burst())?;
             }
+            return Ok(took);
         }
         let behind = self.exec_behind.load(Ordering::Relaxed);
         let look = !L::PRIVATE || behind != 0;
