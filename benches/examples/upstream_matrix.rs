@@ -10,8 +10,9 @@
 //!
 //! Rows (each allows 50 requests per second): `ietf`, `retry-after`, `x`, `bare` (a GCRA
 //! limit, bursts of 10, saying that much), the same four with `-window` (a fixed 1 s
-//! window), and `paceline-1`, `paceline-10`, `paceline-50` (paceline's own axum layer
-//! with that burst, its default fields).
+//! window), `x-burst1` and `bare-burst1` (a GCRA limit with no burst: `x-burst1` names
+//! the limit and reports 0 left on every answer), and `paceline-1`, `paceline-10`,
+//! `paceline-50` (paceline's own axum layer with that burst, its default fields).
 
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -29,6 +30,10 @@ async fn serve(row: &str) -> Upstream {
         let burst = burst.parse().expect("paceline-BURST");
         return Upstream::paceline(Quota::per_second(50).with_burst(burst)).await;
     }
+    let (row, burst) = match row.strip_suffix("-burst1") {
+        Some(fields) => (fields, 1),
+        None => (row, Behavior::default().burst),
+    };
     let (fields, window) = match row.strip_suffix("-window") {
         Some(fields) => (fields, Some(Duration::from_secs(1))),
         None => (row, None),
@@ -43,6 +48,7 @@ async fn serve(row: &str) -> Upstream {
     Upstream::start(Behavior {
         fields,
         window,
+        burst,
         ..Behavior::default()
     })
     .await

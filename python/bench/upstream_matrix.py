@@ -19,8 +19,9 @@ Clients, in the same run against the same upstream:
 
 Rows: ``ietf`` (``RateLimit-Policy``, ``RateLimit`` and ``Retry-After``), ``retry-after``
 (``Retry-After`` only), ``x`` (``X-RateLimit-*`` only), ``bare`` (a bare 429): a GCRA
-limit with bursts of 10; the same four over a fixed 1 s window (``-window``); and
-``paceline-1``, ``paceline-10``, ``paceline-50``: paceline's own axum layer at that
+limit with bursts of 10; the same four over a fixed 1 s window (``-window``);
+``x-burst1`` and ``bare-burst1``: the GCRA limit with no burst (``x-burst1`` names the
+limit and reports 0 left on every answer); and ``paceline-1``, ``paceline-10``, ``paceline-50``: paceline's own axum layer at that
 burst, with its default fields.
 
     cargo build --release -p paceline-benches --example upstream_matrix
@@ -48,7 +49,7 @@ import paceline.httpx
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROWS = [
     "ietf", "retry-after", "x", "bare",
-    "ietf-window", "retry-after-window", "x-window", "bare-window",
+    "ietf-window", "retry-after-window", "x-window", "bare-window", "x-burst1", "bare-burst1",
     "paceline-1", "paceline-10", "paceline-50",
 ]
 CLIENTS = ["paceline-rust", "paceline-py", "deaf", "aiolimiter+RA"]
