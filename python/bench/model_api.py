@@ -10,6 +10,8 @@ refused call (429) waits its ``retry-after`` and is sent again, in every contend
 
 * paceline.Budget: requests, tokens and in flight in one turn, settled from the usage
   (a refused call is released, keeping its charge);
+* the same budget configured at twice the API's limits, following the limits and
+  counts the API's fields announce (``Budget.follow``, what the httpx transports do);
 * aiolimiter on requests only (deaf to tokens and concurrency);
 * a token pre-counting limiter that never settles: aiolimiter for requests, aiolimiter
   for tokens charged the estimate, and a semaphore for the calls in flight;
@@ -59,6 +61,30 @@ def paceline_budget() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
         while True:
             async with budget.acquire(tokens=prompt + MAX_TOKENS) as turn:
                 response = await send(prompt)
+                if response.status_code != 429:
+                    turn.settle(tokens=response.json()["usage"]["total_tokens"])
+                    return
+                turn.release()
+            count["refused"] += 1
+            await backoff(response)
+
+    return job
+
+
+def paceline_budget_following() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+    """A budget configured at twice the API's limits, following the limits the API's
+    fields announce (``Budget.follow``, as the httpx transports do)."""
+    budget = paceline.Budget(
+        requests=paceline.Rate(2 * LIMITS.requests, per=LIMITS.window),
+        tokens=paceline.Rate(2 * LIMITS.tokens, per=LIMITS.window),
+        in_flight=LIMITS.concurrency,
+    )
+
+    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
+        while True:
+            async with budget.acquire(tokens=prompt + MAX_TOKENS) as turn:
+                response = await send(prompt)
+                budget.follow(response.status_code, response.headers.raw)
                 if response.status_code != 429:
                     turn.settle(tokens=response.json()["usage"]["total_tokens"])
                     return
@@ -128,6 +154,7 @@ def semaphore_per_second() -> Callable[[Send, int, Dict[str, int]], Awaitable[No
 
 CONTENDERS = [
     ("paceline.Budget", paceline_budget),
+    ("paceline.Budget at 2x, following", paceline_budget_following),
     ("aiolimiter (requests only)", aiolimiter_requests),
     ("pre-counting, never settled", precounting),
     ("semaphore + per-second", semaphore_per_second),

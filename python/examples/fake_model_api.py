@@ -87,11 +87,13 @@ class _Api:
 
     def headers(self, now: float) -> Dict[str, str]:
         lim = self.limits
+        # Limits per minute, as the provider states them.
+        per_minute = 60.0 / lim.window
         return {
-            "x-ratelimit-limit-requests": str(lim.requests),
+            "x-ratelimit-limit-requests": str(round(lim.requests * per_minute)),
             "x-ratelimit-remaining-requests": str(self.requests.remaining(now)),
             "x-ratelimit-reset-requests": _go_duration(self.requests.reset_in(now)),
-            "x-ratelimit-limit-tokens": str(lim.tokens),
+            "x-ratelimit-limit-tokens": str(round(lim.tokens * per_minute)),
             "x-ratelimit-remaining-tokens": str(self.tokens.remaining(now)),
             "x-ratelimit-reset-tokens": _go_duration(self.tokens.reset_in(now)),
         }

@@ -117,9 +117,9 @@ class Provider:
                 f'"{name}";r={b.remaining(now)};t={int(b.reset(now) + 0.999)}'
                 for name, b in (("requests", r), ("tokens", t))
             )
+            # The rate per whole second (the draft's windows are whole seconds).
             policy = ", ".join(
-                f'"{name}";q={b.burst};w={max(1, round(b.burst / b.rate))}'
-                for name, b in (("requests", r), ("tokens", t))
+                f'"{name}";q={int(b.rate)};w=1' for name, b in (("requests", r), ("tokens", t))
             )
             pairs += [("ratelimit", state), ("ratelimit-policy", policy)]
         return pairs

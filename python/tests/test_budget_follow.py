@@ -256,3 +256,27 @@ def test_budget_follow_and_hold_for_directly():
     turn = b.try_acquire(tokens=1)
     assert turn is not None
     turn.release()
+
+
+def test_follow_reads_header_names_given_as_bytes():
+    # httpx's `response.headers.raw` and aiohttp's `raw_headers` are bytes pairs.
+    b = budget()
+    assert b.follow(200, [(b"x-ratelimit-remaining-tokens", b"300")]) == 1
+    assert b.remaining("tokens") == 300
+
+
+def test_an_announced_limit_below_the_configured_rate_paces_the_dimension():
+    # Configured at 40 requests/s; the provider says 120 a minute (2/s).
+    b = budget()
+    fields = [("x-ratelimit-limit-requests", "120"), ("x-ratelimit-remaining-requests", "119")]
+    assert b.follow(200, fields) == 1
+    for _ in range(BURST):
+        b.try_acquire(tokens=1).release()
+    assert b.try_acquire(tokens=1) is None
+    # The next request after half a second (2/s), not after 25 ms (40/s).
+    assert 0.3 < b.wait_time(tokens=1) <= 0.5
+    # Announced at the configured rate again: 40/s (the backlog carries over).
+    b.follow(200, [("x-ratelimit-limit-requests", str(RATE * 60)), ("x-ratelimit-remaining-requests", "5")])
+    time.sleep(b.wait_time(tokens=1) + 0.01)
+    b.try_acquire(tokens=1).release()
+    assert b.wait_time(tokens=1) <= 1.0 / RATE + 0.005

@@ -13,24 +13,37 @@
 //!   `X' = min(X, max_hold)`: not one cell before `X'`, then the dimension's own pace
 //!   from empty (none left and no reset: `now + tau`, as `r = 0` above).
 //!
-//! `Retry-After` holds every turn until `now + min(retry_after, max_hold)`. So nothing
-//! the upstream says parks a one-cell turn longer than `max_hold`; a turn of `c` cells
-//! then waits for its own `(c - 1) * T` as it would anyway. The limits the upstream
-//! announces are read, not followed: the quotas stay yours. Waiters are not woken: a
-//! floor or a hold only moves their instant later, and a waiter woken early finds it
-//! not yet time and waits again.
+//! `Retry-After` holds every turn until `now + min(retry_after, max_hold)`.
+//!
+//! A limit the upstream announces for a dimension with its window (`q` per `w`: a
+//! policy's window, a minute for the provider fields) paces the dimension at that rate
+//! when it is below the configured one: its interval becomes `min(w/q, max_hold)`, its
+//! burst stays the configured count (a cost the budget accepted stays admissible), and
+//! the TAT carries over. A later announcement at or above the configured rate gives the
+//! configured quota back; a response that announces nothing leaves the rate as it is.
+//! So a budget configured above what its provider allows runs at the provider's rate
+//! instead of spending each window's cells at once and waiting out the rest.
+//!
+//! So nothing the upstream says parks a one-cell turn longer than `max_hold`; a turn of
+//! `c` cells then waits for its own `(c - 1) * T` as it would anyway. Waiters are not
+//! woken: a floor, a hold or a slower rate only moves their instant later, and a waiter
+//! woken early finds it not yet time and waits again. (A faster rate is given back on a
+//! response, and the next admission or wake-up sees it.)
 
 use core::time::Duration;
 
 use super::Budget;
 use crate::clock::Clock;
+use crate::gcra::Params;
 use crate::upstream::DimensionSignal;
 use crate::wait::duration_nanos;
 
 impl<C: Clock> Budget<C> {
     /// Steers the budget by what a response said (module docs): a dimension reported
     /// with nothing left admits nothing before its reset, one with `r` left admits at
-    /// most `r` now, and a `Retry-After` holds the whole budget; no wait is taken longer
+    /// most `r` now, one whose announced limit is below its configured rate is paced at
+    /// the announced rate (and given its configured rate back when an announcement
+    /// reaches it), and a `Retry-After` holds the whole budget; no wait is taken longer
     /// than `max_hold`. Dimensions are matched by name, folded (`input-tokens` is
     /// `input_tokens`); those the budget lacks are ignored. Returns how many of the
     /// budget's dimensions the response reported.
@@ -65,13 +78,28 @@ impl<C: Clock> Budget<C> {
     pub fn follow(&self, signal: &DimensionSignal, max_hold: Duration) -> usize {
         let cap = duration_nanos(max_hold);
         let now = self.shared.clock.now();
-        let mut floors = Vec::new();
-        for (d, name) in self.shared.names.iter().enumerate() {
-            let Some(left) = signal.get(name) else {
-                continue;
-            };
-            let params = self.shared.quotas[d].params();
-            let (interval, tau) = (u128::from(params.interval()), u128::from(params.tau()));
+        let reported: Vec<_> = (self.shared.names.iter().enumerate())
+            .filter_map(|(d, name)| Some((d, signal.get(name)?)))
+            .collect();
+        let paces: Vec<_> = (reported.iter())
+            .filter_map(|&(d, left)| Some((d, self.paced(d, left.limit?, left.per?, cap))))
+            .collect();
+        let hold = signal
+            .retry_after()
+            .map(|r| now.saturating_add(duration_nanos(r).min(cap)));
+        if reported.is_empty() && hold.is_none() {
+            return 0;
+        }
+        let mut state = self.shared.lock();
+        for &(d, params) in &paces {
+            if state.ledger.pace(d) != (params.interval(), params.tau()) {
+                state.ledger.set_params(d, &params);
+            }
+        }
+        // Floors at the pace now in force, the one just set included.
+        for &(d, left) in &reported {
+            let (interval, tau) = state.ledger.pace(d);
+            let (interval, tau) = (u128::from(interval), u128::from(tau));
             let floor = if left.remaining > 0 {
                 let spent = tau.saturating_sub(u128::from(left.remaining) * interval);
                 u128::from(now) + spent
@@ -81,21 +109,29 @@ impl<C: Clock> Budget<C> {
             };
             // Past the end of time: held for ever by the cap, which `max_hold` bounds
             // anyway (a floor this far means `max_hold` itself is centuries).
-            floors.push((d, u64::try_from(floor).unwrap_or(u64::MAX)));
+            state
+                .ledger
+                .floor(d, u64::try_from(floor).unwrap_or(u64::MAX));
         }
-        let hold = signal
-            .retry_after()
-            .map(|r| now.saturating_add(duration_nanos(r).min(cap)));
-        if !floors.is_empty() || hold.is_some() {
-            let mut state = self.shared.lock();
-            for &(d, at) in &floors {
-                state.ledger.floor(d, at);
-            }
-            if let Some(until) = hold {
-                state.ledger.hold(until);
-            }
+        if let Some(until) = hold {
+            state.ledger.hold(until);
         }
-        floors.len()
+        reported.len()
+    }
+
+    /// Dimension `d`'s quota for an announced limit of `q` per `w` (module docs): the
+    /// configured one unless the announced rate is lower, then its interval (at most
+    /// `cap`) with the configured burst.
+    fn paced(&self, d: usize, q: u64, w: Duration, cap: u64) -> Params {
+        let configured = *self.shared.quotas[d].params();
+        let announced = (w.as_nanos() / u128::from(q.max(1))).min(u128::from(cap));
+        let announced = u64::try_from(announced).unwrap_or(u64::MAX);
+        if q == 0 || announced <= configured.interval() {
+            return configured;
+        }
+        // A burst window past the end of time (a huge burst at a slow announced rate):
+        // the configured quota stays.
+        Params::new(announced, configured.burst()).unwrap_or(configured)
     }
 
     /// Holds every turn for `duration` from now: nothing is admitted before then (a

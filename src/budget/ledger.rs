@@ -48,8 +48,8 @@
 //! and a refund cannot give back what a floor took. A rate change keeps the log's cells
 //! priced at the interval that admitted them: each admission carries the intervals in
 //! force when it was made (one shared `Arc` until a rate changes), and the TAT (a
-//! backlog in nanoseconds) carries over as it is, as `Limiter::set_quota` does (the
-//! ledger's half of a rate change: no public method changes a budget's rate yet). A hold
+//! backlog in nanoseconds) carries over as it is, as `Limiter::set_quota` does (a rate
+//! changes when an upstream announces a lower one: `Budget::follow`). A hold
 //! of the whole budget (a `Retry-After` that names no dimension) is one more instant,
 //! `held`, that `ready` waits for beside the dimensions.
 
@@ -266,10 +266,13 @@ impl Ledger {
         self.held
     }
 
+    /// Dimension `d`'s interval and burst window now.
+    pub(crate) fn pace(&self, d: usize) -> (u64, u64) {
+        (self.dims[d].interval, self.dims[d].tau)
+    }
+
     /// Dimension `d`'s quota is now `params`: later admissions are priced at its
     /// interval, logged ones keep theirs, and the TAT carries over (module docs).
-    // Reached only from tests until a budget's rate can change (module docs).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn set_params(&mut self, d: usize, params: &Params) {
         let dim = &mut self.dims[d];
         dim.interval = params.interval();

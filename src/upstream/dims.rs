@@ -16,7 +16,9 @@
 //! wait it takes from them at its `max_hold`), absolute times are read against the
 //! response's `Date` when the clocks disagree, and work is bounded: at most
 //! [`MAX_DIMENSIONS`] dimensions are kept, each name at most 64 bytes. Where a dimension
-//! is reported twice, the fewest left, the latest reset and the lowest limit win.
+//! is reported twice, the fewest left, the latest reset and the lowest rate win. A limit
+//! counts over its policy's window (`w`), or, for the provider fields, a minute: both
+//! providers state their limits per minute (requests, tokens, input and output tokens).
 //! Dimension names are folded to lowercase with `_` for `-` (`input-tokens` is
 //! `input_tokens`).
 
@@ -70,6 +72,9 @@ pub struct DimensionLeft {
     pub name: String,
     /// Its limit, if the response says.
     pub limit: Option<u64>,
+    /// The window `limit` counts over: the policy's `w`, or a minute for the provider
+    /// fields (module docs).
+    pub per: Option<Duration>,
     /// How much of it is left now.
     pub remaining: u64,
     /// How long until it is whole again, if the response says (saturating; not capped).
@@ -79,7 +84,8 @@ pub struct DimensionLeft {
 /// A dimension's fields so far.
 #[derive(Default)]
 struct Acc {
-    limit: Option<u64>,
+    /// The lowest rate: a limit and its window.
+    limit: Option<(u64, Duration)>,
     remaining: Option<u64>,
     reset: Option<Duration>,
 }
@@ -196,7 +202,7 @@ impl DimensionSignal {
                     match (part, spelling) {
                         (Part::Limit, _) => {
                             if let Some(n) = integer(value) {
-                                acc.limit = Some(acc.limit.map_or(n, |l| l.min(n)));
+                                acc.limit_at_most(n, PROVIDER_WINDOW);
                             }
                         }
                         (Part::Remaining, _) => {
@@ -239,7 +245,10 @@ impl DimensionSignal {
                         acc.reset_at_least(m.number("t").map(Number::seconds));
                     }
                 } else if let Some(q) = m.number("q").and_then(Number::integer) {
-                    acc.limit = Some(acc.limit.map_or(q, |l| l.min(q)));
+                    // A policy with no window says a quota, not a rate: a window of 0
+                    // stands for "unknown", which no rate comparison picks.
+                    let w = m.number("w").map_or(Duration::ZERO, Number::seconds);
+                    acc.limit_at_most(q, w);
                 }
             }
         }
@@ -253,7 +262,8 @@ impl DimensionSignal {
             .filter_map(|(name, acc)| {
                 Some(DimensionLeft {
                     name,
-                    limit: acc.limit,
+                    limit: acc.limit.map(|(q, _)| q),
+                    per: acc.limit.map(|(_, w)| w).filter(|w| !w.is_zero()),
                     remaining: acc.remaining?,
                     reset: acc.reset,
                 })
@@ -296,7 +306,30 @@ impl DimensionSignal {
     }
 }
 
+/// The window the provider fields' limits count over (module docs).
+const PROVIDER_WINDOW: Duration = Duration::from_secs(60);
+
 impl Acc {
+    /// A limit of `q` per `w` (`w` zero: unknown); the lowest rate is kept, and a known
+    /// window over an unknown one.
+    fn limit_at_most(&mut self, q: u64, w: Duration) {
+        let lower = match self.limit {
+            None => true,
+            Some((old_q, old_w)) => match (w.is_zero(), old_w.is_zero()) {
+                (true, true) => q < old_q,
+                (true, false) => false,
+                (false, true) => true,
+                // q / w < old_q / old_w, cross-multiplied to stay in integers.
+                (false, false) => {
+                    u128::from(q) * old_w.as_nanos() < u128::from(old_q) * w.as_nanos()
+                }
+            },
+        };
+        if lower {
+            self.limit = Some((q, w));
+        }
+    }
+
     fn reset_at_least(&mut self, reset: Option<Duration>) {
         if let Some(reset) = reset {
             self.reset = Some(self.reset.map_or(reset, |r| r.max(reset)));

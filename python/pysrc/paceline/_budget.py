@@ -257,12 +257,13 @@ class Budget:
     def follow(
         self,
         status: int,
-        headers: Iterable[Tuple[str, Union[bytes, str]]],
+        headers: Iterable[Tuple[Union[str, bytes], Union[bytes, str]]],
         *,
         max_hold: float = 300.0,
     ) -> int:
         """Steers the budget by what a response said: its status and its headers as
-        ``(name, value)`` pairs. A dimension reported with nothing left admits nothing
+        ``(name, value)`` pairs, text or bytes (httpx's ``response.headers.raw`` as it
+        is). A dimension reported with nothing left admits nothing
         before its reset; one with ``r`` left admits at most ``r`` now; a ``Retry-After``
         (on a 429 or 503) holds every dimension. Read: ``x-ratelimit-{limit,remaining,
         reset}-{requests,tokens}`` (Go durations: ``6m0s``, ``1.5s``),
@@ -270,13 +271,18 @@ class Budget:
         remaining,reset}`` (RFC 3339 instants) and the IETF ``RateLimit`` /
         ``RateLimit-Policy`` fields' named policies. Names match the budget's dimensions
         with ``-`` and ``_`` alike; other dimensions are ignored, and so is any value that
-        cannot be read. Nothing said makes a turn wait longer than ``max_hold`` seconds;
-        the budget's rates stay yours. Returns how many of its dimensions the response
+        cannot be read. A limit announced below a dimension's configured rate (``q``
+        per ``w`` for an IETF policy, per minute for the provider fields) paces that
+        dimension at it, with the configured burst; an announcement at or above the
+        configured rate gives that rate back. Nothing said makes a turn wait longer than
+        ``max_hold`` seconds. Returns how many of its dimensions the response
         reported. The ``paceline.httpx`` transports and ``paceline.aiohttp`` hook call
         this for every response when given ``budget=``."""
         max_hold = _seconds("max_hold", max_hold)
         fields = []
         for name, value in headers:
+            if isinstance(name, (bytes, bytearray)):
+                name = bytes(name).decode("latin-1")
             if isinstance(value, str):
                 value = value.encode("latin-1", "replace")
             fields.append((str(name), bytes(value)))

@@ -187,3 +187,88 @@ proptest::proptest! {
         proptest::prop_assert!(wait <= max_hold, "{:?}: {:?}", headers, wait);
     }
 }
+
+#[test]
+fn an_announced_limit_below_the_configured_rate_paces_the_dimension_at_it() {
+    let clock = ManualClock::new();
+    let b = budget(&clock);
+    // 120 requests a minute announced (2/s) where 10/s are configured.
+    let s = signal(
+        200,
+        &[
+            ("x-ratelimit-limit-requests", "120"),
+            ("x-ratelimit-remaining-requests", "119"),
+        ],
+    );
+    b.follow(&s, MAX_HOLD);
+    // The configured burst of 10 stays; then one request per 500 ms, not per 100 ms.
+    for _ in 0..10 {
+        drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+    }
+    assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
+    clock.advance(Duration::from_millis(499));
+    assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
+    clock.advance(Duration::from_millis(1));
+    drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+    // Announced at the configured rate or above: the configured pace again.
+    let s = signal(
+        200,
+        &[
+            ("ratelimit-policy", "\"requests\";q=600;w=60"),
+            ("ratelimit", "\"requests\";r=500;t=1"),
+        ],
+    );
+    b.follow(&s, MAX_HOLD);
+    // The backlog the slow pace left carries over (as `Limiter::set_quota`'s does):
+    // once it has drained, requests come 100 ms apart again.
+    let mut waited = 0;
+    while b.try_acquire(&[("input-tokens", 1)]).is_err() {
+        clock.advance(Duration::from_millis(100));
+        waited += 1;
+        assert!(waited <= 60, "still refused after 6 s");
+    }
+    assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
+    clock.advance(Duration::from_millis(100));
+    drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+}
+
+#[test]
+fn an_absurd_announced_limit_paces_no_slower_than_max_hold() {
+    let clock = ManualClock::new();
+    let b = budget(&clock);
+    let s = signal(
+        200,
+        &[
+            ("ratelimit-policy", "\"requests\";q=1;w=1000000000"),
+            ("ratelimit", "\"requests\";r=0;t=1000000000"),
+        ],
+    );
+    b.follow(&s, MAX_HOLD);
+    // Nothing left: one request after the capped reset, the next one `max_hold` later.
+    clock.advance(MAX_HOLD);
+    drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+    clock.advance(MAX_HOLD);
+    drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+    // A cost up to the configured burst is still admissible, in time.
+    clock.advance(MAX_HOLD * 10);
+    drop(b.try_acquire(&[("input-tokens", 1_000)]).unwrap());
+}
+
+#[test]
+fn what_is_left_counts_at_the_announced_pace() {
+    let clock = ManualClock::new();
+    let b = budget(&clock);
+    let s = signal(
+        200,
+        &[
+            ("x-ratelimit-limit-requests", "120"),
+            ("x-ratelimit-remaining-requests", "3"),
+        ],
+    );
+    b.follow(&s, MAX_HOLD);
+    assert_eq!(b.remaining("requests").unwrap(), 3);
+    for _ in 0..3 {
+        drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+    }
+    assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
+}

@@ -13,13 +13,49 @@ fn read(status: u16, headers: &[(&str, &str)]) -> DimensionSignal {
     DimensionSignal::read(status, headers.iter().map(|(n, v)| (*n, v.as_bytes())), now)
 }
 
+/// What is left of `name`, its limit (if any) counted over a minute.
 fn left(name: &str, limit: Option<u64>, remaining: u64, reset: Option<Duration>) -> DimensionLeft {
     DimensionLeft {
         name: name.into(),
         limit,
+        per: limit.map(|_| Duration::from_secs(60)),
         remaining,
         reset,
     }
+}
+
+#[test]
+fn the_lowest_rate_wins_and_a_known_window_over_an_unknown_one() {
+    let s = read(
+        200,
+        &[
+            // 10/s, then 5/s: the second.
+            (
+                "ratelimit-policy",
+                r#""tokens";q=100;w=10, "tokens";q=300;w=60"#,
+            ),
+            ("ratelimit", r#""tokens";r=9"#),
+            // A quota with no window, then 3000 a minute (50/s): the minute's.
+            ("ratelimit-policy", r#""requests";q=5"#),
+            ("x-ratelimit-limit-requests", "3000"),
+            ("x-ratelimit-remaining-requests", "2999"),
+            // A window-less quota alone: its size, no window.
+            ("ratelimit-policy", r#""images";q=7"#),
+            ("ratelimit", r#""images";r=1"#),
+        ],
+    );
+    let tokens = s.get("tokens").unwrap();
+    assert_eq!(
+        (tokens.limit, tokens.per),
+        (Some(300), Some(Duration::from_secs(60)))
+    );
+    let requests = s.get("requests").unwrap();
+    assert_eq!(
+        (requests.limit, requests.per),
+        (Some(3000), Some(Duration::from_secs(60)))
+    );
+    let images = s.get("images").unwrap();
+    assert_eq!((images.limit, images.per), (Some(7), None));
 }
 
 #[test]
