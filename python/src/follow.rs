@@ -118,6 +118,14 @@ impl Followers {
         let held = Arc::clone(run)
             .reserve_within_owned(1, Duration::MAX)
             .map_err(too_late)?;
+        if !held.ready_in().is_zero() {
+            // Late: the booking limiter is held until the execution limiter admits again
+            // (`paceline::upstream::Follower::until_ready`'s realignment).
+            let next = run.peek();
+            if !next.is_zero() {
+                follower.limiter().hold_for(next);
+            }
+        }
         Ok(Some(Ticket::new(Held::Direct(held))))
     }
 
@@ -141,6 +149,13 @@ impl Followers {
             let held = Arc::clone(limiter)
                 .reserve_within_owned(1, left)
                 .map_err(too_late)?;
+            if !Arc::ptr_eq(limiter, follower.limiter()) && !held.ready_in().is_zero() {
+                // Late: realigned as in `run`.
+                let next = limiter.peek();
+                if !next.is_zero() {
+                    follower.limiter().hold_for(next);
+                }
+            }
             block_until(py, Held::Direct(held), deadline)?;
         }
         Ok(())

@@ -261,7 +261,27 @@ impl<L: Cell> Pair<L> {
             }
             Err(denied) => return Err(too_late(denied)),
         };
+        self.realign(py, key, n, &held);
         Ok(Some(Ticket::new(held)))
+    }
+
+    /// After a late waiter booked its execution cells for later (`held`): holds the
+    /// booking cell until the execution cell admits again, so that the turns booked
+    /// from now on (and those booked for before then, moved) come when their work can
+    /// run. Otherwise every later waiter would wait twice, its booked turn and then its
+    /// execution cells, for as long as the load lasts, and the next stall would find
+    /// them all waiting for execution cells, with nothing left to space them when they
+    /// resume together.
+    fn realign(&self, py: Python<'_>, key: &L::Key, n: u32, held: &Held) {
+        if held.ready_in().is_zero() {
+            return;
+        }
+        if let Some(exec) = &self.exec {
+            let next = exec.wait_time(key, n);
+            if !next.is_zero() && next != Duration::MAX {
+                self.booked.hold(py, key, next);
+            }
+        }
     }
 
     /// Blocks the calling thread (GIL released) for a booked turn, then the execution
@@ -291,7 +311,10 @@ impl<L: Cell> Pair<L> {
                 let held = exec.reserve(py, key, n, Duration::MAX);
                 self.exec_taken();
                 match held {
-                    Ok(held) => break held,
+                    Ok(held) => {
+                        self.realign(py, key, n, &held);
+                        break held;
+                    }
                     Err(Denied::NotUntil(e)) if e.is_table_full() => sleep(py, e.wait_time())?,
                     Err(denied) => return Err(too_late(denied)),
                 }

@@ -205,6 +205,52 @@ def test_without_the_execution_bound_a_stall_releases_turns_together():
     assert starts_within(starts_around_a_stall(execution_bound=False), 0.1) > 20 + SLACK
 
 
+def starts_around_stalls(limiter, stalls, tasks=30, stall=0.6):
+    """`tasks` tasks acquiring in a loop for the whole run, the loop stalled for `stall`
+    seconds at each of `stalls` (seconds from the start)."""
+
+    async def main():
+        t0 = time.monotonic()
+        starts = []
+
+        async def worker():
+            while time.monotonic() - t0 < stalls[-1] + 1.5:
+                await limiter.acquire()
+                starts.append(time.monotonic() - t0)
+
+        async def staller():
+            for at in stalls:
+                await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
+                time.sleep(stall)
+
+        await asyncio.gather(staller(), *(worker() for _ in range(tasks)))
+        return starts
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_every_stall_is_spaced_not_only_the_first(keyed):
+    # After a first stall the late waiters' execution cells lie ahead of the booking
+    # cell; unless it is realigned, every later waiter waits on both, and the next stall
+    # releases those waiting on execution cells together (16 in one second here).
+    if keyed:
+        keyed_limiter = paceline.KeyedLimiter(10, per=1.0, burst=1)
+
+        class One:
+            async def acquire(self):
+                await keyed_limiter.acquire("k")
+
+        limiter = One()
+    else:
+        limiter = paceline.Limiter(10, per=1.0, burst=1)
+    starts = starts_around_stalls(limiter, (1.0, 2.5, 4.0))
+    # 10/s, burst 1: at most 11 starts in any second (one more for the readings taken
+    # after each admission).
+    assert starts_within(starts, 1.0) <= 11 + SLACK, sorted(starts)
+    assert starts_within(starts, 0.1) <= 2 + SLACK, sorted(starts)
+
+
 def test_set_quota_while_running_keeps_the_spent_and_the_queue():
     async def main():
         limiter = paceline.Limiter(10, per=1.0, burst=1)

@@ -270,7 +270,23 @@ impl<C: Clock> Follower<C> {
     pub async fn until_ready(&self) {
         self.limiter.until_ready().await;
         if let Some(run) = &self.run {
+            self.realign(run);
             run.until_ready().await;
+        }
+    }
+
+    /// A request about to take its turn on the execution limiter `run`: when that turn
+    /// is not now (the request resumed late, after a stall, and waits again), holds the
+    /// booking limiter until the execution limiter admits again, so that the turns
+    /// booked from now on come when their requests can be sent. Otherwise every later
+    /// request would wait twice for as long as the load lasts, and the next stall would
+    /// find them all waiting on the execution limiter, with nothing left to space them
+    /// when they resume together.
+    fn realign(&self, run: &Limiter<C>) {
+        let behind = run.peek();
+        if !behind.is_zero() {
+            self.limiter
+                .hold_for(behind.saturating_add(run.quota().emission_interval()));
         }
     }
 
@@ -299,6 +315,9 @@ impl<C: Clock> Follower<C> {
             .now()
             .saturating_add(crate::wait::duration_nanos(max));
         for limiter in core::iter::once(&self.limiter).chain(self.run.as_ref()) {
+            if !Arc::ptr_eq(limiter, &self.limiter) {
+                self.realign(limiter);
+            }
             let left = Duration::from_nanos(deadline.saturating_sub(self.clock.now()));
             let turn = limiter.until_ready_within(left);
             match crate::wait::deadline::within(&self.clock, deadline, turn).await {

@@ -432,3 +432,24 @@ fn a_first_refusal_that_announces_its_pace_holds_two_of_its_intervals_or_the_sec
     );
     assert_eq!(hold, Some(Duration::from_secs(1)));
 }
+
+#[test]
+fn a_late_request_holds_the_booking_limiter_until_the_execution_limiter_admits() {
+    // Requests that resumed late booked the execution limiter 50 ms ahead: the next
+    // one to find it busy holds the booking limiter until it admits again, so that
+    // later turns are booked where their requests can be sent.
+    let (f, _clock) = follower(FollowerConfig::default());
+    let run = Arc::clone(f.execution_limiter().unwrap());
+    run.hold_for(Duration::from_millis(50));
+    let outcome = futures::executor::block_on(f.until_ready_within(Duration::ZERO));
+    assert!(outcome.is_err(), "the execution turn is 50 ms away");
+    assert!(
+        f.limiter().peek() >= Duration::from_millis(60),
+        "{:?}",
+        f.limiter().peek()
+    );
+    // On time, nothing is held.
+    let (f, _clock) = follower(FollowerConfig::default());
+    futures::executor::block_on(f.until_ready_within(Duration::ZERO)).unwrap();
+    assert!(f.limiter().peek() <= Duration::from_millis(10));
+}
