@@ -171,7 +171,10 @@ def test_the_client_follows_a_lower_limit_within_one_window(upstream):
     assert admitted <= (25 * span + 10) * 1.1, (admitted, span)
     assert refused <= 3, refused
     # The upstream's new pace, at the 95 % the follower keeps of an announced one.
-    assert transport.pace("127.0.0.1")[1] == pytest.approx(1 / (25 * 0.95), rel=0.01)
+    # A host is its name and its port (not the scheme's default).
+    host = httpx.URL(upstream.url).netloc.decode()
+    assert host.startswith("127.0.0.1:")
+    assert transport.pace(host)[1] == pytest.approx(1 / (25 * 0.95), rel=0.01)
 
 
 def test_a_keyed_limiter_holds_each_host_on_its_own(upstream):
@@ -191,12 +194,14 @@ def test_a_keyed_limiter_holds_each_host_on_its_own(upstream):
     # The policy the first response announced paces the host: its burst is never spent,
     # so nothing (or next to nothing) is refused.
     assert sum(1 for _, status, _ in seen if status == 429) <= 3
-    assert transport._options.hosts.followers.announced("127.0.0.1") == 50.0
-    # A hold is the host's alone.
+    host = httpx.URL(upstream.url).netloc.decode()
+    assert transport._options.hosts.followers.announced(host) == 50.0
+    # A hold is the host's alone (another port of the same name is another host).
     followers = transport._options.hosts.followers
-    transport._options.hosts.observe("127.0.0.1", 429, [("retry-after", b"5")])
-    assert 4.0 < followers.wait_time("127.0.0.1") <= 5.0
+    transport._options.hosts.observe(host, 429, [("retry-after", b"5")])
+    assert 4.0 < followers.wait_time(host) <= 5.0
     assert followers.wait_time("localhost") == 0.0
+    assert followers.wait_time("127.0.0.1:1") == 0.0
 
 
 def test_aiohttp_sessions_are_paced_and_follow_holds(upstream):
@@ -308,3 +313,120 @@ def test_a_hold_that_comes_while_the_limiter_waits_refuses_as_its_turn_comes():
             assert 0.8 < took < 2.0, took
 
     asyncio.run(go())
+
+
+async def _servers(*handlers):
+    """Real aiohttp servers on loopback, one per handler: (runners, ports)."""
+    from aiohttp import web
+
+    runners, ports = [], []
+    for handler in handlers:
+        app = web.Application()
+        app.router.add_get("/", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        ports.append(site._server.sockets[0].getsockname()[1])
+    return runners, ports
+
+
+@pytest.mark.parametrize("client", ["httpx", "aiohttp"])
+def test_two_ports_of_one_address_are_two_hosts(client):
+    # A holds for 30 s; B, another server on the same address, answers at once.
+    aiohttp = pytest.importorskip("aiohttp")
+    from aiohttp import web
+
+    import paceline.aiohttp
+
+    async def a(request):
+        return web.Response(status=429, headers={"Retry-After": "30"})
+
+    async def b(request):
+        return web.Response(text="ok")
+
+    async def main():
+        runners, (pa, pb) = await _servers(a, b)
+        limiter = paceline.KeyedLimiter(100, burst=1)
+        try:
+            if client == "httpx":
+                transport = paceline.httpx.AsyncTransport(limiter, retries=0)
+                async with httpx.AsyncClient(transport=transport, timeout=2.0) as c:
+                    assert (await c.get(f"http://127.0.0.1:{pa}/")).status_code == 429
+                    started = time.monotonic()
+                    assert (await c.get(f"http://127.0.0.1:{pb}/")).status_code == 200
+            else:
+                config = paceline.aiohttp.trace_config(limiter)
+                timeout = aiohttp.ClientTimeout(total=2.0)
+                async with aiohttp.ClientSession(trace_configs=[config], timeout=timeout) as s:
+                    async with s.get(f"http://127.0.0.1:{pa}/") as r:
+                        assert r.status == 429
+                    started = time.monotonic()
+                    async with s.get(f"http://127.0.0.1:{pb}/") as r:
+                        assert r.status == 200
+            return time.monotonic() - started
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    assert asyncio.run(main()) < 1.0
+
+
+def test_the_default_port_written_or_not_is_one_host():
+    seen = []
+    transport = paceline.httpx.AsyncTransport(
+        paceline.KeyedLimiter(100, burst=1),
+        transport=httpx.MockTransport(lambda request: httpx.Response(200)),
+        key=lambda host: seen.append(host) or host,
+    )
+
+    async def main():
+        async with httpx.AsyncClient(transport=transport) as c:
+            for url in ("http://LOCALHOST:80/", "http://localhost/", "https://h:443/",
+                        "http://h:8080/", "http://[::1]:8080/"):
+                await c.get(url)
+
+    asyncio.run(main())
+    assert seen == ["localhost", "localhost", "h", "h:8080", "[::1]:8080"]
+
+
+def test_an_aiohttp_redirect_hop_further_than_what_is_left_of_the_timeout_fails_at_once():
+    # A answers after 0.7 s with a redirect to B, held until 1.6 s: with total=1.0 the
+    # hop's turn is past what is left, so it fails at once with aiohttp's own
+    # ConnectionTimeoutError, not when the session's timer fires.
+    aiohttp = pytest.importorskip("aiohttp")
+    from aiohttp import web
+
+    import paceline.aiohttp
+
+    calls = {"b": 0}
+
+    async def main():
+        async def a(request):
+            await asyncio.sleep(0.7)
+            return web.Response(status=302, headers={"Location": f"http://localhost:{ports[1]}/"})
+
+        async def b(request):
+            calls["b"] += 1
+            if calls["b"] == 1:
+                return web.Response(status=429, headers={"Retry-After": "1.6"})
+            return web.Response(text="ok")
+
+        runners, ports = await _servers(a, b)
+        config = paceline.aiohttp.trace_config(paceline.KeyedLimiter(100, burst=1))
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        try:
+            async with aiohttp.ClientSession(trace_configs=[config], timeout=timeout) as s:
+                async with s.get(f"http://localhost:{ports[1]}/") as r:
+                    assert r.status == 429
+                started = time.monotonic()
+                with pytest.raises(aiohttp.ConnectionTimeoutError):
+                    async with s.get(f"http://127.0.0.1:{ports[0]}/"):
+                        pass
+                return time.monotonic() - started
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    assert asyncio.run(main()) < 0.95

@@ -16,6 +16,23 @@ from ._paceline import Followers
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
 
+_DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
+
+
+def host_key(host: str, port: Optional[int], scheme: str) -> str:
+    """The host a request goes to, as the Rust layers key it: its name in lower case
+    (no trailing dot), and its port unless it is the scheme's default, so
+    ``http://h/`` and ``http://h:80/`` are one host and ``h:8001`` another. An IPv6
+    address keeps its brackets beside a port (``[::1]:8080``)."""
+    host = host.rstrip(".").lower()
+    default = _DEFAULT_PORTS.get(scheme.lower())
+    if port is None or port == default or (default is None and port in (80, 443)):
+        return host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
 class Hosts:
     """A limiter, how a request's key is chosen, and one follower per upstream (the
     Rust crate's ``Followers``, a bounded table): a request waits its turn on the

@@ -42,7 +42,7 @@ import yarl
 from . import KeyedLimiter, Limiter
 from ._booking import Booking
 from ._budget import Budget
-from ._upstream import Hosts
+from ._upstream import Hosts, host_key
 
 __all__ = ["trace_config"]
 
@@ -57,6 +57,24 @@ def _budget(session: aiohttp.ClientSession) -> Optional[float]:
     parts = [getattr(timeout, "total", None), getattr(timeout, "connect", None)]
     parts = [p for p in parts if p is not None]
     return min(parts) if parts else None
+
+
+def _left(session: aiohttp.ClientSession, context) -> Optional[float]:  # type: ignore[no-untyped-def]
+    """What is left of the session's timeout for a request that started when its
+    ``on_request_start`` ran (the whole of it for a hop of a redirect: ``total``
+    counts from the first request)."""
+    total = getattr(getattr(session, "timeout", None), "total", None)
+    started = getattr(context, "paceline_started", None)
+    budget = _budget(session)
+    if total is None or started is None:
+        return budget
+    left = max(0.0, total - (asyncio.get_running_loop().time() - started))
+    return left if budget is None else min(budget, left)
+
+
+def _host(url: yarl.URL) -> str:
+    """The host a request goes to, with its port unless the scheme's default."""
+    return host_key(url.host or "", url.explicit_port, url.scheme)
 
 
 def trace_config(
@@ -83,7 +101,8 @@ def trace_config(
     config = aiohttp.TraceConfig()
 
     async def on_request_start(session, context, params) -> None:
-        request_key = "" if hosts is None else hosts.key(params.url.host or "")
+        context.paceline_started = asyncio.get_running_loop().time()
+        request_key = "" if hosts is None else hosts.key(_host(params.url))
         try:
             if hosts is not None:
                 await hosts.acquire(request_key, _budget(session))
@@ -107,7 +126,7 @@ def trace_config(
         response = params.response
         headers = [(name.decode("latin-1"), value) for name, value in response.raw_headers]
         if hosts is not None:
-            request_key = hosts.key(params.url.host or "")
+            request_key = hosts.key(_host(params.url))
             sent = getattr(context, "paceline_sent", None)
             hosts.observe(request_key, response.status, headers, sent)
         turn = getattr(context, "paceline_turn", None)
@@ -132,16 +151,16 @@ def trace_config(
             return
         response = params.response
         headers = [(name.decode("latin-1"), value) for name, value in response.raw_headers]
-        hop_key = hosts.key(params.url.host or "")
+        hop_key = hosts.key(_host(params.url))
         hosts.observe(hop_key, response.status, headers, getattr(context, "paceline_sent", None))
         location = response.headers.get("Location", "")
         try:
             next_url = params.url.join(yarl.URL(location))
         except ValueError:
             next_url = params.url
-        next_key = hosts.key(next_url.host or params.url.host or "")
+        next_key = hosts.key(_host(next_url if next_url.host else params.url))
         try:
-            await hosts.acquire(next_key, _budget(session))
+            await hosts.acquire(next_key, _left(session, context))
         except TimeoutError:
             raise _TIMEOUT(
                 "paceline: the turn to follow this redirect is further away than the "

@@ -13,7 +13,8 @@ included, and the pace resumes spaced; a ``RateLimit-Policy`` sets the pace (95 
 rate, never above the limiter's quota unless ``above_configured``); an upstream that only
 refuses has its rate learned from the refusals. Nothing it says makes a request wait
 longer than ``max_hold`` seconds. With a ``KeyedLimiter`` each host has its own turns and
-follower. A request refused with a 429 is sent again in a new turn, up to ``retries``
+follower: a host is its name, and its port unless it is the scheme's default
+(``api.example.com``, ``127.0.0.1:8001``), which is also what a ``key=`` function gets. A request refused with a 429 is sent again in a new turn, up to ``retries``
 times, for idempotent methods unless ``retry_methods`` says otherwise.
 
 The wait for a turn counts against the client's ``timeout`` (its ``pool`` part, the one
@@ -50,7 +51,7 @@ import httpx
 from . import KeyedLimiter, Limiter
 from ._booking import Booking
 from ._budget import Budget, Turn
-from ._upstream import IDEMPOTENT, Hosts
+from ._upstream import IDEMPOTENT, Hosts, host_key
 
 # The most body a settle reads; a longer one keeps its turn's estimate.
 _SETTLE_BODY = 8 << 20
@@ -96,6 +97,11 @@ def _late(request: httpx.Request) -> httpx.PoolTimeout:
         request=request,
     )
 
+
+
+def _host(url: httpx.URL) -> str:
+    """The host a request goes to, with its port unless the scheme's default."""
+    return host_key(url.host, url.port, url.scheme)
 
 class _Options:
     def __init__(
@@ -261,15 +267,16 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     def pace(self, host: str):
-        """The pace ``host``'s follower keeps now: ``(1, seconds between requests,
-        burst)``; ``ValueError`` for a transport with no limiter."""
+        """The pace ``host``'s follower keeps now (``name``, or ``name:port`` unless the
+        scheme's default): ``(1, seconds between requests, burst)``; ``ValueError`` for a
+        transport with no limiter."""
         hosts = _hosts(self._options)
         return hosts.followers.quota(hosts.key(host))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
         hosts, booking = options.hosts, options.booking
-        key = "" if hosts is None else hosts.key(request.url.host)
+        key = "" if hosts is None else hosts.key(_host(request.url))
         timeout = _pool_timeout(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         if deadline is not None:
@@ -335,7 +342,7 @@ class Transport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
         hosts, booking = options.hosts, options.booking
-        key = "" if hosts is None else hosts.key(request.url.host)
+        key = "" if hosts is None else hosts.key(_host(request.url))
         timeout = _pool_timeout(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         if deadline is not None:
@@ -378,8 +385,8 @@ class AsyncFleetTransport(httpx.AsyncBaseTransport):
 
     Named for what it paces: the whole fleet, where ``AsyncTransport`` paces one
     process's limiter. ``key`` is the limiter key a request waits on: a ``str`` for one
-    quota, or a function of the request's host (default: the host, a quota per
-    upstream). To also follow what the upstream says (429, ``Retry-After``, the
+    quota, or a function of the request's host (its name, and its port unless the
+    scheme's default; default: the host, a quota per upstream). To also follow what the upstream says (429, ``Retry-After``, the
     ``RateLimit`` fields) in this process, put it under an ``AsyncTransport``::
 
         fleet = paceline.httpx.AsyncFleetTransport(redis_limiter, key="partner-api")
@@ -413,7 +420,7 @@ class AsyncFleetTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         wait, pool = _fleet_wait(request, self._max_wait)
         try:
-            await self._limiter.acquire(self._key(request.url.host), 1, wait)
+            await self._limiter.acquire(self._key(_host(request.url)), 1, wait)
         except TimeoutError:
             if pool:
                 raise _late(request) from None
@@ -451,7 +458,7 @@ class FleetTransport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         wait, pool = _fleet_wait(request, self._max_wait)
         try:
-            self._limiter.acquire_blocking(self._key(request.url.host), 1, wait)
+            self._limiter.acquire_blocking(self._key(_host(request.url)), 1, wait)
         except TimeoutError:
             if pool:
                 raise _late(request) from None
