@@ -19,7 +19,8 @@
 //! policy's window, a minute for the provider fields) paces the dimension at that rate
 //! when it is below the configured one: its interval becomes `min(w/q, max_hold)`, its
 //! burst stays the configured count (a cost the budget accepted stays admissible), and
-//! the TAT carries over. A later announcement at or above the configured rate gives the
+//! the backlog keeps its count of cells (`Ledger::set_params`): a slower rate frees no
+//! cell, a faster one leaves no wait longer than its own. A later announcement at or above the configured rate gives the
 //! configured quota back; a response that announces nothing leaves the rate as it is.
 //! So a budget configured above what its provider allows runs at the provider's rate
 //! instead of spending each window's cells at once and waiting out the rest.
@@ -93,7 +94,7 @@ impl<C: Clock> Budget<C> {
         let mut state = self.shared.lock();
         for &(d, params) in &paces {
             if state.ledger.pace(d) != (params.interval(), params.tau()) {
-                state.ledger.set_params(d, &params);
+                state.ledger.set_params(d, &params, now);
             }
         }
         // Floors at the pace now in force, the one just set included.

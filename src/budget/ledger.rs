@@ -47,9 +47,13 @@
 //! a settle recomputing the TAT keeps every floor applied after the settled admission,
 //! and a refund cannot give back what a floor took. A rate change keeps the log's cells
 //! priced at the interval that admitted them: each admission carries the intervals in
-//! force when it was made (one shared `Arc` until a rate changes), and the TAT (a
-//! backlog in nanoseconds) carries over as it is, as `Limiter::set_quota` does (a rate
-//! changes when an upstream announces a lower one: `Budget::follow`). A hold
+//! force when it was made (one shared `Arc` until a rate changes), and the backlog past
+//! the change keeps its count of cells at the new interval, as an entry of its own
+//! (`Entry::Rescale`, the map `x -> at + (x - at) * to / from` past `at`, monotone like
+//! the others), so that a slower rate never frees cells and a faster one never leaves a
+//! wait longer than its own (a rate changes when an upstream announces a lower one:
+//! `Budget::follow`). A faster rate can bring a replay below the base, so a floor is then
+//! logged even at or below the base. A hold
 //! of the whole budget (a `Retry-After` that names no dimension) is one more instant,
 //! `held`, that `ready` waits for beside the dimensions.
 
@@ -99,6 +103,14 @@ enum Entry {
     },
     /// Dimension `dim`'s TAT became at least `at`.
     Floor { dim: usize, at: u64 },
+    /// Dimension `dim`'s interval went from `from` to `to` at `at`: the backlog past
+    /// `at` is the same count of cells at the new interval.
+    Rescale {
+        dim: usize,
+        at: u64,
+        from: u64,
+        to: u64,
+    },
 }
 
 impl Entry {
@@ -112,7 +124,8 @@ impl Entry {
                 ..
             } => step(x, *at, cells[d], intervals[d]),
             Entry::Floor { dim, at } if *dim == d => x.max(*at),
-            Entry::Floor { .. } => x,
+            Entry::Rescale { dim, at, from, to } if *dim == d => rescale(x, *at, *from, *to),
+            Entry::Floor { .. } | Entry::Rescale { .. } => x,
         }
     }
 
@@ -143,6 +156,17 @@ pub(crate) struct Ledger {
     first: u64,
     /// Nothing is admitted before this instant (a hold of the whole budget).
     held: u64,
+}
+
+/// A rate change's map: the backlog `tat - at` (if any) counted in cells of `from`,
+/// made the same count of cells of `to` (rounded up: never fewer), saturated.
+fn rescale(tat: u64, at: u64, from: u64, to: u64) -> u64 {
+    if tat <= at || from == 0 {
+        return tat;
+    }
+    let backlog = u128::from(tat - at) * u128::from(to);
+    let scaled = backlog.div_ceil(u128::from(from));
+    u64::try_from(u128::from(at) + scaled).unwrap_or(u64::MAX)
 }
 
 /// One admission's map: `max(tat, at) + cells * interval`, saturated at `u64::MAX`.
@@ -247,8 +271,11 @@ impl Ledger {
             return;
         }
         // Every replay passes through the base and only rises (`step` never lowers
-        // its input): a floor at or below the base can never bind.
-        if at <= self.dims[d].base {
+        // its input): a floor at or below the base can never bind, unless a faster rate
+        // logged since may bring the TAT below the base.
+        let lowers =
+            |e: &Entry| matches!(e, Entry::Rescale { dim, from, to, .. } if *dim == d && to < from);
+        if at <= self.dims[d].base && !self.log.iter().any(lowers) {
             return;
         }
         self.log.push_back(Entry::Floor { dim: d, at });
@@ -271,9 +298,29 @@ impl Ledger {
         (self.dims[d].interval, self.dims[d].tau)
     }
 
-    /// Dimension `d`'s quota is now `params`: later admissions are priced at its
-    /// interval, logged ones keep theirs, and the TAT carries over (module docs).
-    pub(crate) fn set_params(&mut self, d: usize, params: &Params) {
+    /// Dimension `d`'s quota is now `params` at `now`: later admissions are priced at
+    /// its interval, logged ones keep theirs, and the backlog past `now` stays the same
+    /// count of cells (module docs), as an entry a later replay keeps.
+    pub(crate) fn set_params(&mut self, d: usize, params: &Params, now: u64) {
+        let (from, to) = (self.dims[d].interval, params.interval());
+        if from != to {
+            let entry = Entry::Rescale {
+                dim: d,
+                at: now,
+                from,
+                to,
+            };
+            if self.log.is_empty() {
+                // No replay can reach back past this: applied directly.
+                let dim = &mut self.dims[d];
+                dim.tat = entry.apply(d, dim.tat);
+                dim.base = dim.tat;
+            } else {
+                self.make_room();
+                self.dims[d].tat = entry.apply(d, self.dims[d].tat);
+                self.log.push_back(entry);
+            }
+        }
         let dim = &mut self.dims[d];
         dim.interval = params.interval();
         dim.tau = params.tau();

@@ -273,9 +273,9 @@ class Budget:
         with ``-`` and ``_`` alike; other dimensions are ignored, and so is any value that
         cannot be read. A limit announced below a dimension's configured rate (``q``
         per ``w`` for an IETF policy, per minute for the provider fields) paces that
-        dimension at it, with the configured burst; an announcement at or above the
-        configured rate gives that rate back. Nothing said makes a turn wait longer than
-        ``max_hold`` seconds. Returns how many of its dimensions the response
+        dimension at it, with the configured burst and the backlog kept in cells; an
+        announcement at or above the configured rate gives that rate back. Nothing said
+        makes a one-cell turn wait longer than ``max_hold`` seconds. Returns how many of its dimensions the response
         reported. The ``paceline.httpx`` transports and ``paceline.aiohttp`` hook call
         this for every response when given ``budget=``."""
         max_hold = _seconds("max_hold", max_hold)

@@ -219,16 +219,38 @@ fn an_announced_limit_below_the_configured_rate_paces_the_dimension_at_it() {
         ],
     );
     b.follow(&s, MAX_HOLD);
-    // The backlog the slow pace left carries over (as `Limiter::set_quota`'s does):
-    // once it has drained, requests come 100 ms apart again.
-    let mut waited = 0;
-    while b.try_acquire(&[("input-tokens", 1)]).is_err() {
-        clock.advance(Duration::from_millis(100));
-        waited += 1;
-        assert!(waited <= 60, "still refused after 6 s");
-    }
+    // The backlog the slow pace left (its bucket empty) is the same count of cells at
+    // the configured pace: the next request 100 ms later, then 100 ms apart.
     assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
     clock.advance(Duration::from_millis(100));
+    drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+    assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
+    clock.advance(Duration::from_millis(100));
+    drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+}
+
+#[test]
+fn a_slower_announced_rate_frees_no_cell() {
+    // The burst of 10 spent at 10/s; then 2/s is announced: still nothing left, and the
+    // next cell comes at the new pace.
+    let clock = ManualClock::new();
+    let b = budget(&clock);
+    for _ in 0..10 {
+        drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+    }
+    let s = signal(
+        200,
+        &[
+            ("x-ratelimit-limit-requests", "120"),
+            ("x-ratelimit-remaining-requests", "50"),
+        ],
+    );
+    b.follow(&s, MAX_HOLD);
+    assert_eq!(b.remaining("requests").unwrap(), 0);
+    assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
+    clock.advance(Duration::from_millis(499));
+    assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
+    clock.advance(Duration::from_millis(1));
     drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
 }
 

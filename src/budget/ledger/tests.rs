@@ -168,17 +168,37 @@ fn a_floor_below_the_tat_still_binds_after_a_refund() {
 #[test]
 fn a_rate_change_keeps_logged_cells_at_their_old_price() {
     // 10 a second (100 ms a cell), burst 10. A turn books 10 cells (1 s); the rate then
-    // drops to 1 a second, and the turn settles at 5: 5 cells come back at the interval
-    // they were booked at (500 ms), not at the new one (5 s).
+    // drops to 1 a second at 0: the backlog of 10 cells is 10 cells of 1 s (10 s), so no
+    // cell is freed by the slower rate. The turn settles at 5: 5 cells come back, of the
+    // new interval, as the backlog they were past the change.
     let mut ledger = Ledger::new(&[params(10, 10)]);
     let first = admit(&mut ledger, 0, &[10]);
-    ledger.set_params(0, &params(1, 10));
+    ledger.set_params(0, &params(1, 10), 0);
+    assert_eq!(ledger.tat(0), 10 * SEC);
+    assert_eq!(ledger.remaining(0, 0), 0);
     ledger.settle(first, &[10], &[Some(5)]);
-    assert_eq!(ledger.tat(0), SEC / 2);
+    assert_eq!(ledger.tat(0), 5 * SEC);
     // New admissions are priced at the new interval.
-    let second = admit(&mut ledger, SEC, &[2]);
-    assert_eq!(ledger.tat(0), 3 * SEC);
+    let second = admit(&mut ledger, 5 * SEC, &[2]);
+    assert_eq!(ledger.tat(0), 7 * SEC);
     ledger.close(second);
+    assert!(ledger.consistent());
+}
+
+#[test]
+fn a_faster_rate_keeps_the_backlog_in_cells_and_a_floor_below_the_base_still_binds() {
+    // 1 a second, burst 10: 10 cells spent at 0 (a backlog of 10 s). Back to 10 a
+    // second at 0: the same 10 cells are 1 s, so one cell waits 100 ms, not 9.1 s.
+    let mut ledger = Ledger::new(&[params(1, 10)]);
+    let first = admit(&mut ledger, 0, &[10]);
+    ledger.set_params(0, &params(10, 10), 0);
+    assert_eq!(ledger.tat(0), SEC);
+    assert_eq!(ledger.ready(&[1], 0), Ready::At(SEC / 10));
+    // A floor between the TAT and the base (10 s before the faster rate) binds.
+    ledger.floor(0, 3 * SEC);
+    assert_eq!(ledger.tat(0), 3 * SEC);
+    ledger.settle(first, &[10], &[Some(1)]);
+    assert_eq!(ledger.tat(0), 3 * SEC);
     assert!(ledger.consistent());
 }
 
@@ -279,8 +299,10 @@ proptest! {
                     history.push(Event::Floor(d, at));
                 }
                 Op::Rate(d, n) => {
+                    let from = quotas[d].interval();
                     quotas[d] = Params::new(SEC / n, quotas[d].burst()).unwrap();
-                    ledger.set_params(d, &quotas[d]);
+                    ledger.set_params(d, &quotas[d], now);
+                    history.push(Event::Rescale(d, now, from, quotas[d].interval()));
                 }
                 _ => {}
             }
@@ -302,6 +324,8 @@ proptest! {
 enum Event {
     Admission(u64, [u32; 2], [u64; 2]),
     Floor(usize, u64),
+    /// Dimension, instant, old interval, new interval.
+    Rescale(usize, u64, u64, u64),
 }
 
 /// Dimension `d`'s TAT after replaying every event in `history` from 0.
@@ -311,6 +335,10 @@ fn model_tat(history: &[Event], d: usize) -> u64 {
             (u128::from(x.max(at)) + u128::from(cells[d]) * u128::from(intervals[d])) as u64
         }
         Event::Floor(dim, at) if dim == d => x.max(at),
-        Event::Floor(..) => x,
+        Event::Rescale(dim, at, from, to) if dim == d && x > at => {
+            let scaled = (u128::from(x - at) * u128::from(to)).div_ceil(u128::from(from));
+            (u128::from(at) + scaled).min(u128::from(u64::MAX)) as u64
+        }
+        Event::Floor(..) | Event::Rescale(..) => x,
     })
 }
