@@ -199,22 +199,29 @@ impl DimensionSignal {
                         continue;
                     }
                     let acc = dims.entry(dim.clone()).or_default();
-                    match (part, spelling) {
-                        (Part::Limit, _) => {
-                            if let Some(n) = integer(value) {
-                                acc.limit_at_most(n, PROVIDER_WINDOW);
+                    // Lines repeated and joined into one by an intermediary (`4, 0`):
+                    // each member is one value (none of these spellings holds a comma).
+                    let members = value.split(',').map(str::trim).take(MAX_DIMENSIONS);
+                    for value in members.filter(|m| !m.is_empty()) {
+                        match (part, spelling) {
+                            (Part::Limit, _) => {
+                                if let Some(n) = integer(value) {
+                                    acc.limit_at_most(n, PROVIDER_WINDOW);
+                                }
                             }
-                        }
-                        (Part::Remaining, _) => {
-                            if let Some(n) = integer(value) {
-                                acc.remaining = Some(acc.remaining.map_or(n, |r| r.min(n)));
+                            (Part::Remaining, _) => {
+                                if let Some(n) = integer(value) {
+                                    acc.remaining = Some(acc.remaining.map_or(n, |r| r.min(n)));
+                                }
                             }
-                        }
-                        (Part::Reset, Spelling::Go) => acc.reset_at_least(go_duration(value)),
-                        // Read once the `Date` is known.
-                        (Part::Reset, Spelling::Instant) => {
-                            if let Some(at) = rfc3339(value) {
-                                instants.push((dim, at));
+                            (Part::Reset, Spelling::Go) => {
+                                acc.reset_at_least(go_duration(value));
+                            }
+                            // Read once the `Date` is known.
+                            (Part::Reset, Spelling::Instant) => {
+                                if let Some(at) = rfc3339(value) {
+                                    instants.push((dim.clone(), at));
+                                }
                             }
                         }
                     }

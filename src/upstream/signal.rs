@@ -235,21 +235,32 @@ impl Signal {
                 continue;
             }
             let value = value.trim();
-            let list = match name.as_ref().to_ascii_lowercase().as_str() {
-                "retry-after" => &mut fields.retry_after,
+            // A count's field repeated on several lines may reach us joined into one by
+            // an intermediary (`4, 0`): each member is then one value. (`Retry-After`'s
+            // HTTP-date holds a comma, and the structured fields are lists already.)
+            let (list, joined) = match name.as_ref().to_ascii_lowercase().as_str() {
+                "retry-after" => (&mut fields.retry_after, false),
                 "date" => {
                     fields.date = Some(value.to_owned());
                     continue;
                 }
-                "ratelimit-policy" => &mut fields.policy,
-                "ratelimit" => &mut fields.state,
-                "ratelimit-limit" | "x-ratelimit-limit" => &mut fields.limit,
-                "ratelimit-remaining" | "x-ratelimit-remaining" => &mut fields.remaining,
-                "ratelimit-reset" | "x-ratelimit-reset" => &mut fields.reset,
+                "ratelimit-policy" => (&mut fields.policy, false),
+                "ratelimit" => (&mut fields.state, false),
+                "ratelimit-limit" | "x-ratelimit-limit" => (&mut fields.limit, true),
+                "ratelimit-remaining" | "x-ratelimit-remaining" => (&mut fields.remaining, true),
+                "ratelimit-reset" | "x-ratelimit-reset" => (&mut fields.reset, true),
                 _ => continue,
             };
-            if list.len() < MAX_VALUES {
-                list.push(value.to_owned());
+            let members: &mut dyn Iterator<Item = &str> = if joined {
+                &mut value.split(',').map(str::trim).filter(|m| !m.is_empty())
+            } else {
+                &mut core::iter::once(value)
+            };
+            for member in members {
+                if list.len() >= MAX_VALUES {
+                    break;
+                }
+                list.push(member.to_owned());
             }
         }
         fields.signal(status, now)

@@ -232,3 +232,19 @@ fn the_number_of_dimensions_is_bounded() {
     let headers: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
     assert_eq!(read(200, &headers).left().len(), MAX_DIMENSIONS);
 }
+
+#[test]
+fn provider_fields_repeated_and_joined_on_one_line_are_each_read() {
+    let s = read(
+        200,
+        &[
+            ("x-ratelimit-remaining-tokens", "400, 0"),
+            ("x-ratelimit-reset-tokens", "1s, 6m0s"),
+            ("x-ratelimit-limit-tokens", "90000, 30000"),
+        ],
+    );
+    let tokens = s.get("tokens").unwrap();
+    assert_eq!(tokens.remaining, 0);
+    assert_eq!(tokens.reset, Some(Duration::from_secs(360)));
+    assert_eq!(tokens.limit, Some(30_000));
+}

@@ -209,3 +209,37 @@ fn values_that_are_not_text_are_ignored() {
     );
     assert_eq!(s.retry_after, None);
 }
+
+#[test]
+fn counts_repeated_on_one_line_joined_are_read_as_repeated_lines() {
+    // An intermediary may join repeated lines into one, comma-separated: the fewest
+    // left and the latest reset, as for separate lines.
+    let now = at(1_000);
+    let joined = read(
+        200,
+        &[
+            ("x-ratelimit-remaining", "4, 0"),
+            ("x-ratelimit-reset", "5, 2"),
+        ],
+        now,
+    );
+    let lines = read(
+        200,
+        &[
+            ("x-ratelimit-remaining", "4"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "5"),
+            ("x-ratelimit-reset", "2"),
+        ],
+        now,
+    );
+    assert_eq!(joined.left(), lines.left());
+    assert_eq!(joined.left()[0].remaining, 0);
+    assert_eq!(
+        joined.left()[0].reset.map(|r| r.at_most()),
+        Some(Duration::from_secs(5))
+    );
+    // A member that cannot be read is skipped, the others still count.
+    let partial = read(200, &[("ratelimit-remaining", "soon, 3")], now);
+    assert_eq!(partial.left()[0].remaining, 3);
+}
