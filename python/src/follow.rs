@@ -62,7 +62,7 @@ impl Followers {
         let seconds = |name: &str, s: f64| {
             Duration::try_from_secs_f64(s).map_err(|_| {
                 PyValueError::new_err(format!(
-                    "{name} must be a finite number of seconds >= 0, got {s}"
+                    "{name} must be a number of seconds from 0 to about 584 years, got {s}"
                 ))
             })
         };
