@@ -20,16 +20,17 @@
 //! when it is below the configured one: its interval becomes `min(w/q, max_hold)`, its
 //! burst stays the configured count (a cost the budget accepted stays admissible), and
 //! the backlog keeps its count of cells (`Ledger::set_params`): a slower rate frees no
-//! cell, a faster one leaves no wait longer than its own. A later announcement at or above the configured rate gives the
-//! configured quota back; a response that announces nothing leaves the rate as it is.
+//! cell, a faster one leaves no wait longer than its own. A later announcement at or
+//! above the configured rate gives the configured quota back; a response that announces
+//! nothing leaves the rate as it is.
 //! So a budget configured above what its provider allows runs at the provider's rate
 //! instead of spending each window's cells at once and waiting out the rest.
 //!
 //! So nothing the upstream says parks a one-cell turn longer than `max_hold`; a turn of
 //! `c` cells then waits for its own `(c - 1) * T` as it would anyway. Waiters are not
 //! woken: a floor, a hold or a slower rate only moves their instant later, and a waiter
-//! woken early finds it not yet time and waits again. (A faster rate is given back on a
-//! response, and the next admission or wake-up sees it.)
+//! woken early finds it not yet time and waits again. A faster rate wakes the head of the
+//! queue, whose instant may have come earlier.
 
 use core::time::Duration;
 
@@ -92,8 +93,11 @@ impl<C: Clock> Budget<C> {
             return 0;
         }
         let mut state = self.shared.lock();
+        let mut faster = false;
         for &(d, params) in &paces {
-            if state.ledger.pace(d) != (params.interval(), params.tau()) {
+            let (interval, tau) = state.ledger.pace(d);
+            if (interval, tau) != (params.interval(), params.tau()) {
+                faster |= params.interval() < interval;
                 state.ledger.set_params(d, &params, now);
             }
         }
@@ -105,8 +109,14 @@ impl<C: Clock> Budget<C> {
                 let spent = tau.saturating_sub(u128::from(left.remaining) * interval);
                 u128::from(now) + spent
             } else {
-                let reset = left.reset.map_or(0, |r| duration_nanos(r).min(cap));
-                u128::from(now) + u128::from(reset) + tau - interval.min(tau)
+                match left.reset {
+                    Some(r) => {
+                        let reset = duration_nanos(r).min(cap);
+                        u128::from(now) + u128::from(reset) + tau - interval.min(tau)
+                    }
+                    // None left and no reset: as `r = 0`, the next cell one interval on.
+                    None => u128::from(now) + tau,
+                }
             };
             // Past the end of time: held for ever by the cap, which `max_hold` bounds
             // anyway (a floor this far means `max_hold` itself is centuries).
@@ -117,6 +127,10 @@ impl<C: Clock> Budget<C> {
         if let Some(until) = hold {
             state.ledger.hold(until);
         }
+        // A faster rate may bring the head's instant earlier than the alarm it sleeps on.
+        let head = if faster { state.head_waker() } else { None };
+        drop(state);
+        super::methods::wake(head);
         reported.len()
     }
 

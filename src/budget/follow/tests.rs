@@ -294,3 +294,58 @@ fn what_is_left_counts_at_the_announced_pace() {
     }
     assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
 }
+
+#[test]
+fn a_faster_announced_rate_wakes_the_head_whose_instant_came_earlier() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let clock = ManualClock::new();
+    let b = budget(&clock);
+    let slow = signal(
+        200,
+        &[
+            ("x-ratelimit-limit-requests", "6"),
+            ("x-ratelimit-remaining-requests", "0"),
+        ],
+    );
+    b.follow(&slow, MAX_HOLD);
+    // A waiter for the next request, 3 s away at 6 a minute (the cap).
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(Arc::clone(&flag));
+    let mut acquire = Box::pin(b.acquire(&[("input-tokens", 1)]));
+    assert!(acquire
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    let fast = signal(
+        200,
+        &[
+            ("x-ratelimit-limit-requests", "600"),
+            ("x-ratelimit-remaining-requests", "1"),
+        ],
+    );
+    b.follow(&fast, MAX_HOLD);
+    assert!(flag.0.load(Ordering::SeqCst), "the head was not woken");
+}
+
+#[test]
+fn none_left_and_no_reset_admits_the_next_cell_one_interval_on() {
+    let clock = ManualClock::new();
+    let b = budget(&clock);
+    b.follow(
+        &signal(200, &[("x-ratelimit-remaining-requests", "0")]),
+        MAX_HOLD,
+    );
+    assert!(b.try_acquire(&[("input-tokens", 1)]).is_err());
+    clock.advance(Duration::from_millis(100));
+    drop(b.try_acquire(&[("input-tokens", 1)]).unwrap());
+}
