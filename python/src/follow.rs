@@ -118,9 +118,9 @@ impl Followers {
         let held = Arc::clone(run)
             .reserve_within_owned(1, Duration::MAX)
             .map_err(too_late)?;
-        if !held.ready_in().is_zero() {
-            // Late: the booking limiter is held until the execution limiter admits again
-            // (`paceline::upstream::Follower::until_ready`'s realignment).
+        if held.ready_in() >= run.quota().emission_interval() {
+            // Late by an interval or more: the booking limiter is held until the
+            // execution limiter admits again (`Follower::until_ready`'s realignment).
             let next = run.peek();
             if !next.is_zero() {
                 follower.limiter().hold_for(next);
@@ -149,7 +149,8 @@ impl Followers {
             let held = Arc::clone(limiter)
                 .reserve_within_owned(1, left)
                 .map_err(too_late)?;
-            if !Arc::ptr_eq(limiter, follower.limiter()) && !held.ready_in().is_zero() {
+            let late = held.ready_in() >= limiter.quota().emission_interval();
+            if !Arc::ptr_eq(limiter, follower.limiter()) && late {
                 // Late: realigned as in `run`.
                 let next = limiter.peek();
                 if !next.is_zero() {

@@ -272,8 +272,12 @@ impl<L: Cell> Pair<L> {
     /// execution cells, for as long as the load lasts, and the next stall would find
     /// them all waiting for execution cells, with nothing left to space them when they
     /// resume together.
+    ///
+    /// Only a wait of a whole interval or more counts: a waiter a moment late (timer
+    /// jitter) waits that moment, and holding the booking cell for it would push every
+    /// later turn back by each such moment, for good.
     fn realign(&self, py: Python<'_>, key: &L::Key, n: u32, held: &Held) {
-        if held.ready_in().is_zero() {
+        if held.ready_in() < self.booked.quota().emission_interval() {
             return;
         }
         if let Some(exec) = &self.exec {

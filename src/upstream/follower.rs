@@ -282,11 +282,15 @@ impl<C: Clock> Follower<C> {
     /// request would wait twice for as long as the load lasts, and the next stall would
     /// find them all waiting on the execution limiter, with nothing left to space them
     /// when they resume together.
+    ///
+    /// Only a lag of a whole interval or more counts: a request a moment late (timer
+    /// jitter) waits that moment on the execution limiter, and holding the booking
+    /// limiter for it would push every later turn back by each such moment, for good.
     fn realign(&self, run: &Limiter<C>) {
         let behind = run.peek();
-        if !behind.is_zero() {
-            self.limiter
-                .hold_for(behind.saturating_add(run.quota().emission_interval()));
+        let interval = run.quota().emission_interval();
+        if behind >= interval {
+            self.limiter.hold_for(behind.saturating_add(interval));
         }
     }
 

@@ -452,4 +452,15 @@ fn a_late_request_holds_the_booking_limiter_until_the_execution_limiter_admits()
     let (f, _clock) = follower(FollowerConfig::default());
     futures::executor::block_on(f.until_ready_within(Duration::ZERO)).unwrap();
     assert!(f.limiter().peek() <= Duration::from_millis(10));
+    // A moment late (less than an interval: timer jitter), nothing is held either: the
+    // booking limiter's later turns would otherwise drift back by every such moment.
+    let (f, _clock) = follower(FollowerConfig::default());
+    let run = Arc::clone(f.execution_limiter().unwrap());
+    run.hold_for(Duration::from_millis(5));
+    let _ = futures::executor::block_on(f.until_ready_within(Duration::ZERO));
+    assert!(
+        f.limiter().peek() <= Duration::from_millis(10),
+        "{:?}",
+        f.limiter().peek()
+    );
 }
