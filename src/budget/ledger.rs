@@ -32,7 +32,8 @@
 //! refund is lost. A fork's child forgets the log the same way (`forget_log`).
 //!
 //! Every map is monotone and moves its output by at most what its input or its cost
-//! moved, which is what makes the window bound hold (see `docs/BUDGETS.md`): a decision
+//! moved (a rate change's rescale, by the same ratio as the interval: in cells, what it
+//! moved), which is what makes the window bound hold (see `docs/BUDGETS.md`): a decision
 //! made while a turn still carries an estimate below its real cost sees a TAT lower than
 //! the exact one by at most that under-estimate.
 //!
