@@ -50,10 +50,13 @@ async def backoff(response: httpx.Response) -> None:
     await asyncio.sleep(float(response.headers.get("retry-after", "1")))
 
 
-def paceline_budget() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+def budget_job(scale: int = 1, follow: bool = False) -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+    """A paceline.Budget at ``scale`` times the API's limits; with ``follow``, steered by
+    the limits and counts the API's fields announce (``Budget.follow``, as the httpx
+    transports do)."""
     budget = paceline.Budget(
-        requests=paceline.Rate(LIMITS.requests, per=LIMITS.window),
-        tokens=paceline.Rate(LIMITS.tokens, per=LIMITS.window),
+        requests=paceline.Rate(scale * LIMITS.requests, per=LIMITS.window),
+        tokens=paceline.Rate(scale * LIMITS.tokens, per=LIMITS.window),
         in_flight=LIMITS.concurrency,
     )
 
@@ -61,30 +64,8 @@ def paceline_budget() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
         while True:
             async with budget.acquire(tokens=prompt + MAX_TOKENS) as turn:
                 response = await send(prompt)
-                if response.status_code != 429:
-                    turn.settle(tokens=response.json()["usage"]["total_tokens"])
-                    return
-                turn.release()
-            count["refused"] += 1
-            await backoff(response)
-
-    return job
-
-
-def paceline_budget_following() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
-    """A budget configured at twice the API's limits, following the limits the API's
-    fields announce (``Budget.follow``, as the httpx transports do)."""
-    budget = paceline.Budget(
-        requests=paceline.Rate(2 * LIMITS.requests, per=LIMITS.window),
-        tokens=paceline.Rate(2 * LIMITS.tokens, per=LIMITS.window),
-        in_flight=LIMITS.concurrency,
-    )
-
-    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
-        while True:
-            async with budget.acquire(tokens=prompt + MAX_TOKENS) as turn:
-                response = await send(prompt)
-                budget.follow(response.status_code, response.headers.raw)
+                if follow:
+                    budget.follow(response.status_code, response.headers.raw)
                 if response.status_code != 429:
                     turn.settle(tokens=response.json()["usage"]["total_tokens"])
                     return
@@ -153,8 +134,8 @@ def semaphore_per_second() -> Callable[[Send, int, Dict[str, int]], Awaitable[No
 
 
 CONTENDERS = [
-    ("paceline.Budget", paceline_budget),
-    ("paceline.Budget at 2x, following", paceline_budget_following),
+    ("paceline.Budget", budget_job),
+    ("paceline.Budget at 2x, following", lambda: budget_job(scale=2, follow=True)),
     ("aiolimiter (requests only)", aiolimiter_requests),
     ("pre-counting, never settled", precounting),
     ("semaphore + per-second", semaphore_per_second),

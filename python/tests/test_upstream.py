@@ -259,13 +259,7 @@ def test_aiohttp_paces_every_hop_of_a_redirect_chain():
         return web.Response(text="done")
 
     async def main():
-        app = web.Application()
-        app.router.add_get("/", hop)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        (runner,), (port,) = await _servers(hop)
         config = paceline.aiohttp.trace_config(paceline.Limiter(10, per=1.0, burst=1))
         try:
             async with aiohttp.ClientSession(trace_configs=[config]) as session:
