@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 use crate::args::{max_wait, too_late};
 use crate::cores::{Core, KeyedCore, SharedCore, SharedKeyedCore};
 use crate::wait::{block_until, Held, Ticket};
-use paceline::upstream::{FollowerConfig, Sent, Signal};
-use paceline::Quota;
+use paceline::upstream::{Follower, FollowerConfig, Sent, Signal};
+use paceline::{Limiter, OwnedReservation, Quota};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -118,14 +118,7 @@ impl Followers {
         let held = Arc::clone(run)
             .reserve_within_owned(1, Duration::MAX)
             .map_err(too_late)?;
-        if held.ready_in() >= run.quota().emission_interval() {
-            // Late by an interval or more: the booking limiter is held until the
-            // execution limiter admits again (`Follower::until_ready`'s realignment).
-            let next = run.peek();
-            if !next.is_zero() {
-                follower.limiter().hold_for(next);
-            }
-        }
+        realign(&follower, run, &held);
         Ok(Some(Ticket::new(Held::Direct(held))))
     }
 
@@ -149,13 +142,8 @@ impl Followers {
             let held = Arc::clone(limiter)
                 .reserve_within_owned(1, left)
                 .map_err(too_late)?;
-            let late = held.ready_in() >= limiter.quota().emission_interval();
-            if !Arc::ptr_eq(limiter, follower.limiter()) && late {
-                // Late: realigned as in `run`.
-                let next = limiter.peek();
-                if !next.is_zero() {
-                    follower.limiter().hold_for(next);
-                }
+            if !Arc::ptr_eq(limiter, follower.limiter()) {
+                realign(&follower, limiter, &held);
             }
             block_until(py, Held::Direct(held), deadline)?;
         }
@@ -217,5 +205,18 @@ impl Followers {
 
     pub(crate) fn __len__(&self) -> usize {
         self.table.len()
+    }
+}
+
+/// After a request booked its turn `held` on the execution limiter `run`: when that turn
+/// is an interval or more away (it resumed late, after a stall), holds the booking
+/// limiter until the execution limiter admits again (`Follower::until_ready`'s
+/// realignment). A moment's lag (timer jitter) holds nothing.
+fn realign(follower: &Follower, run: &Limiter, held: &OwnedReservation) {
+    if held.ready_in() >= run.quota().emission_interval() {
+        let next = run.peek();
+        if !next.is_zero() {
+            follower.limiter().hold_for(next);
+        }
     }
 }
