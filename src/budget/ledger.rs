@@ -157,6 +157,9 @@ pub(crate) struct Ledger {
     first: u64,
     /// Nothing is admitted before this instant (a hold of the whole budget).
     held: u64,
+    /// The most entries the log holds ([`LOG_CAPACITY`] in a process; a shared file's
+    /// log is smaller).
+    capacity: usize,
 }
 
 /// A rate change's map: the backlog `tat - at` (if any) counted in cells of `from`,
@@ -179,6 +182,11 @@ fn step(tat: u64, at: u64, cells: u32, interval: u64) -> u64 {
 impl Ledger {
     /// A ledger whose dimensions are fresh (TAT 0: a full burst each).
     pub(crate) fn new(quotas: &[Params]) -> Ledger {
+        Ledger::with_capacity(quotas, LOG_CAPACITY)
+    }
+
+    /// A fresh ledger whose log holds at most `capacity` entries (at least 1).
+    pub(crate) fn with_capacity(quotas: &[Params], capacity: usize) -> Ledger {
         Ledger {
             dims: quotas
                 .iter()
@@ -193,6 +201,7 @@ impl Ledger {
             log: VecDeque::new(),
             first: 0,
             held: 0,
+            capacity: capacity.max(1),
         }
     }
 
@@ -247,7 +256,7 @@ impl Ledger {
     /// A log that is full closes its oldest unsettled turn at its estimate (module
     /// docs), making room for one entry.
     fn make_room(&mut self) {
-        if self.log.len() >= LOG_CAPACITY {
+        if self.log.len() >= self.capacity {
             if let Some(Entry::Admission { open, .. }) = self.log.front_mut() {
                 *open = false;
             }
@@ -431,6 +440,7 @@ impl Ledger {
             log: VecDeque::new(),
             first: 0,
             held: self.held,
+            capacity: self.capacity,
         };
         let mut at = now;
         for turn in ahead.chain(core::iter::once(cells)) {
@@ -478,5 +488,6 @@ impl Ledger {
     }
 }
 
+pub(crate) mod codec;
 #[cfg(test)]
 mod tests;

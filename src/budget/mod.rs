@@ -70,7 +70,7 @@ use crate::clock::{Clock, DefaultClock};
 use crate::gcra::{Params, Unfit};
 use crate::quota::Quota;
 use crate::sync::Mutex;
-use ledger::Ledger;
+pub(crate) use ledger::{codec::words as ledger_words, Ledger, Ready};
 use methods::wake;
 use state::State;
 
@@ -152,48 +152,70 @@ impl<C: Clock> Shared<C> {
     }
 
     fn index(&self, name: &str) -> Result<usize, BudgetError> {
-        self.names
-            .iter()
-            .position(|n| n == name)
-            .ok_or_else(|| BudgetError::UnknownDimension {
-                name: name.to_owned(),
-                known: self.names.to_vec(),
-            })
+        index_of(&self.names, name)
     }
 
     /// Each dimension's cells for `costs` (1 where not named), or why they cannot be.
     fn cells(&self, costs: &[(&str, u32)]) -> Result<Box<[u32]>, BudgetError> {
-        let mut cells = vec![1; self.names.len()];
-        let mut named = vec![false; self.names.len()];
-        for &(name, cost) in costs {
-            let d = self.index(name)?;
-            if core::mem::replace(&mut named[d], true) {
-                return Err(BudgetError::RepeatedDimension { name: name.into() });
-            }
-            let params = self.quotas[d].params();
-            if let Err(Unfit::OverBurst | Unfit::PastEndOfTime) = params.cost(cost) {
-                return Err(BudgetError::OverBurst {
-                    dimension: name.into(),
-                    cost,
-                    burst: params.burst(),
-                });
-            }
-            cells[d] = cost;
-        }
-        Ok(cells.into())
+        cells_for(&self.names, &self.quotas, costs)
     }
 
     /// Each dimension's settled cells (`None` where not named), or why not.
     fn settled(&self, costs: &[(&str, u32)]) -> Result<Box<[Option<u32>]>, BudgetError> {
-        let mut actual = vec![None; self.names.len()];
-        for &(name, cost) in costs {
-            let d = self.index(name)?;
-            if actual[d].replace(cost).is_some() {
-                return Err(BudgetError::RepeatedDimension { name: name.into() });
-            }
-        }
-        Ok(actual.into())
+        settled_for(&self.names, costs)
     }
+}
+
+/// The index of dimension `name` among `names`.
+pub(crate) fn index_of(names: &[String], name: &str) -> Result<usize, BudgetError> {
+    names
+        .iter()
+        .position(|n| n == name)
+        .ok_or_else(|| BudgetError::UnknownDimension {
+            name: name.to_owned(),
+            known: names.to_vec(),
+        })
+}
+
+/// Each dimension's cells for `costs` (1 where not named), or why they cannot be.
+pub(crate) fn cells_for(
+    names: &[String],
+    quotas: &[Quota],
+    costs: &[(&str, u32)],
+) -> Result<Box<[u32]>, BudgetError> {
+    let mut cells = vec![1; names.len()];
+    let mut named = vec![false; names.len()];
+    for &(name, cost) in costs {
+        let d = index_of(names, name)?;
+        if core::mem::replace(&mut named[d], true) {
+            return Err(BudgetError::RepeatedDimension { name: name.into() });
+        }
+        let params = quotas[d].params();
+        if let Err(Unfit::OverBurst | Unfit::PastEndOfTime) = params.cost(cost) {
+            return Err(BudgetError::OverBurst {
+                dimension: name.into(),
+                cost,
+                burst: params.burst(),
+            });
+        }
+        cells[d] = cost;
+    }
+    Ok(cells.into())
+}
+
+/// Each dimension's settled cells (`None` where not named), or why not.
+pub(crate) fn settled_for(
+    names: &[String],
+    costs: &[(&str, u32)],
+) -> Result<Box<[Option<u32>]>, BudgetError> {
+    let mut actual = vec![None; names.len()];
+    for &(name, cost) in costs {
+        let d = index_of(names, name)?;
+        if actual[d].replace(cost).is_some() {
+            return Err(BudgetError::RepeatedDimension { name: name.into() });
+        }
+    }
+    Ok(actual.into())
 }
 
 /// How a [`BudgetBuilder`] will get its clock.

@@ -182,6 +182,35 @@ pub enum SharedError {
     /// Every spare quota slot of the file is held by a change that never finished (its
     /// process died while writing, eight times over). Make the file anew.
     QuotaSlots,
+    /// A shared budget's lock was held by another process, still running, for longer than
+    /// [`LOCK_PATIENCE`](super::LOCK_PATIENCE) (it is stopped, or stuck): nothing was done.
+    Locked {
+        /// The file.
+        path: PathBuf,
+        /// The process holding the lock.
+        pid: u64,
+    },
+    /// The file holds another budget (other rates, names or in-flight cap) than the one
+    /// asked for. [`OnMismatch::Adopt`](super::OnMismatch::Adopt) takes the file's.
+    BudgetMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The budget in the file.
+        file: String,
+        /// The budget asked for.
+        asked: String,
+    },
+    /// A shared budget that cannot be: why.
+    BadBudget {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A shared budget's file records [`MAX_WAITING`](super::MAX_WAITING) callers already
+    /// (turns in flight and waiters, over every process): nothing was done.
+    TooManyCallers {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 impl fmt::Display for SharedError {
@@ -292,6 +321,29 @@ impl fmt::Display for SharedError {
                 "{}: {found} bytes long, where a paceline file of its kind is {expected} (a \
                  file cut short, or grown by something else)",
                 path.display()
+            ),
+            SharedError::Locked { path, pid } => write!(
+                f,
+                "{}: process {pid} has held the budget's lock for {:?} (it is stopped or \
+                 stuck); nothing was done",
+                path.display(),
+                super::LOCK_PATIENCE
+            ),
+            SharedError::BudgetMismatch { path, file, asked } => write!(
+                f,
+                "{}: the file holds the budget {file}, not the {asked} asked for (open it \
+                 with OnMismatch::Adopt to use the file's)",
+                path.display()
+            ),
+            SharedError::BadBudget { reason } => {
+                write!(f, "this shared budget cannot be: {reason}")
+            }
+            SharedError::TooManyCallers { path } => write!(
+                f,
+                "{}: the budget records {} callers already (turns in flight and waiters); \
+                 nothing was done",
+                path.display(),
+                super::MAX_WAITING
             ),
             SharedError::Corrupt { path, field } => {
                 write!(f, "{}: damaged header ({field})", path.display())

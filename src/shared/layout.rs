@@ -23,6 +23,11 @@
 //!               home slots its keys may sit), the region rounded up to 64 bytes; then
 //!               the key slots, `BUCKET_SLOTS` per bucket, 32 bytes each (tag, tag's low
 //!               half, word, execution word)
+//!    512        budget (`CAPACITY_AT` holds its dimensions, D): the lock word, the
+//!               generation of the state (which copy is current), the in-flight cap, the
+//!               hint of the permits' epoch; at 576, D rates of 56 bytes (name's length,
+//!               32 bytes of name, interval, burst); at 1024, two copies of the state
+//!               (`crate::shared::budget`), `budget_state_words(D)` words each
 //! ```
 //!
 //! Every field is a native-endian `u64`, read and written as an atomic: the processes that
@@ -74,6 +79,40 @@ pub(super) const KEY_SLOT_LEN: usize = 32;
 /// Slots per bucket: a key sits in one of its bucket's slots.
 pub(super) const BUCKET_SLOTS: u64 = 128;
 
+/// A budget file's lock word: the identity of the process holding it, or 0.
+pub(super) const BUDGET_LOCK_AT: usize = HEADER_LEN;
+/// Which copy of a budget's state is current: its low bit.
+pub(super) const BUDGET_GENERATION_AT: usize = HEADER_LEN + 8;
+/// A budget's in-flight cap (0: none).
+pub(super) const BUDGET_CAP_AT: usize = HEADER_LEN + 16;
+/// Counts the permits returned and the places given up: a waiter reads it to know whether
+/// anything changed since it last looked.
+pub(super) const BUDGET_EPOCH_AT: usize = HEADER_LEN + 24;
+pub(super) const BUDGET_RATES_AT: usize = HEADER_LEN + 64;
+pub(super) const BUDGET_RATE_LEN: usize = 56;
+/// The longest name of a shared budget's dimension, in bytes.
+pub const MAX_DIMENSION_NAME_LEN: usize = 32;
+/// The most dimensions a shared budget has.
+pub const MAX_DIMENSIONS: usize = 8;
+pub(super) const BUDGET_STATE_AT: usize = 1024;
+/// Entries a shared budget's log holds.
+pub(super) const BUDGET_LOG: usize = 1024;
+/// Callers a shared budget's state records at once: turns in flight and waiters.
+pub(super) const BUDGET_TURNS: usize = 2048;
+/// Words of a budget's state record per caller.
+pub(super) const BUDGET_TURN_WORDS: usize = 4;
+
+/// Words of one copy of the state of a budget of `dims` dimensions: its counts, its callers,
+/// its ledger.
+pub(super) const fn budget_state_words(dims: usize) -> usize {
+    4 + BUDGET_TURNS * BUDGET_TURN_WORDS + crate::budget::ledger_words(dims, BUDGET_LOG)
+}
+
+/// Offset of a budget's state copy `copy` (0 or 1).
+pub(super) const fn budget_state(dims: usize, copy: usize) -> usize {
+    BUDGET_STATE_AT + copy * budget_state_words(dims) * 8
+}
+
 /// The most keys a shared keyed file may be asked to hold: 2^25 (its slots take 2 GiB).
 pub const MAX_CAPACITY: u64 = 1 << 25;
 
@@ -82,6 +121,8 @@ const _: () = {
     assert!(SEEDS_AT + SEEDS * 8 <= NAME_AT);
     assert!(QUOTA_SLOTS_AT + QUOTA_SLOTS * QUOTA_SLOT_LEN <= SEEDS_AT);
     assert!(BUCKET_SLOTS.is_power_of_two());
+    assert!(BUDGET_RATES_AT + MAX_DIMENSIONS * BUDGET_RATE_LEN <= BUDGET_STATE_AT);
+    assert!(8 + MAX_DIMENSION_NAME_LEN + 16 == BUDGET_RATE_LEN);
 };
 
 /// What a file holds.
@@ -91,6 +132,8 @@ pub(crate) enum Kind {
     Direct,
     /// A quota per key: [`crate::shared::SharedKeyedLimiter`], made for `capacity` keys.
     Keyed { capacity: u64 },
+    /// A budget: [`crate::shared::SharedBudget`], of `dims` dimensions.
+    Budget { dims: u64 },
 }
 
 impl Kind {
@@ -98,6 +141,7 @@ impl Kind {
         match self {
             Kind::Direct => 1,
             Kind::Keyed { .. } => 2,
+            Kind::Budget { .. } => 3,
         }
     }
 
@@ -108,6 +152,7 @@ impl Kind {
             Kind::Keyed { capacity } => {
                 slots_at(capacity) as u64 + buckets(capacity) * BUCKET_SLOTS * KEY_SLOT_LEN as u64
             }
+            Kind::Budget { dims } => budget_state(dims as usize, 2) as u64,
         }
     }
 }
@@ -126,6 +171,12 @@ pub(super) fn version_field(kind: Kind) -> u64 {
 /// Offset of direct word `i`.
 pub(super) fn direct_word(i: usize) -> usize {
     HEADER_LEN + i * DIRECT_WORD_STRIDE
+}
+
+/// Offset of a budget's rate `d`'s field `f` (0 name's length, 1-4 name, 5 interval,
+/// 6 burst).
+pub(super) fn budget_rate(d: usize, f: usize) -> usize {
+    BUDGET_RATES_AT + d * BUDGET_RATE_LEN + f * 8
 }
 
 /// Offset of bucket `b`'s lock word.

@@ -70,6 +70,7 @@
 //! * **Key slots** (`table.rs`, `keyed/`): buckets of slots, digests of the keys
 //!   (`digest.rs`), a lock per bucket for storing new keys (`keyed/bucket.rs`).
 
+mod budget;
 mod digest;
 mod dir;
 mod error;
@@ -86,11 +87,15 @@ mod trust;
 
 use core::time::Duration;
 
+pub use budget::{
+    SharedAcquire, SharedBudget, SharedBudgetBuilder, SharedBudgetError, SharedSettleError,
+    SharedTurn, ABANDONED, LOCK_PATIENCE, MAX_WAITING,
+};
 pub use error::SharedError;
 pub use file::OPEN_PATIENCE;
 pub use keyed::bucket::CLAIM_PATIENCE;
 pub use keyed::{OwnedSharedKeyReservation, SharedKeyedLimiter};
-pub use layout::{MAX_CAPACITY, MAX_NAME_LEN};
+pub use layout::{MAX_CAPACITY, MAX_DIMENSIONS, MAX_DIMENSION_NAME_LEN, MAX_NAME_LEN};
 pub use limiter::SharedLimiter;
 pub use options::{OnMismatch, OpenOptions};
 pub use reservation::{OwnedSharedReservation, SharedReservation};

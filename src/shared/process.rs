@@ -20,6 +20,55 @@ pub(crate) fn alive(id: u64) -> bool {
     sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// This process as an owner of something in a file: its id in the high half and the low
+/// 32 bits of its start time (clock ticks since boot, where the system tells it) in the low
+/// half, so that another process given the same id later is not taken for this one.
+pub(crate) fn identity() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // The identity worked out for the process whose id is in `OF` (a fork's child has
+    // another id, and works its own out). Relaxed: each is a pure function of the id, so
+    // a stale pair only makes the work be done again.
+    static OF: AtomicU64 = AtomicU64::new(0);
+    static IDENTITY: AtomicU64 = AtomicU64::new(0);
+    let pid = me();
+    if OF.load(Ordering::Relaxed) == pid {
+        let identity = IDENTITY.load(Ordering::Relaxed);
+        if identity >> 32 == pid {
+            return identity;
+        }
+    }
+    let identity = pid << 32 | start_time(pid).unwrap_or(0) & 0xffff_ffff;
+    IDENTITY.store(identity, Ordering::Relaxed);
+    OF.store(pid, Ordering::Relaxed);
+    identity
+}
+
+/// Whether the process `identity` names may still exist: its id exists and, where the
+/// system tells start times, the process with that id started when the identity says.
+pub(crate) fn still(identity: u64) -> bool {
+    let pid = identity >> 32;
+    if !alive(pid) {
+        return false;
+    }
+    match start_time(pid) {
+        Some(start) => start & 0xffff_ffff == identity & 0xffff_ffff,
+        // Not told (another system, or a `/proc` that hides other users): the id decides.
+        None => true,
+    }
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat`, field 22).
+fn start_time(pid: u64) -> Option<u64> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold anything: count fields
+    // from the last `)`, which is field 2's end; field 22 is the 20th after it.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
 /// Whole seconds on `CLOCK_MONOTONIC` (the same for every process of the host), wrapping
 /// at 2^32 (136 years): for how old a claim in a file is.
 pub(crate) fn seconds() -> u32 {
@@ -45,5 +94,21 @@ mod tests {
         assert!(!alive(id));
         assert!(!alive(0));
         assert!(!alive(u64::MAX));
+    }
+
+    #[test]
+    fn an_identity_names_this_process_and_not_an_exited_one_or_a_reused_id() {
+        let me = identity();
+        assert_eq!(me >> 32, super::me());
+        assert!(still(me));
+        if cfg!(target_os = "linux") {
+            assert_ne!(me & 0xffff_ffff, 0, "a start time is read");
+            // The same id with another start time: a process that had this id before.
+            assert!(!still(me ^ 1));
+        }
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = u64::from(child.id());
+        child.wait().unwrap();
+        assert!(!still(id << 32));
     }
 }

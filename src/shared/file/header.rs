@@ -40,6 +40,16 @@ pub(super) fn check(header: &Mapping, len: u64, asked: Kind) -> Result<Kind, Sha
             }
             Kind::Keyed { capacity }
         }
+        3 => {
+            let dims = read(layout::CAPACITY_AT);
+            if dims > layout::MAX_DIMENSIONS as u64 {
+                return Err(SharedError::Corrupt {
+                    path: path.to_owned(),
+                    field: "dimensions",
+                });
+            }
+            Kind::Budget { dims }
+        }
         _ => {
             return Err(SharedError::Corrupt {
                 path: path.to_owned(),
@@ -50,6 +60,7 @@ pub(super) fn check(header: &Mapping, len: u64, asked: Kind) -> Result<Kind, Sha
     let name = |kind: Kind| match kind {
         Kind::Direct => "direct",
         Kind::Keyed { .. } => "keyed",
+        Kind::Budget { .. } => "budget",
     };
     if kind.code() != asked.code() {
         return Err(SharedError::Kind {

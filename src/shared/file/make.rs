@@ -67,6 +67,9 @@ pub(super) fn make<'a>(
     let [boot0, boot1] = boot_id();
     store(layout::BOOT_AT, boot0);
     store(layout::BOOT_AT + 8, boot1);
+    if let Kind::Budget { dims } = new.kind {
+        store(layout::CAPACITY_AT, dims);
+    }
     if let Kind::Keyed { capacity } = new.kind {
         store(layout::CAPACITY_AT, capacity);
         store(layout::BUCKETS_AT, layout::buckets(capacity));

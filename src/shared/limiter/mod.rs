@@ -113,7 +113,7 @@ impl Shared {
     pub(super) fn capacity(&self) -> u64 {
         match self.kind {
             Kind::Keyed { capacity } => capacity,
-            Kind::Direct => 0,
+            Kind::Direct | Kind::Budget { .. } => 0,
         }
     }
 }

@@ -1,0 +1,553 @@
+//! A shared budget across real processes: this test binary starts copies of itself as
+//! children (the ignored test `child`), which open one budget file and log every turn.
+//!
+//! A turn's record is three `CLOCK_MONOTONIC` stamps every process reads alike: before
+//! asking, after the turn came, and before ending it. Its admission lies inside the first
+//! two (the rates are checked on what is provably inside a window, as in
+//! `shared_processes.rs`), and its permit is held over at least the last two (more than
+//! the cap of those spans overlapping is a proven breach).
+
+#![cfg(unix)]
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use paceline::budget::BudgetError;
+use paceline::shared::{OnMismatch, SharedBudget, SharedBudgetError, SharedError};
+use paceline::Quota;
+
+mod common;
+use common::dir::Dir;
+
+/// Requests: 40 per second (T = 25 ms), bursts of 4.
+const REQUEST_T: u64 = 25_000_000;
+const REQUEST_BURST: u64 = 4;
+/// Tokens: 3 000 per second, bursts of 300; each call books 100 and settles 50-150.
+const TOKENS_PER_SECOND: u64 = 3_000;
+const TOKEN_BURST: u64 = 300;
+const ESTIMATE: u32 = 100;
+const CAP: u32 = 3;
+/// How long the sharing test's calls take at least, in milliseconds (up to twice that).
+const HOLD_MS: u64 = 100;
+
+fn open(path: &Path) -> SharedBudget {
+    SharedBudget::builder()
+        .rate(
+            "requests",
+            Quota::per_second(40).with_burst(REQUEST_BURST as u32),
+        )
+        .rate(
+            "tokens",
+            Quota::per_second(TOKENS_PER_SECOND as u32).with_burst(TOKEN_BURST as u32),
+        )
+        .in_flight(CAP)
+        .open(path)
+        .unwrap()
+}
+
+fn monotonic() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
+}
+
+/// Starts a child running `role` with `vars` (as environment variables).
+fn spawn(role: &str, vars: &[(&str, String)]) -> Child {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("PACELINE_CHILD", role)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (name, value) in vars {
+        command.env(name, value);
+    }
+    command.process_group(0);
+    command.spawn().unwrap()
+}
+
+/// Waits for `child` up to `limit`; kills it and fails if it is still running then.
+fn finish(mut child: Child, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "child failed: {status}");
+            return;
+        }
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("a child hung: killed after {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads `child`'s stdout until a line starting with `word`.
+fn expect_line(child: &mut Child, word: &str) -> String {
+    let out = child.stdout.as_mut().unwrap();
+    let mut reader = BufReader::new(out);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "no {word} line");
+        if line.contains(word) {
+            return line;
+        }
+    }
+}
+
+/// One turn: asked, came, ended (clock stamps), and the tokens it settled.
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    asked: u64,
+    came: u64,
+    ended: u64,
+    tokens: u64,
+}
+
+/// An append-only log of records, one `write` each (a killed child leaves whole ones).
+struct Log(File);
+
+impl Log {
+    fn create(path: &Path) -> Log {
+        Log(OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)
+            .unwrap())
+    }
+
+    fn record(&self, r: Record) {
+        let mut bytes = [0u8; 32];
+        for (i, v) in [r.asked, r.came, r.ended, r.tokens].into_iter().enumerate() {
+            bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        (&self.0).write_all(&bytes).unwrap();
+    }
+}
+
+fn records(dir: &Path) -> Vec<Record> {
+    let mut all = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let bytes = fs::read(&path).unwrap();
+            all.extend(bytes.chunks_exact(32).map(|c| {
+                let w = |i: usize| u64::from_ne_bytes(c[8 * i..8 * i + 8].try_into().unwrap());
+                Record {
+                    asked: w(0),
+                    came: w(1),
+                    ended: w(2),
+                    tokens: w(3),
+                }
+            }));
+        }
+    }
+    all.sort_unstable_by_key(|r| r.asked);
+    all
+}
+
+/// The most admissions provably inside one window of `w` ns.
+fn most_in_window(records: &[Record], w: u64) -> usize {
+    let mut best = 0;
+    for (i, r) in records.iter().enumerate() {
+        let inside = records[i..]
+            .iter()
+            .take_while(|s| s.asked <= r.asked + w)
+            .filter(|s| s.came <= r.asked + w)
+            .count();
+        best = best.max(inside);
+    }
+    best
+}
+
+/// The most turns provably in flight at one instant.
+fn most_in_flight(records: &[Record]) -> usize {
+    let mut events: Vec<(u64, i64)> = records
+        .iter()
+        .filter(|r| r.came < r.ended)
+        .flat_map(|r| [(r.came, 1), (r.ended, -1)])
+        .collect();
+    // Ends before starts at one instant: only spans that provably overlap count.
+    events.sort_unstable();
+    let (mut now, mut most) = (0i64, 0i64);
+    for (_, step) in events {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// A hammering thread: asks for turns (blocking or awaiting), holds each `hold` ms plus
+/// up to as many again, settles 50-150 tokens, until `until`.
+fn hammer(budget: &SharedBudget, log: &Log, until: Instant, seed: u64, awaits: bool, hold: u64) {
+    let mut x = seed | 1;
+    while Instant::now() < until {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let asked = monotonic();
+        let cost = [("tokens", ESTIMATE)];
+        // A deadline, so that a child of a broken budget fails instead of hanging.
+        let patience = Duration::from_secs(20);
+        let turn = if awaits {
+            futures::executor::block_on(budget.acquire_within(&cost, patience))
+        } else {
+            budget.acquire_blocking_within(&cost, patience)
+        }
+        .unwrap();
+        let came = monotonic();
+        thread::sleep(Duration::from_millis(hold + x % hold.max(1)));
+        let tokens = 50 + x % 101;
+        let ended = monotonic();
+        turn.settle(&[("tokens", tokens as u32)]).unwrap();
+        log.record(Record {
+            asked,
+            came,
+            ended,
+            tokens,
+        });
+    }
+}
+
+#[test]
+#[ignore = "a child process of the tests in this file, started by them"]
+fn child() {
+    let Ok(role) = std::env::var("PACELINE_CHILD") else {
+        return;
+    };
+    let path = PathBuf::from(var("PACELINE_FILE"));
+    let budget = Arc::new(open(&path));
+    match role.as_str() {
+        "hammer" => {
+            let secs: f64 = var("PACELINE_SECS").parse().unwrap();
+            let log = Arc::new(Log::create(Path::new(&var("PACELINE_LOG"))));
+            let until = Instant::now() + Duration::from_secs_f64(secs);
+            let seed: u64 = var("PACELINE_SEED").parse().unwrap();
+            let hold: u64 = var("PACELINE_HOLD_MS").parse().unwrap();
+            let workers: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let (budget, log) = (budget.clone(), log.clone());
+                    thread::spawn(move || hammer(&budget, &log, until, seed * 31 + t, t == 1, hold))
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+        }
+        "hold" => {
+            // Takes every permit, says so, and waits to be killed.
+            let turns: Vec<_> = (0..CAP)
+                .map(|_| budget.acquire_blocking(&[("tokens", 1)]).unwrap())
+                .collect();
+            println!("READY {}", turns.len());
+            thread::sleep(Duration::from_secs(60));
+        }
+        other => panic!("no role {other}"),
+    }
+}
+
+fn hammer_vars(
+    dir: &Dir,
+    file: &Path,
+    i: usize,
+    secs: f64,
+    hold_ms: u64,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("PACELINE_HOLD_MS", hold_ms.to_string()),
+        ("PACELINE_FILE", file.display().to_string()),
+        (
+            "PACELINE_LOG",
+            dir.path(&format!("{i}.log")).display().to_string(),
+        ),
+        ("PACELINE_SECS", secs.to_string()),
+        ("PACELINE_SEED", i.to_string()),
+    ]
+}
+
+fn assert_within_budget(records: &[Record]) {
+    for w in [50_000_000, 250_000_000, 1_000_000_000] {
+        let most = most_in_window(records, w);
+        let bound = (REQUEST_BURST + w / REQUEST_T + 1) as usize;
+        assert!(
+            most <= bound,
+            "{most} requests in {w} ns; the bound is {bound}"
+        );
+    }
+    let most = most_in_flight(records);
+    assert!(
+        most <= CAP as usize,
+        "{most} turns in flight; the cap is {CAP}"
+    );
+    // Tokens: what was settled by turns wholly inside the run is within the rate's
+    // bound over it, plus the under-estimates of the turns in flight at once.
+    let (first, last) = (
+        records[0].asked,
+        records.iter().map(|r| r.ended).max().unwrap(),
+    );
+    let settled: u64 = records.iter().map(|r| r.tokens).sum();
+    let bound =
+        TOKEN_BURST + (last - first) * TOKENS_PER_SECOND / 1_000_000_000 + u64::from(CAP) * 50 + 1;
+    assert!(
+        settled <= bound,
+        "{settled} tokens settled; the bound is {bound}"
+    );
+}
+
+#[test]
+fn processes_share_the_rates_and_the_in_flight_cap() {
+    let dir = Dir::new("budget-share");
+    let file = dir.path("budget");
+    open(&file);
+    let children: Vec<_> = (0..4)
+        .map(|i| spawn("hammer", &hammer_vars(&dir, &file, i, 3.0, HOLD_MS)))
+        .collect();
+    for child in children {
+        finish(child, Duration::from_secs(60));
+    }
+    let records = records(&dir.0);
+    assert!(records.len() >= 30, "only {} turns in 3 s", records.len());
+    assert_within_budget(&records);
+    // Twelve threads holding their turns 100-200 ms want about 80 in flight: the cap
+    // binds (and the rates nearly do). Every process was served.
+    for i in 0..4 {
+        let log = fs::read(dir.path(&format!("{i}.log"))).unwrap();
+        assert!(
+            log.len() >= 32 * 3,
+            "process {i} had {} turns",
+            log.len() / 32
+        );
+    }
+}
+
+#[test]
+fn processes_killed_at_random_points_leave_the_others_served_and_bounded() {
+    let dir = Dir::new("budget-kill");
+    let file = dir.path("budget");
+    open(&file);
+    let mut next = 0usize;
+    let mut running: Vec<Child> = (0..4)
+        .map(|_| {
+            next += 1;
+            spawn("hammer", &hammer_vars(&dir, &file, next, 4.0, 10))
+        })
+        .collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut killed = 0;
+    while Instant::now() < until {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        thread::sleep(Duration::from_millis(50 + x % 250));
+        // SIGKILL, at whatever instruction the victim is on: holding turns, waiting for
+        // a permit, or inside the file's lock.
+        let mut victim = running.swap_remove((x % running.len() as u64) as usize);
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+        killed += 1;
+        next += 1;
+        running.push(spawn("hammer", &hammer_vars(&dir, &file, next, 1.5, 10)));
+    }
+    for child in running {
+        finish(child, Duration::from_secs(60));
+    }
+    assert!(killed >= 5, "only {killed} kills");
+    assert_within_budget(&records(&dir.0));
+    // The budget is whole: every permit can be had again.
+    let budget = open(&file);
+    let turns: Vec<_> = (0..CAP)
+        .map(|_| {
+            budget
+                .acquire_blocking_within(&[("tokens", 1)], Duration::from_secs(5))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(budget.in_flight().unwrap(), CAP);
+    drop(turns);
+}
+
+#[test]
+fn the_permits_of_a_killed_process_return_to_the_others() {
+    let dir = Dir::new("budget-held");
+    let file = dir.path("budget");
+    let budget = open(&file);
+    let mut holder = spawn("hold", &[("PACELINE_FILE", file.display().to_string())]);
+    expect_line(&mut holder, "READY");
+    assert_eq!(budget.in_flight().unwrap(), CAP);
+    assert!(matches!(
+        budget.try_acquire(&[("tokens", 1)]),
+        Err(SharedBudgetError::Budget(BudgetError::WouldWait))
+    ));
+    // A waiter, then the kill: the waiter gets a permit without asking again.
+    let waiter = {
+        let budget = budget.clone();
+        thread::spawn(move || {
+            budget
+                .acquire_blocking_within(&[("tokens", 1)], Duration::from_secs(10))
+                .map(drop)
+        })
+    };
+    thread::sleep(Duration::from_millis(100));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let started = Instant::now();
+    waiter.join().unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(budget.in_flight().unwrap(), 0);
+}
+
+/// The identity a budget file records for process `pid`: its id, and its start time's
+/// low 32 bits where `/proc` tells it.
+fn identity(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let start = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_ascii_whitespace().nth(19))
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0);
+    u64::from(pid) << 32 | start & 0xffff_ffff
+}
+
+/// Writes `holder` into the budget file's lock word (as a process stopped or killed
+/// inside the lock leaves it).
+fn plant_lock(file: &Path, holder: u64) {
+    let f = OpenOptions::new().write(true).open(file).unwrap();
+    f.write_at(&holder.to_ne_bytes(), 512).unwrap();
+}
+
+#[test]
+fn a_lock_left_by_a_dead_process_is_taken_over_and_one_held_by_a_live_one_is_not() {
+    let dir = Dir::new("budget-lock");
+    let file = dir.path("budget");
+    let budget = open(&file);
+    let turn = budget.try_acquire(&[("tokens", 10)]).unwrap();
+
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    plant_lock(&file, u64::from(pid) << 32);
+    let started = Instant::now();
+    assert_eq!(budget.in_flight().unwrap(), 1);
+    assert!(started.elapsed() < Duration::from_millis(500));
+
+    // A process that still runs (here, stopped) keeps the lock: calls fail after the
+    // patience, changing nothing, and work again once it lets go.
+    let mut stopped = Command::new("sleep").arg("30").spawn().unwrap();
+    // SAFETY: signalling a child of ours.
+    unsafe { libc::kill(stopped.id() as i32, libc::SIGSTOP) };
+    plant_lock(&file, identity(stopped.id()));
+    let started = Instant::now();
+    let err = budget.try_acquire(&[("tokens", 1)]).unwrap_err();
+    assert!(
+        matches!(err, SharedBudgetError::File(SharedError::Locked { pid, .. }) if pid == u64::from(stopped.id())),
+        "{err}"
+    );
+    assert!(started.elapsed() >= paceline::shared::LOCK_PATIENCE);
+    let err = turn.settle(&[("tokens", 5)]).unwrap_err();
+    let turn = err.into_turn();
+    stopped.kill().unwrap();
+    stopped.wait().unwrap();
+    assert_eq!(
+        budget.in_flight().unwrap(),
+        1,
+        "nothing changed while locked"
+    );
+    turn.settle(&[("tokens", 5)]).unwrap();
+    assert_eq!(budget.in_flight().unwrap(), 0);
+}
+
+#[test]
+fn a_forked_childs_copy_of_a_turn_ends_nothing() {
+    let dir = Dir::new("budget-fork");
+    let file = dir.path("budget");
+    let budget = open(&file);
+    let turn = budget.try_acquire(&[("tokens", 10)]).unwrap();
+    // SAFETY: the child only drops the turn it copied and exits at once.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        drop(turn);
+        // SAFETY: leaving the child without running the parent's exit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(
+        budget.in_flight().unwrap(),
+        1,
+        "the parent's turn is still in flight"
+    );
+    drop(turn);
+    assert_eq!(budget.in_flight().unwrap(), 0);
+}
+
+#[test]
+fn a_file_of_another_budget_is_refused_or_adopted_and_never_taken_for_a_limiter() {
+    let dir = Dir::new("budget-mismatch");
+    let file = dir.path("budget");
+    open(&file);
+    let other = SharedBudget::builder()
+        .rate("requests", Quota::per_second(5))
+        .open(&file)
+        .unwrap_err();
+    assert!(
+        matches!(other, SharedError::BudgetMismatch { .. }),
+        "{other}"
+    );
+    assert!(other.to_string().contains("tokens"), "{other}");
+    let adopted = SharedBudget::builder()
+        .rate("requests", Quota::per_second(5))
+        .options(OnMismatch::Adopt)
+        .open(&file)
+        .unwrap();
+    assert_eq!(adopted.dimensions().count(), 2);
+    assert_eq!(adopted.in_flight_limit(), Some(CAP));
+    let replaced = SharedBudget::builder()
+        .rate("requests", Quota::per_second(5))
+        .options(OnMismatch::Replace)
+        .open(&file)
+        .unwrap_err();
+    assert!(
+        matches!(replaced, SharedError::BadBudget { .. }),
+        "{replaced}"
+    );
+    let limiter = paceline::shared::SharedLimiter::open(&file, Quota::per_second(5)).unwrap_err();
+    assert!(matches!(limiter, SharedError::Kind { .. }), "{limiter}");
+    for bad in [
+        SharedBudget::builder().open(&file),
+        SharedBudget::builder().in_flight(0).open(&file),
+        SharedBudget::builder()
+            .rate("", Quota::per_second(1))
+            .open(&file),
+        SharedBudget::builder()
+            .rate("a".repeat(33), Quota::per_second(1))
+            .open(&file),
+    ] {
+        assert!(matches!(bad, Err(SharedError::BadBudget { .. })), "{bad:?}");
+    }
+}
