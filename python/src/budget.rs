@@ -1,4 +1,5 @@
-//! `paceline.Budget`'s Rust half: a `paceline::budget::Budget` on the default clock, its
+//! `paceline.Budget`'s Rust half: a `paceline::budget::Budget` on the default clock, or a
+//! `paceline::shared::SharedBudget` in a file every process of the host maps; its
 //! waiting future polled from Python (`BudgetWaiting`, woken through a callback the
 //! event loop bridges with `call_soon_threadsafe`), blocking waits for threads (the GIL
 //! released, signals answered), and turns (`BudgetTurn`). The queue, the admission and
@@ -13,11 +14,13 @@ use std::thread::{self, Thread};
 use std::time::{Duration, SystemTime};
 
 use paceline::budget::{Acquire, Budget, BudgetError, Turn};
+use paceline::shared::{SharedAcquire, SharedBudget, SharedBudgetError, SharedTurn};
 use paceline::upstream::DimensionSignal;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::args::{max_wait, quota};
+use crate::shared::{open_options, shared_error};
 use crate::wait::SIGNAL_CHECK;
 
 /// Locks, ignoring poisoning: every section below leaves its value whole.
@@ -36,6 +39,16 @@ fn error(e: BudgetError) -> PyErr {
     }
 }
 
+/// A shared budget's error in Python's words: the budget's as [`error`], the file's as
+/// `crate::shared::shared_error`.
+fn shared_budget_error(e: SharedBudgetError) -> PyErr {
+    match e {
+        SharedBudgetError::Budget(e) => error(e),
+        SharedBudgetError::File(e) => shared_error(e),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
 /// Seconds as a duration: finite and not negative (a `ValueError` otherwise).
 fn hold_seconds(name: &str, s: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(s).map_err(|_| {
@@ -50,10 +63,16 @@ fn costs(costs: &[(String, u32)]) -> Vec<(&str, u32)> {
     costs.iter().map(|(n, c)| (n.as_str(), *c)).collect()
 }
 
-/// A budget shared by threads and event loops.
+/// A budget shared by threads and event loops (and, shared, by processes).
 #[pyclass(frozen, module = "paceline._paceline")]
 pub(crate) struct BudgetCore {
-    budget: Budget,
+    budget: Kind,
+}
+
+/// Where a budget lives.
+enum Kind {
+    Local(Budget),
+    Shared(SharedBudget),
 }
 
 /// A budget of `rates` (`(name, count, per, burst)`) and an optional in-flight cap.
@@ -73,17 +92,57 @@ pub(crate) fn new_budget(
     let budget = builder
         .build()
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(BudgetCore { budget })
+    Ok(BudgetCore {
+        budget: Kind::Local(budget),
+    })
+}
+
+/// The budget of `rates` and `in_flight` in the file at `path`, shared by every process
+/// that opens it.
+#[pyfunction]
+#[pyo3(signature = (path, rates, in_flight, mismatch, trust_user=None, trust_group=None))]
+pub(crate) fn new_shared_budget(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    rates: Vec<(String, u32, f64, u32)>,
+    in_flight: Option<u32>,
+    mismatch: &str,
+    trust_user: Option<u32>,
+    trust_group: Option<u32>,
+) -> PyResult<BudgetCore> {
+    let mut builder = SharedBudget::builder();
+    for (name, count, per, burst) in rates {
+        builder = builder.rate(name, quota(count, per, burst)?);
+    }
+    if let Some(cap) = in_flight {
+        builder = builder.in_flight(cap);
+    }
+    let builder = builder.options(open_options(mismatch, trust_user, trust_group, None)?);
+    let budget = py.detach(|| builder.open(&path)).map_err(shared_error)?;
+    Ok(BudgetCore {
+        budget: Kind::Shared(budget),
+    })
 }
 
 #[pymethods]
 impl BudgetCore {
     /// A turn now, or None (someone waits ahead, a rate or the cap says not yet).
-    fn try_acquire(&self, costs_: Vec<(String, u32)>) -> PyResult<Option<BudgetTurn>> {
-        match self.budget.try_acquire(&costs(&costs_)) {
-            Ok(turn) => Ok(Some(BudgetTurn::new(turn))),
-            Err(BudgetError::WouldWait) => Ok(None),
-            Err(e) => Err(error(e)),
+    fn try_acquire(
+        &self,
+        py: Python<'_>,
+        costs_: Vec<(String, u32)>,
+    ) -> PyResult<Option<BudgetTurn>> {
+        match &self.budget {
+            Kind::Local(b) => match b.try_acquire(&costs(&costs_)) {
+                Ok(turn) => Ok(Some(BudgetTurn::new(Held::Local(turn)))),
+                Err(BudgetError::WouldWait) => Ok(None),
+                Err(e) => Err(error(e)),
+            },
+            Kind::Shared(b) => match py.detach(|| b.try_acquire(&costs(&costs_))) {
+                Ok(turn) => Ok(Some(BudgetTurn::new(Held::Shared(turn)))),
+                Err(SharedBudgetError::Budget(BudgetError::WouldWait)) => Ok(None),
+                Err(e) => Err(shared_budget_error(e)),
+            },
         }
     }
 
@@ -117,7 +176,7 @@ impl BudgetCore {
             });
             match polled {
                 Poll::Ready(Ok(turn)) => return Ok(BudgetTurn::new(turn)),
-                Poll::Ready(Err(e)) => return Err(error(e)),
+                Poll::Ready(Err(e)) => return Err(e.into()),
                 // Dropping `future` on the error gives the place up.
                 Poll::Pending => py.check_signals()?,
             }
@@ -127,7 +186,10 @@ impl BudgetCore {
     /// Seconds a turn of `costs` would wait if asked for now, by the rates as they stand
     /// (`inf`: never).
     fn wait_time(&self, costs_: Vec<(String, u32)>) -> PyResult<f64> {
-        let wait = self.budget.wait_time(&costs(&costs_)).map_err(error)?;
+        let wait = match &self.budget {
+            Kind::Local(b) => b.wait_time(&costs(&costs_)).map_err(error)?,
+            Kind::Shared(b) => b.wait_time(&costs(&costs_)).map_err(shared_budget_error)?,
+        };
         Ok(if wait == Duration::MAX {
             f64::INFINITY
         } else {
@@ -137,11 +199,17 @@ impl BudgetCore {
 
     /// Cells of `name` its rate would admit now.
     fn remaining(&self, name: &str) -> PyResult<u32> {
-        self.budget.remaining(name).map_err(error)
+        match &self.budget {
+            Kind::Local(b) => b.remaining(name).map_err(error),
+            Kind::Shared(b) => b.remaining(name).map_err(shared_budget_error),
+        }
     }
 
-    fn in_flight(&self) -> u32 {
-        self.budget.in_flight()
+    fn in_flight(&self) -> PyResult<u32> {
+        match &self.budget {
+            Kind::Local(b) => Ok(b.in_flight()),
+            Kind::Shared(b) => b.in_flight().map_err(shared_error),
+        }
     }
 
     /// Steers the budget by a response (`paceline::budget::Budget::follow`): its status
@@ -156,28 +224,107 @@ impl BudgetCore {
         let max_hold = hold_seconds("max_hold", max_hold)?;
         let fields = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
         let signal = DimensionSignal::read(status, fields, SystemTime::now());
-        Ok(self.budget.follow(&signal, max_hold))
+        match &self.budget {
+            Kind::Local(b) => Ok(b.follow(&signal, max_hold)),
+            Kind::Shared(b) => b.follow(&signal, max_hold).map_err(shared_error),
+        }
     }
 
     /// Holds every turn for `seconds` from now.
     fn hold_for(&self, seconds: f64) -> PyResult<()> {
-        self.budget.hold_for(hold_seconds("seconds", seconds)?);
+        let seconds = hold_seconds("seconds", seconds)?;
+        match &self.budget {
+            Kind::Local(b) => b.hold_for(seconds),
+            Kind::Shared(b) => b.hold_for(seconds).map_err(shared_error)?,
+        }
         Ok(())
     }
 
-    fn waiting(&self) -> usize {
-        self.budget.waiting()
+    /// The dimensions as the budget holds them: `(name, interval in ns, burst)` (a
+    /// shared budget's are its file's).
+    fn rates(&self) -> Vec<(String, u64, u32)> {
+        let rates: Vec<(&str, paceline::Quota)> = match &self.budget {
+            Kind::Local(b) => b.dimensions().collect(),
+            Kind::Shared(b) => b.dimensions().collect(),
+        };
+        rates
+            .into_iter()
+            .map(|(n, q)| {
+                let interval = u64::try_from(q.emission_interval().as_nanos()).unwrap_or(u64::MAX);
+                (n.to_owned(), interval, q.burst())
+            })
+            .collect()
+    }
+
+    /// The in-flight cap as the budget holds it.
+    fn in_flight_limit(&self) -> Option<u32> {
+        match &self.budget {
+            Kind::Local(b) => b.in_flight_limit(),
+            Kind::Shared(b) => b.in_flight_limit(),
+        }
+    }
+
+    fn waiting(&self) -> PyResult<usize> {
+        match &self.budget {
+            Kind::Local(b) => Ok(b.waiting()),
+            Kind::Shared(b) => b.waiting().map_err(shared_error),
+        }
     }
 }
 
 impl BudgetCore {
-    fn future(&self, costs_: &[(String, u32)], timeout: Option<f64>) -> PyResult<Acquire> {
+    fn future(&self, costs_: &[(String, u32)], timeout: Option<f64>) -> PyResult<Wait> {
         let costs = costs(costs_);
-        Ok(match timeout {
-            None => self.budget.acquire(&costs),
-            Some(t) => self.budget.acquire_within(&costs, max_wait(Some(t))?),
+        let max = timeout.map(|t| max_wait(Some(t))).transpose()?;
+        Ok(match (&self.budget, max) {
+            (Kind::Local(b), None) => Wait::Local(b.acquire(&costs)),
+            (Kind::Local(b), Some(max)) => Wait::Local(b.acquire_within(&costs, max)),
+            (Kind::Shared(b), None) => Wait::Shared(b.acquire(&costs)),
+            (Kind::Shared(b), Some(max)) => Wait::Shared(b.acquire_within(&costs, max)),
         })
     }
+}
+
+/// A wait for either kind of budget's turn.
+enum Wait {
+    Local(Acquire),
+    Shared(SharedAcquire),
+}
+
+/// Either kind of budget's error, turned into Python's when it is raised.
+enum Failure {
+    Local(BudgetError),
+    Shared(SharedBudgetError),
+}
+
+impl From<Failure> for PyErr {
+    fn from(f: Failure) -> PyErr {
+        match f {
+            Failure::Local(e) => error(e),
+            Failure::Shared(e) => shared_budget_error(e),
+        }
+    }
+}
+
+impl Future for Wait {
+    type Output = Result<Held, Failure>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Wait::Local(f) => Pin::new(f)
+                .poll(cx)
+                .map(|r| r.map(Held::Local).map_err(Failure::Local)),
+            Wait::Shared(f) => Pin::new(f)
+                .poll(cx)
+                .map(|r| r.map(Held::Shared).map_err(Failure::Shared)),
+        }
+    }
+}
+
+/// Either kind of budget's turn.
+enum Held {
+    Local(Turn),
+    Shared(SharedTurn),
 }
 
 /// Unparks a blocked thread.
@@ -213,7 +360,7 @@ impl Wake for CallBack {
 #[pyclass(frozen, module = "paceline._paceline")]
 pub(crate) struct BudgetWaiting {
     /// `None` once answered or cancelled.
-    future: Mutex<Option<Acquire>>,
+    future: Mutex<Option<Wait>>,
 }
 
 #[pymethods]
@@ -231,7 +378,7 @@ impl BudgetWaiting {
                 *slot = None;
                 outcome
                     .map(|turn| Some(BudgetTurn::new(turn)))
-                    .map_err(error)
+                    .map_err(PyErr::from)
             }
             Poll::Pending => Ok(None),
         }
@@ -248,11 +395,11 @@ impl BudgetWaiting {
 #[pyclass(frozen, module = "paceline._paceline")]
 pub(crate) struct BudgetTurn {
     /// `None` once ended.
-    turn: Mutex<Option<Turn>>,
+    turn: Mutex<Option<Held>>,
 }
 
 impl BudgetTurn {
-    fn new(turn: Turn) -> BudgetTurn {
+    fn new(turn: Held) -> BudgetTurn {
         BudgetTurn {
             turn: Mutex::new(Some(turn)),
         }
@@ -272,14 +419,24 @@ impl BudgetTurn {
                 "this turn has already ended (settled or released)",
             ));
         };
-        match turn.settle(&costs(&costs_)) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let err = error(e.error().clone());
-                *lock(&self.turn) = Some(e.into_turn());
-                Err(err)
-            }
-        }
+        let (err, turn) = match turn {
+            Held::Local(turn) => match turn.settle(&costs(&costs_)) {
+                Ok(()) => return Ok(()),
+                Err(e) => (error(e.error().clone()), Held::Local(e.into_turn())),
+            },
+            Held::Shared(turn) => match turn.settle(&costs(&costs_)) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    let err = match e.error() {
+                        SharedBudgetError::Budget(b) => error(b.clone()),
+                        other => PyRuntimeError::new_err(other.to_string()),
+                    };
+                    (err, Held::Shared(e.into_turn()))
+                }
+            },
+        };
+        *lock(&self.turn) = Some(turn);
+        Err(err)
     }
 
     /// Ends the turn keeping its estimate (nothing to correct, or an exception); the
@@ -296,7 +453,10 @@ impl BudgetTurn {
 
     /// The cells charged to `name` at admission, or None.
     fn cost(&self, name: &str) -> Option<u32> {
-        lock(&self.turn).as_ref().and_then(|t| t.cost(name))
+        lock(&self.turn).as_ref().and_then(|t| match t {
+            Held::Local(t) => t.cost(name),
+            Held::Shared(t) => t.cost(name),
+        })
     }
 }
 
@@ -306,5 +466,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BudgetWaiting>()?;
     m.add_class::<BudgetTurn>()?;
     m.add_function(wrap_pyfunction!(new_budget, m)?)?;
+    m.add_function(wrap_pyfunction!(new_shared_budget, m)?)?;
     Ok(())
 }

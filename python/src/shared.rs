@@ -2,12 +2,16 @@
 
 use paceline::shared::{OnMismatch, OpenOptions, SharedError};
 use paceline::Quota;
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError, PyValueError};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError, PyTimeoutError, PyValueError,
+};
 use pyo3::prelude::*;
 
 /// A shared file's error as Python's: the system's refusals as `OSError`, a file someone
 /// else owns or can write as `PermissionError`, a file that is not what was asked for
-/// (another quota, a damaged or foreign file) as `ValueError`; the fixes in Python's words.
+/// (another quota, a damaged or foreign file) as `ValueError`, a budget's lock held past
+/// patience by a stopped process as `TimeoutError`, a budget's record full as
+/// `RuntimeError`; the fixes in Python's words.
 pub(crate) fn shared_error(e: SharedError) -> PyErr {
     let describe = |q: Quota| {
         format!(
@@ -23,6 +27,9 @@ pub(crate) fn shared_error(e: SharedError) -> PyErr {
             _ => PyOSError::new_err(e.to_string()),
         },
         SharedError::NotLocal { .. } => PyOSError::new_err(e.to_string()),
+        // Another process stopped inside a budget's lock: a wait that ran out.
+        SharedError::Locked { .. } => PyTimeoutError::new_err(e.to_string()),
+        SharedError::TooManyCallers { .. } => PyRuntimeError::new_err(e.to_string()),
         SharedError::Untrusted { owner, group, .. } => PyPermissionError::new_err(
             // The Rust message, with its options as Python's arguments.
             e.to_string()
@@ -51,6 +58,12 @@ pub(crate) fn shared_error(e: SharedError) -> PyErr {
             describe(file),
             describe(asked)
         )),
+        SharedError::BudgetMismatch { .. } | SharedError::BadBudget { .. } => {
+            PyValueError::new_err(
+                e.to_string()
+                    .replace("OnMismatch::Adopt", "on_mismatch=\"adopt\""),
+            )
+        }
         _ => PyValueError::new_err(e.to_string()),
     }
 }

@@ -34,9 +34,10 @@
 
 use core::time::Duration;
 
-use super::Budget;
+use super::{Budget, Ledger};
 use crate::clock::Clock;
 use crate::gcra::Params;
+use crate::quota::Quota;
 use crate::upstream::DimensionSignal;
 use crate::wait::duration_nanos;
 
@@ -78,75 +79,20 @@ impl<C: Clock> Budget<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn follow(&self, signal: &DimensionSignal, max_hold: Duration) -> usize {
-        let cap = duration_nanos(max_hold);
         let now = self.shared.clock.now();
-        let reported: Vec<_> = (self.shared.names.iter().enumerate())
-            .filter_map(|(d, name)| Some((d, signal.get(name)?)))
-            .collect();
-        let paces: Vec<_> = (reported.iter())
-            .filter_map(|&(d, left)| Some((d, self.paced(d, left.limit?, left.per?, cap))))
-            .collect();
-        let hold = signal
-            .retry_after()
-            .map(|r| now.saturating_add(duration_nanos(r).min(cap)));
-        if reported.is_empty() && hold.is_none() {
-            return 0;
-        }
         let mut state = self.shared.lock();
-        let mut faster = false;
-        for &(d, params) in &paces {
-            let (interval, tau) = state.ledger.pace(d);
-            if (interval, tau) != (params.interval(), params.tau()) {
-                faster |= params.interval() < interval;
-                state.ledger.set_params(d, &params, now);
-            }
-        }
-        // Floors at the pace now in force, the one just set included.
-        for &(d, left) in &reported {
-            let (interval, tau) = state.ledger.pace(d);
-            let (interval, tau) = (u128::from(interval), u128::from(tau));
-            let floor = if left.remaining > 0 {
-                let spent = tau.saturating_sub(u128::from(left.remaining) * interval);
-                u128::from(now) + spent
-            } else {
-                match left.reset {
-                    Some(r) => {
-                        let reset = duration_nanos(r).min(cap);
-                        u128::from(now) + u128::from(reset) + tau - interval.min(tau)
-                    }
-                    // None left and no reset: as `r = 0`, the next cell one interval on.
-                    None => u128::from(now) + tau,
-                }
-            };
-            // Past the end of time: held for ever by the cap, which `max_hold` bounds
-            // anyway (a floor this far means `max_hold` itself is centuries).
-            state
-                .ledger
-                .floor(d, u64::try_from(floor).unwrap_or(u64::MAX));
-        }
-        if let Some(until) = hold {
-            state.ledger.hold(until);
-        }
+        let (reported, faster) = steer(
+            &mut state.ledger,
+            (&self.shared.names, &self.shared.quotas),
+            signal,
+            max_hold,
+            now,
+        );
         // A faster rate may bring the head's instant earlier than the alarm it sleeps on.
         let head = if faster { state.head_waker() } else { None };
         drop(state);
         super::methods::wake(head);
-        reported.len()
-    }
-
-    /// Dimension `d`'s quota for an announced limit of `q` per `w` (module docs): the
-    /// configured one unless the announced rate is lower, then its interval (at most
-    /// `cap`) with the configured burst.
-    fn paced(&self, d: usize, q: u64, w: Duration, cap: u64) -> Params {
-        let configured = *self.shared.quotas[d].params();
-        let announced = (w.as_nanos() / u128::from(q.max(1))).min(u128::from(cap));
-        let announced = u64::try_from(announced).unwrap_or(u64::MAX);
-        if q == 0 || announced <= configured.interval() {
-            return configured;
-        }
-        // A burst window past the end of time (a huge burst at a slow announced rate):
-        // the configured quota stays.
-        Params::new(announced, configured.burst()).unwrap_or(configured)
+        reported
     }
 
     /// Holds every turn for `duration` from now: nothing is admitted before then (a
@@ -180,6 +126,76 @@ impl<C: Clock> Budget<C> {
             .saturating_add(duration_nanos(duration));
         self.shared.lock().ledger.hold(until);
     }
+}
+
+/// What a response said about a budget of `names` configured at `quotas`, applied to its
+/// ledger at `now` (module docs): returns how many of its dimensions the response
+/// reported, and whether a dimension's rate became faster.
+pub(crate) fn steer(
+    ledger: &mut Ledger,
+    (names, quotas): (&[String], &[Quota]),
+    signal: &DimensionSignal,
+    max_hold: Duration,
+    now: u64,
+) -> (usize, bool) {
+    let cap = duration_nanos(max_hold);
+    let reported: Vec<_> = (names.iter().enumerate())
+        .filter_map(|(d, name)| Some((d, signal.get(name)?)))
+        .collect();
+    let paces: Vec<_> = (reported.iter())
+        .filter_map(|&(d, left)| Some((d, paced(quotas[d].params(), left.limit?, left.per?, cap))))
+        .collect();
+    let hold = signal
+        .retry_after()
+        .map(|r| now.saturating_add(duration_nanos(r).min(cap)));
+    let mut faster = false;
+    for &(d, params) in &paces {
+        let (interval, tau) = ledger.pace(d);
+        if (interval, tau) != (params.interval(), params.tau()) {
+            faster |= params.interval() < interval;
+            ledger.set_params(d, &params, now);
+        }
+    }
+    // Floors at the pace now in force, the one just set included.
+    for &(d, left) in &reported {
+        let (interval, tau) = ledger.pace(d);
+        let (interval, tau) = (u128::from(interval), u128::from(tau));
+        let floor = if left.remaining > 0 {
+            let spent = tau.saturating_sub(u128::from(left.remaining) * interval);
+            u128::from(now) + spent
+        } else {
+            match left.reset {
+                Some(r) => {
+                    let reset = duration_nanos(r).min(cap);
+                    u128::from(now) + u128::from(reset) + tau - interval.min(tau)
+                }
+                // None left and no reset: as `r = 0`, the next cell one interval on.
+                None => u128::from(now) + tau,
+            }
+        };
+        // Past the end of time: held for ever by the cap, which `max_hold` bounds
+        // anyway (a floor this far means `max_hold` itself is centuries).
+        ledger.floor(d, u64::try_from(floor).unwrap_or(u64::MAX));
+    }
+    if let Some(until) = hold {
+        ledger.hold(until);
+    }
+    (reported.len(), faster)
+}
+
+/// A dimension's quota for an announced limit of `q` per `w` (module docs): the
+/// `configured` one unless the announced rate is lower, then its interval (at most
+/// `cap`) with the configured burst.
+fn paced(configured: &Params, q: u64, w: Duration, cap: u64) -> Params {
+    let configured = *configured;
+    let announced = (w.as_nanos() / u128::from(q.max(1))).min(u128::from(cap));
+    let announced = u64::try_from(announced).unwrap_or(u64::MAX);
+    if q == 0 || announced <= configured.interval() {
+        return configured;
+    }
+    // A burst window past the end of time (a huge burst at a slow announced rate):
+    // the configured quota stays.
+    Params::new(announced, configured.burst()).unwrap_or(configured)
 }
 
 #[cfg(test)]

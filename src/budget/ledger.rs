@@ -488,6 +488,7 @@ impl Ledger {
     }
 }
 
+#[cfg(feature = "shared")]
 pub(crate) mod codec;
 #[cfg(test)]
 mod tests;

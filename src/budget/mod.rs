@@ -70,6 +70,11 @@ use crate::clock::{Clock, DefaultClock};
 use crate::gcra::{Params, Unfit};
 use crate::quota::Quota;
 use crate::sync::Mutex;
+#[cfg(feature = "shared")]
+pub(crate) use follow::steer;
+#[cfg(not(feature = "shared"))]
+use ledger::Ledger;
+#[cfg(feature = "shared")]
 pub(crate) use ledger::{codec::words as ledger_words, Ledger, Ready};
 use methods::wake;
 use state::State;

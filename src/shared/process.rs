@@ -44,29 +44,47 @@ pub(crate) fn identity() -> u64 {
 }
 
 /// Whether the process `identity` names may still exist: its id exists and, where the
-/// system tells start times, the process with that id started when the identity says.
+/// system tells, the process with that id started when the identity says and has not
+/// exited (a zombie, not yet reaped by its parent, has).
 pub(crate) fn still(identity: u64) -> bool {
     let pid = identity >> 32;
     if !alive(pid) {
         return false;
     }
-    match start_time(pid) {
-        Some(start) => start & 0xffff_ffff == identity & 0xffff_ffff,
+    match stat(pid) {
+        Some(Stat { start, state }) => {
+            start & 0xffff_ffff == identity & 0xffff_ffff && !matches!(state, 'Z' | 'X' | 'x')
+        }
         // Not told (another system, or a `/proc` that hides other users): the id decides.
         None => true,
     }
 }
 
-/// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat`, field 22).
+/// What `/proc/<pid>/stat` says of a process.
+struct Stat {
+    /// Its start time in clock ticks since boot (field 22).
+    start: u64,
+    /// Its state (field 3): `Z` for a zombie.
+    state: char,
+}
+
+/// When process `pid` started, in clock ticks since boot.
 fn start_time(pid: u64) -> Option<u64> {
+    stat(pid).map(|s| s.start)
+}
+
+fn stat(pid: u64) -> Option<Stat> {
     if !cfg!(target_os = "linux") {
         return None;
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold anything: count fields
-    // from the last `)`, which is field 2's end; field 22 is the 20th after it.
+    // from the last `)`, which is field 2's end; field 3 is the first after it.
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some(Stat { start, state })
 }
 
 /// Whole seconds on `CLOCK_MONOTONIC` (the same for every process of the host), wrapping
@@ -110,5 +128,19 @@ mod tests {
         let id = u64::from(child.id());
         child.wait().unwrap();
         assert!(!still(id << 32));
+    }
+
+    #[test]
+    fn a_zombie_is_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = u64::from(child.id());
+        // Exited, not yet reaped: its id still exists.
+        while stat(id).is_some_and(|s| s.state != 'Z') {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(alive(id));
+        let identity = id << 32 | start_time(id).unwrap_or(0) & 0xffff_ffff;
+        assert_eq!(still(identity), !cfg!(target_os = "linux"));
+        child.wait().unwrap();
     }
 }

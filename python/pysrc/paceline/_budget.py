@@ -21,10 +21,11 @@ queue.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-from ._args import _count, _timeout
-from ._paceline import BudgetTurn, new_budget
+from ._args import _count, _gid, _path, _timeout, _trusted, _uid
+from ._paceline import BudgetTurn, new_budget, new_shared_budget
 
 __all__ = ["Rate", "Budget", "Turn"]
 
@@ -104,6 +105,28 @@ class Turn:
 
     def __repr__(self) -> str:
         return f"<paceline.Turn {'ended' if self.ended else 'in flight'}>"
+
+
+def _checked(rates: Dict[str, Rate], in_flight: Optional[int]) -> Optional[int]:
+    """Checks a budget's rates and cap; returns the cap."""
+    for name, rate in rates.items():
+        if name in _RESERVED:
+            raise ValueError(f"a dimension may not be named {name!r}")
+        if not isinstance(rate, Rate):
+            raise TypeError(f"{name} must be a paceline.Rate, got {type(rate).__name__}")
+    if in_flight is not None:
+        in_flight = _count("in_flight", in_flight, 1)
+    if not rates and in_flight is None:
+        raise ValueError("a budget needs at least one rate or an in_flight cap")
+    return in_flight
+
+
+def _attach_budget(path, wanted, in_flight, uid=None, gid=None):  # type: ignore[no-untyped-def]
+    """Unpickles a shared budget: the same file, whatever budget it holds now."""
+    self = Budget.__new__(Budget)
+    self._core = new_shared_budget(path, list(wanted), in_flight, "adopt", uid, gid)
+    self._shared = (path, tuple(wanted), in_flight, uid, gid)
+    return self
 
 
 def _settle(future: "asyncio.Future[None]") -> None:
@@ -189,31 +212,76 @@ class Budget:
     """
 
     def __init__(self, *, in_flight: Optional[int] = None, **rates: Rate) -> None:
-        for name, rate in rates.items():
-            if name in _RESERVED:
-                raise ValueError(f"a dimension may not be named {name!r}")
-            if not isinstance(rate, Rate):
-                raise TypeError(
-                    f"{name} must be a paceline.Rate, got {type(rate).__name__}"
-                )
-        if in_flight is not None:
-            in_flight = _count("in_flight", in_flight, 1)
-        if not rates and in_flight is None:
-            raise ValueError("a budget needs at least one rate or an in_flight cap")
+        in_flight = _checked(rates, in_flight)
         self._core = new_budget(
             [(name, r.count, r.per, r.burst) for name, r in rates.items()], in_flight
         )
-        self._rates = dict(rates)
-        self._in_flight = in_flight
+        self._shared: Optional[tuple] = None
+
+    @classmethod
+    def shared(
+        cls,
+        path: "os.PathLike[str] | str",
+        *,
+        in_flight: Optional[int] = None,
+        on_mismatch: str = "refuse",
+        trust_user: "int | str | None" = None,
+        trust_group: "int | str | None" = None,
+        **rates: Rate,
+    ) -> "Budget":
+        """One budget for every process of the host that opens ``path``: gunicorn and
+        uvicorn workers, ``multiprocessing`` pools, scripts started separately. Its state
+        lives in that file (``/dev/shm/...`` keeps it in memory on Linux). The rates, the
+        in-flight cap and first-come-first-served hold over every process: with a cap, a
+        caller first takes a permit in arrival order, then is booked in every dimension
+        at once at the earliest instant all of them admit it; a task cancelled before its
+        turn gives its place (and its booking, as far as no one booked after it) back; a
+        turn's permit returns when it ends, and when its process is gone (killed, or
+        exited without ending it). A caller waiting for a permit whose process stops
+        asking for 5 seconds (an event loop closed under it) loses its place.
+
+        The file is trusted as ``Limiter.shared``'s is (its owner, or ``trust_user`` /
+        ``trust_group``; never through a link; new files ``0600``). A file holding another
+        budget raises ``ValueError`` naming both, unless ``on_mismatch="adopt"`` (use the
+        file's; ``rates`` then says what it holds). At most 8 dimensions, names of at most
+        32 bytes. A shared budget pickles as its path: unpickled in another process, it
+        opens the same file (adopting its budget)."""
+        in_flight = _checked(rates, in_flight)
+        path = _path(path)
+        uid = _trusted("trust_user", trust_user, _uid)
+        gid = _trusted("trust_group", trust_group, _gid)
+        wanted = [(name, r.count, r.per, r.burst) for name, r in rates.items()]
+        self = cls.__new__(cls)
+        self._core = new_shared_budget(path, wanted, in_flight, on_mismatch, uid, gid)
+        self._shared = (path, tuple(wanted), in_flight, uid, gid)
+        return self
+
+    @property
+    def path(self) -> Optional[str]:
+        """The file of a shared budget; ``None`` in-process."""
+        return None if self._shared is None else self._shared[0]
+
+    def __reduce__(self) -> tuple:
+        if self._shared is None:
+            raise TypeError(
+                "an in-process paceline.Budget cannot be pickled (each process would get "
+                "a budget of its own); use paceline.Budget.shared(path, ...) to share one "
+                "between processes"
+            )
+        return (_attach_budget, self._shared)
 
     def __repr__(self) -> str:
-        rates = ", ".join(f"{n}={r!r}" for n, r in self._rates.items())
-        return f"Budget({rates}, in_flight={self._in_flight})"
+        rates = ", ".join(f"{n}={r!r}" for n, r in self.rates.items())
+        where = "" if self._shared is None else f", path={self._shared[0]!r}"
+        return f"Budget({rates}, in_flight={self._core.in_flight_limit()}{where})"
 
     @property
     def rates(self) -> Dict[str, Rate]:
-        """The dimensions and their rates."""
-        return dict(self._rates)
+        """The dimensions and their rates (a shared budget's: its file's)."""
+        return {
+            name: Rate(burst, per=interval * burst / 1e9, burst=burst)
+            for name, interval, burst in self._core.rates()
+        }
 
     def acquire(self, *, timeout: Optional[float] = None, **costs: int) -> _Acquiring:
         """Waits this task's turn for ``costs``: ``async with budget.acquire(tokens=n) as
@@ -295,5 +363,6 @@ class Budget:
 
     @property
     def waiting(self) -> int:
-        """Callers waiting in the queue."""
+        """Callers waiting in the queue (a shared budget's: in every process, waiting for
+        a permit or for their booked instant)."""
         return self._core.waiting()
