@@ -12,6 +12,8 @@ refused call (429) waits its ``retry-after`` and is sent again, in every contend
   (a refused call is released, keeping its charge);
 * the same budget configured at twice the API's limits, following the limits and
   counts the API's fields announce (``Budget.follow``, what the httpx transports do);
+* the same budget in a file shared by 4 processes (``Budget.shared``), each sending a
+  quarter of the calls from a quarter of the tasks;
 * aiolimiter on requests only (deaf to tokens and concurrency);
 * a token pre-counting limiter that never settles: aiolimiter for requests, aiolimiter
   for tokens charged the estimate, and a semaphore for the calls in flight;
@@ -28,7 +30,9 @@ import os
 import random
 import sys
 import time
-from typing import Awaitable, Callable, Dict, List
+import multiprocessing
+import tempfile
+from typing import Awaitable, Callable, Dict, List, Optional
 
 import httpx
 from aiolimiter import AsyncLimiter
@@ -50,15 +54,21 @@ async def backoff(response: httpx.Response) -> None:
     await asyncio.sleep(float(response.headers.get("retry-after", "1")))
 
 
-def budget_job(scale: int = 1, follow: bool = False) -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+def budget_job(
+    scale: int = 1, follow: bool = False, path: Optional[str] = None
+) -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
     """A paceline.Budget at ``scale`` times the API's limits; with ``follow``, steered by
     the limits and counts the API's fields announce (``Budget.follow``, as the httpx
-    transports do)."""
-    budget = paceline.Budget(
+    transports do); with ``path``, the budget of that file (``Budget.shared``)."""
+    rates = dict(
         requests=paceline.Rate(scale * LIMITS.requests, per=LIMITS.window),
         tokens=paceline.Rate(scale * LIMITS.tokens, per=LIMITS.window),
         in_flight=LIMITS.concurrency,
     )
+    if path is None:
+        budget = paceline.Budget(**rates)
+    else:
+        budget = paceline.Budget.shared(path, on_mismatch="adopt", **rates)
 
     async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
         while True:
@@ -136,32 +146,60 @@ def semaphore_per_second() -> Callable[[Send, int, Dict[str, int]], Awaitable[No
 CONTENDERS = [
     ("paceline.Budget", budget_job),
     ("paceline.Budget at 2x, following", lambda: budget_job(scale=2, follow=True)),
+    ("paceline.Budget.shared, 4 processes", "processes"),
     ("aiolimiter (requests only)", aiolimiter_requests),
     ("pre-counting, never settled", precounting),
     ("semaphore + per-second", semaphore_per_second),
 ]
 
 
+PROCESSES = 4
+
+
+def process_share(url: str, path: str, tasks: int, prompts: List[int], ready, go) -> None:
+    """One of ``PROCESSES`` processes sharing the budget of ``path``: its tasks and its
+    share of the calls, from when ``go`` is set (the interpreter started and the budget
+    opened before, off the clock)."""
+    job = budget_job(path=path)
+    ready.release()
+    go.wait()
+    asyncio.run(calls(url, job, tasks, prompts, reset=False))
+
+
 async def run(url: str, make, tasks: int, prompts: List[int]) -> Dict[str, float]:
-    job = make()
-    count = {"refused": 0}
-    queue = list(reversed(prompts))
-    limits = httpx.Limits(max_connections=tasks + 10, max_keepalive_connections=tasks + 10)
-    async with httpx.AsyncClient(limits=limits, timeout=60.0) as client:
+    async with httpx.AsyncClient(timeout=60.0) as client:
         await client.post(f"{url}/reset")
-
-        async def send(prompt: int) -> httpx.Response:
-            return await client.post(
-                f"{url}/v1/chat/completions",
-                json={"prompt_tokens": prompt, "max_tokens": MAX_TOKENS},
-            )
-
-        async def worker() -> None:
-            while queue:
-                await job(send, queue.pop(), count)
-
         t0 = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(tasks)))
+        if make == "processes":
+            # Each process gets a quarter of the tasks (at least one) and of the calls.
+            path = os.path.join(tempfile.mkdtemp(), "budget")
+            # Spawned: a fork inside the running event loop would inherit it.
+            ctx = multiprocessing.get_context("spawn")
+            ready, go = ctx.Semaphore(0), ctx.Event()
+            procs = [
+                ctx.Process(
+                    target=process_share,
+                    args=(
+                        url,
+                        path,
+                        max(1, tasks // PROCESSES),
+                        prompts[i::PROCESSES],
+                        ready,
+                        go,
+                    ),
+                )
+                for i in range(PROCESSES)
+            ]
+            for p in procs:
+                p.start()
+            for _ in procs:
+                ready.acquire()
+            t0 = time.monotonic()
+            go.set()
+            for p in procs:
+                p.join()
+        else:
+            await calls(url, make(), tasks, prompts, reset=False)
         elapsed = time.monotonic() - t0
         stats = (await client.get(f"{url}/stats")).json()
     refused = stats["refused_requests"] + stats["refused_tokens"] + stats["refused_concurrency"]
@@ -174,6 +212,28 @@ async def run(url: str, make, tasks: int, prompts: List[int]) -> Dict[str, float
         refused=refused / (stats["accepted"] + refused),
         most_in_flight=stats["most_in_flight"],
     )
+
+
+async def calls(url: str, job, tasks: int, prompts: List[int], reset: bool) -> None:
+    """Sends ``prompts`` through ``job`` from ``tasks`` tasks."""
+    count = {"refused": 0}
+    queue = list(reversed(prompts))
+    limits = httpx.Limits(max_connections=tasks + 10, max_keepalive_connections=tasks + 10)
+    async with httpx.AsyncClient(limits=limits, timeout=60.0) as client:
+        if reset:
+            await client.post(f"{url}/reset")
+
+        async def send(prompt: int) -> httpx.Response:
+            return await client.post(
+                f"{url}/v1/chat/completions",
+                json={"prompt_tokens": prompt, "max_tokens": MAX_TOKENS},
+            )
+
+        async def worker() -> None:
+            while queue:
+                await job(send, queue.pop(), count)
+
+        await asyncio.gather(*(worker() for _ in range(tasks)))
 
 
 async def main(calls: int) -> None:

@@ -25,7 +25,7 @@
 //!               half, word, execution word)
 //!    512        budget (`CAPACITY_AT` holds its dimensions, D): the lock word, the
 //!               generation of the state (which copy is current), the in-flight cap, the
-//!               hint of the permits' epoch; at 576, D rates of 56 bytes (name's length,
+//!               two epoch hints (the head's, the queue's); at 576, D rates of 56 bytes (name's length,
 //!               32 bytes of name, interval, burst); at 1024, two copies of the state
 //!               (`crate::shared::budget`), `budget_state_words(D)` words each
 //! ```
@@ -85,9 +85,12 @@ pub(super) const BUDGET_LOCK_AT: usize = HEADER_LEN;
 pub(super) const BUDGET_GENERATION_AT: usize = HEADER_LEN + 8;
 /// A budget's in-flight cap (0: none).
 pub(super) const BUDGET_CAP_AT: usize = HEADER_LEN + 16;
-/// Counts the permits returned and the places given up: a waiter reads it to know whether
-/// anything changed since it last looked.
+/// Counts what may let the head of a budget's queue in sooner (a permit returned, a
+/// settle, a rate or hold changed): the head reads it to know whether to look again.
 pub(super) const BUDGET_EPOCH_AT: usize = HEADER_LEN + 24;
+/// Counts the waiters that left a budget's queue (admitted, or gone): a waiter reads it to
+/// know whether it may have moved up.
+pub(super) const BUDGET_QUEUE_AT: usize = HEADER_LEN + 32;
 pub(super) const BUDGET_RATES_AT: usize = HEADER_LEN + 64;
 pub(super) const BUDGET_RATE_LEN: usize = 56;
 /// The longest name of a shared budget's dimension, in bytes.
@@ -99,13 +102,16 @@ pub(super) const BUDGET_STATE_AT: usize = 1024;
 pub(super) const BUDGET_LOG: usize = 1024;
 /// Callers a shared budget's state records at once: turns in flight and waiters.
 pub(super) const BUDGET_TURNS: usize = 2048;
-/// Words of a budget's state record per caller.
-pub(super) const BUDGET_TURN_WORDS: usize = 4;
+/// Words of a budget's state record per caller: ticket, owner, turn, when last seen, and
+/// its cells per dimension.
+pub(super) const fn budget_caller_words(dims: usize) -> usize {
+    4 + dims
+}
 
 /// Words of one copy of the state of a budget of `dims` dimensions: its counts, its callers,
 /// its ledger.
 pub(super) const fn budget_state_words(dims: usize) -> usize {
-    4 + BUDGET_TURNS * BUDGET_TURN_WORDS + crate::budget::ledger_words(dims, BUDGET_LOG)
+    4 + BUDGET_TURNS * budget_caller_words(dims) + crate::budget::ledger_words(dims, BUDGET_LOG)
 }
 
 /// Offset of a budget's state copy `copy` (0 or 1).

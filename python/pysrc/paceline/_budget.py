@@ -232,13 +232,12 @@ class Budget:
         """One budget for every process of the host that opens ``path``: gunicorn and
         uvicorn workers, ``multiprocessing`` pools, scripts started separately. Its state
         lives in that file (``/dev/shm/...`` keeps it in memory on Linux). The rates, the
-        in-flight cap and first-come-first-served hold over every process: with a cap, a
-        caller first takes a permit in arrival order, then is booked in every dimension
-        at once at the earliest instant all of them admit it; a task cancelled before its
-        turn gives its place (and its booking, as far as no one booked after it) back; a
-        turn's permit returns when it ends, and when its process is gone (killed, or
-        exited without ending it). A caller waiting for a permit whose process stops
-        asking for 5 seconds (an event loop closed under it) loses its place.
+        in-flight cap and first-come-first-served hold over every process: callers wait in
+        one queue in the file, and the first is admitted when every rate admits it and a
+        permit is free; a task cancelled before its turn has spent nothing; a turn's permit
+        returns when it ends, and when its process is gone (killed, or exited without
+        ending it). A waiter whose process stops asking for 5 seconds (an event loop
+        closed under it) loses its place.
 
         The file is trusted as ``Limiter.shared``'s is (its owner, or ``trust_user`` /
         ``trust_group``; never through a link; new files ``0600``). A file holding another

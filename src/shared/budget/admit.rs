@@ -1,21 +1,24 @@
-//! A shared budget's decisions, made on its state under the file's lock: booking a turn,
-//! waiting for a permit, ending a turn, and clearing out callers whose process is gone.
+//! A shared budget's decisions, made on its state under the file's lock: a caller's
+//! arrival, the head of the queue asking again, ending a turn, and clearing out callers
+//! whose process is gone.
 //!
 //! # Implementation notes
 //!
-//! **Permit first, then the rates.** With an in-flight cap, a caller first gets a permit,
-//! in ticket order across every process, and is then booked in every dimension at once
-//! at the earliest instant all of them admit it (`Ledger::ready`, `Ledger::admit` at that
-//! instant): so it sends at its booked instant, and the rates bound what is sent, not
-//! only what is booked (a caller booked first and given a permit late would send late,
-//! bunched with others). A booked turn holds its permit while it waits for its instant;
-//! the turns behind it are booked behind it. Without a cap, a caller is booked at once.
+//! **The in-process budget's scheduling, across processes.** Callers wait in one queue
+//! in the file, in ticket order (tickets are handed out on arrival). Only the head may be
+//! admitted, and only at an instant when every dimension admits it *and* a permit is
+//! free: it is then charged in every dimension at once, at that instant (`Ledger::admit`
+//! at `now`). So nothing is spent unless everything admits, nobody overtakes the head,
+//! and a settle's refund comes back whole whenever no admission has happened since (an
+//! admission is never made ahead of its instant, so it never relies on a charge that a
+//! settle may yet take back). A plain `try_now` is admitted only when no one waits.
 //!
-//! **A permit** is free when fewer turns are on record than the cap; a waiter takes one
-//! when the free permits outnumber the waiters ahead of it, so waiters are served in
-//! ticket order. Nothing else changes whether that holds but a turn ending, a waiter
-//! leaving, or one being cleared out: each advances the epoch hint, which a waiter reads
-//! without the lock to know whether asking again can help.
+//! **Who looks again when.** A waiter behind the head can only move up when a waiter
+//! ahead leaves the queue (admitted, gone, or given up): each departure advances the
+//! queue's epoch by one, so a waiter `p` places back needs `p` of them. The head can only
+//! be admitted sooner than its rates' instant when a permit returns, a settle refunds, or
+//! the rates or holds change: each advances the head's epoch. Both epochs are hints read
+//! without the lock (`waiting.rs`).
 //!
 //! **Cleared out** (`reap`, at most every [`REAP_EVERY`]): a caller whose process no
 //! longer exists (its turn stays charged at its estimate: spent is spent; its permit
@@ -28,12 +31,9 @@ use super::store::{Caller, State};
 use crate::budget::{BudgetError, Ready};
 use crate::shared::process;
 
-/// A waiter that has not asked for a permit for this long gives its place up (it asks
-/// at least every [`MAX_POLL`]).
+/// A waiter that has not asked again for this long gives its place up (it asks at least
+/// every second while it waits).
 pub const ABANDONED: Duration = Duration::from_secs(5);
-
-/// The longest a waiter for a permit goes without asking.
-pub(super) const MAX_POLL: Duration = Duration::from_millis(100);
 
 /// How often callers are checked for processes that are gone.
 const REAP_EVERY: Duration = Duration::from_millis(50);
@@ -41,10 +41,15 @@ const REAP_EVERY: Duration = Duration::from_millis(50);
 /// What a caller's step comes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Step {
-    /// Booked: admission `turn` at instant `at` (clock nanoseconds), with its permit.
-    Booked { ticket: u64, turn: u64, at: u64 },
-    /// Waiting for a permit behind `behind` others that are not yet served.
-    Waiting { ticket: u64, behind: usize },
+    /// Admitted: its turn, with its permit.
+    Admitted { ticket: u64 },
+    /// Waiting with `ahead` waiters before it; the head (`ahead == 0`) learns when its
+    /// rates admit it (`at`, as things stand; `None`: it waits for a permit, or for ever).
+    Waiting {
+        ticket: u64,
+        ahead: usize,
+        at: Option<u64>,
+    },
 }
 
 /// Why a step failed.
@@ -70,76 +75,89 @@ pub(super) struct Ask<'a> {
     pub(super) me: u64,
 }
 
-impl Ask<'_> {
-    /// Whether a turn at `at` comes too late: after the deadline, and not now (the
-    /// deadline was set from a clock read before the lock).
-    fn past_deadline(&self, at: u64) -> bool {
-        self.deadline.is_some_and(|d| at > d.max(self.now))
-    }
-}
-
 impl State {
-    /// A new caller: booked if it may be now, else on record as a waiter. Refused when
-    /// the rates put its turn past its deadline (nothing is recorded).
+    /// A new caller: admitted now if no one waits and everything admits it; otherwise in
+    /// the queue. Refused at once, taking no place, when the rates put its turn past its
+    /// deadline (every waiter ahead admitted as early as the rates allow).
     pub(super) fn arrive(&mut self, ask: &Ask<'_>) -> Result<Step, Refusal> {
         self.reap(ask.now, ask.me);
-        let turn = self.turn_instant(ask)?;
-        if ask.past_deadline(turn) {
-            return Err(not_within(turn, ask.now).into());
+        if let Some(deadline) = ask.deadline {
+            let ahead = self.callers.iter().filter(|c| c.turn.is_none());
+            let at = self
+                .ledger
+                .simulate(ahead.map(|c| &*c.cells), ask.cells, ask.now);
+            match at {
+                Some(at) if at <= deadline.max(ask.now) => {}
+                Some(at) => return Err(not_within(at, ask.now).into()),
+                None => {
+                    return Err(BudgetError::NotWithin {
+                        wait: Duration::MAX,
+                    }
+                    .into())
+                }
+            }
         }
         if self.callers.len() >= super::MAX_WAITING {
             return Err(Refusal::Full);
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let waiting = self.callers.iter().filter(|c| c.turn.is_none()).count();
-        if self.free(ask.cap) > waiting {
-            return self.book(ticket, ask);
-        }
         self.callers.push(Caller {
             ticket,
             owner: ask.me,
             turn: None,
             seen: ask.now,
+            cells: ask.cells.into(),
         });
-        Ok(Step::Waiting {
-            ticket,
-            behind: waiting + 1 - self.free(ask.cap),
-        })
+        self.ask_again(ticket, ask)
     }
 
-    /// A waiter asks again: booked if a permit is its now, still waiting, or out at its
-    /// deadline. A waiter no longer on record (cleared out) arrives anew.
+    /// A waiter asks again: admitted if it is the head and everything admits it now,
+    /// still waiting, or out at its deadline. A waiter no longer on record (cleared out)
+    /// arrives anew, at the back.
     pub(super) fn ask_again(&mut self, ticket: u64, ask: &Ask<'_>) -> Result<Step, Refusal> {
         let Some(i) = self.callers.iter().position(|c| c.ticket == ticket) else {
             return self.arrive(ask);
         };
         self.callers[i].seen = ask.now;
         let mut ahead = self.waiting_ahead(ticket);
-        if self.free(ask.cap) <= ahead && self.reap(ask.now, ask.me) {
-            ahead = self.waiting_ahead(ticket);
+        if ahead > 0 || self.free(ask.cap) == 0 {
+            // Someone ahead, or no permit: perhaps held by callers that are gone.
+            if self.reap(ask.now, ask.me) {
+                ahead = self.waiting_ahead(ticket);
+            }
         }
-        if self.free(ask.cap) > ahead {
-            self.callers.retain(|c| c.ticket != ticket);
-            return self.book(ticket, ask);
-        }
+        let i = self
+            .callers
+            .iter()
+            .position(|c| c.ticket == ticket)
+            .expect("a caller asking is never cleared out");
+        let at = if ahead > 0 || self.free(ask.cap) == 0 {
+            None
+        } else {
+            match self.ledger.ready(ask.cells, ask.now) {
+                Ready::Now => {
+                    let turn = self.ledger.admit(ask.now, ask.cells.into());
+                    self.callers[i].turn = Some(turn);
+                    return Ok(Step::Admitted { ticket });
+                }
+                Ready::At(at) => Some(at),
+                Ready::Never => None,
+            }
+        };
         if ask.deadline.is_some_and(|d| ask.now >= d) {
-            self.callers.retain(|c| c.ticket != ticket);
+            self.callers.remove(i);
             return Err(BudgetError::TimedOut.into());
         }
-        Ok(Step::Waiting {
-            ticket,
-            behind: ahead + 1 - self.free(ask.cap),
-        })
+        Ok(Step::Waiting { ticket, ahead, at })
     }
 
     /// A turn now or nothing: no one waits, a permit is free, every dimension admits.
     pub(super) fn try_now(&mut self, ask: &Ask<'_>) -> Result<Step, Refusal> {
-        if self.callers.iter().any(|c| c.turn.is_none()) || self.free(ask.cap) == 0 {
-            self.reap(ask.now, ask.me);
-            if self.callers.iter().any(|c| c.turn.is_none()) || self.free(ask.cap) == 0 {
-                return Err(BudgetError::WouldWait.into());
-            }
+        let blocked =
+            |s: &State| s.callers.iter().any(|c| c.turn.is_none()) || s.free(ask.cap) == 0;
+        if blocked(self) && (!self.reap(ask.now, ask.me) || blocked(self)) {
+            return Err(BudgetError::WouldWait.into());
         }
         if self.ledger.ready(ask.cells, ask.now) != Ready::Now {
             return Err(BudgetError::WouldWait.into());
@@ -149,35 +167,15 @@ impl State {
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        self.book(ticket, ask)
-    }
-
-    /// Books caller `ticket` (holding a permit) at the earliest instant every dimension
-    /// admits it; refused, and taken off the record, past its deadline.
-    fn book(&mut self, ticket: u64, ask: &Ask<'_>) -> Result<Step, Refusal> {
-        let at = self.turn_instant(ask)?;
-        if ask.past_deadline(at) {
-            return Err(not_within(at, ask.now).into());
-        }
-        let turn = self.ledger.admit(at, ask.cells.into());
+        let turn = self.ledger.admit(ask.now, ask.cells.into());
         self.callers.push(Caller {
             ticket,
             owner: ask.me,
             turn: Some(turn),
-            seen: at,
+            seen: ask.now,
+            cells: ask.cells.into(),
         });
-        Ok(Step::Booked { ticket, turn, at })
-    }
-
-    /// The instant the rates would admit `cells` as they stand.
-    fn turn_instant(&self, ask: &Ask<'_>) -> Result<u64, BudgetError> {
-        match self.ledger.ready(ask.cells, ask.now) {
-            Ready::Now => Ok(ask.now),
-            Ready::At(at) => Ok(at),
-            Ready::Never => Err(BudgetError::NotWithin {
-                wait: Duration::MAX,
-            }),
-        }
+        Ok(Step::Admitted { ticket })
     }
 
     /// Ends caller `ticket`: a waiter leaves; a turn settles (`Some`: each dimension
@@ -206,12 +204,9 @@ impl State {
         self.callers.iter().filter(|c| c.turn.is_some()).count()
     }
 
-    /// Waiters for a permit, and turns booked for a later instant.
-    pub(super) fn waiting(&self, now: u64) -> usize {
-        self.callers
-            .iter()
-            .filter(|c| c.turn.is_none() || c.seen > now)
-            .count()
+    /// Callers in the queue.
+    pub(super) fn waiting(&self) -> usize {
+        self.callers.iter().filter(|c| c.turn.is_none()).count()
     }
 
     fn free(&self, cap: Option<u32>) -> usize {
@@ -293,65 +288,71 @@ mod tests {
         }
     }
 
-    fn booked(step: Result<Step, Refusal>) -> (u64, u64) {
+    fn admitted(step: Result<Step, Refusal>) -> u64 {
         match step {
-            Ok(Step::Booked { ticket, at, .. }) => (ticket, at),
-            other => panic!("not booked: {other:?}"),
+            Ok(Step::Admitted { ticket }) => ticket,
+            other => panic!("not admitted: {other:?}"),
         }
     }
 
-    fn waiting(step: Result<Step, Refusal>) -> (u64, usize) {
+    fn waiting(step: Result<Step, Refusal>) -> (u64, usize, Option<u64>) {
         match step {
-            Ok(Step::Waiting { ticket, behind }) => (ticket, behind),
+            Ok(Step::Waiting { ticket, ahead, at }) => (ticket, ahead, at),
             other => panic!("not waiting: {other:?}"),
         }
     }
 
     #[test]
-    fn callers_are_booked_one_behind_another_in_every_dimension() {
+    fn a_heavy_head_is_not_overtaken_and_is_told_its_instant() {
         let mut s = state(10, 2);
-        let (_, a) = booked(s.arrive(&ask(&[2], None, 0)));
-        let (_, b) = booked(s.arrive(&ask(&[1], None, 0)));
-        let (_, c) = booked(s.arrive(&ask(&[2], None, 0)));
-        assert_eq!((a, b, c), (0, 100 * MS, 300 * MS));
-        assert_eq!(s.waiting(0), 2);
-        assert_eq!(s.in_flight(), 3);
+        admitted(s.arrive(&ask(&[2], None, 0)));
+        let (heavy, ahead, at) = waiting(s.arrive(&ask(&[2], None, 0)));
+        assert_eq!((ahead, at), (0, Some(200 * MS)));
+        // A light caller behind it waits too, though one cell would fit sooner.
+        let (light, ahead, at) = waiting(s.arrive(&ask(&[1], None, 100 * MS)));
+        assert_eq!((ahead, at), (1, None));
+        assert_eq!(waiting(s.ask_again(light, &ask(&[1], None, 150 * MS))).1, 1);
+        admitted(s.ask_again(heavy, &ask(&[2], None, 200 * MS)));
+        let (_, ahead, at) = waiting(s.ask_again(light, &ask(&[1], None, 200 * MS)));
+        assert_eq!((ahead, at), (0, Some(300 * MS)));
+        assert_eq!(s.waiting(), 1);
+        assert_eq!(s.in_flight(), 2);
     }
 
     #[test]
-    fn permits_go_in_arrival_order_and_a_returned_one_to_the_first_waiter() {
+    fn the_head_waits_for_a_permit_without_losing_its_place() {
         let mut s = state(1_000, 100);
-        let (first, _) = booked(s.arrive(&ask(&[1], Some(1), 0)));
-        let (w1, behind1) = waiting(s.arrive(&ask(&[1], Some(1), 0)));
-        let (w2, behind2) = waiting(s.arrive(&ask(&[1], Some(1), 0)));
-        assert_eq!((behind1, behind2), (1, 2));
-        // Nobody jumps the line: not a later waiter, not a try.
-        assert_eq!(waiting(s.ask_again(w2, &ask(&[1], Some(1), MS))).1, 2);
+        let first = admitted(s.arrive(&ask(&[1], Some(1), 0)));
+        let (w1, _, at) = waiting(s.arrive(&ask(&[1], Some(1), 0)));
+        assert_eq!(at, None, "no permit: no instant");
+        let (w2, ahead, _) = waiting(s.arrive(&ask(&[1], Some(1), 0)));
+        assert_eq!(ahead, 1);
         assert!(matches!(
             s.try_now(&ask(&[1], Some(1), MS)),
             Err(Refusal::Budget(BudgetError::WouldWait))
         ));
         assert!(s.end(first, &[1], None));
+        // The permit is the head's, not the one behind who asks first.
         assert_eq!(waiting(s.ask_again(w2, &ask(&[1], Some(1), 2 * MS))).1, 1);
-        booked(s.ask_again(w1, &ask(&[1], Some(1), 2 * MS)));
+        admitted(s.ask_again(w1, &ask(&[1], Some(1), 2 * MS)));
         assert_eq!(s.in_flight(), 1);
     }
 
     #[test]
     fn a_waiter_past_its_deadline_leaves_and_one_too_far_off_never_arrives() {
         let mut s = state(10, 2);
-        booked(s.arrive(&ask(&[1], Some(1), 0)));
+        admitted(s.arrive(&ask(&[1], Some(1), 0)));
         let mut late = ask(&[1], Some(1), 0);
         late.deadline = Some(50 * MS);
-        let (w, _) = waiting(s.arrive(&late));
+        let (w, _, _) = waiting(s.arrive(&late));
         late.now = 50 * MS;
         assert!(matches!(
             s.ask_again(w, &late),
             Err(Refusal::Budget(BudgetError::TimedOut))
         ));
         assert_eq!(s.callers.len(), 1, "the waiter is off the record");
-        // The rates put a third cell 100 ms away: a 50 ms deadline is refused at once.
-        booked(s.arrive(&ask(&[1], None, 0)));
+        // Two cells are spent: a third is 100 ms away by the rates, past a 50 ms deadline.
+        admitted(s.arrive(&ask(&[1], None, 0)));
         let mut far = ask(&[1], None, 0);
         far.deadline = Some(50 * MS);
         assert!(matches!(
@@ -362,14 +363,14 @@ mod tests {
     }
 
     #[test]
-    fn a_booking_dropped_before_anyone_booked_behind_it_comes_back_whole() {
-        let mut s = state(10, 1);
-        booked(s.arrive(&ask(&[1], None, 0)));
-        let (t, at) = booked(s.arrive(&ask(&[1], None, 0)));
-        assert_eq!(at, 100 * MS);
-        assert!(s.end(t, &[1], Some(&[Some(0)])));
-        let (_, again) = booked(s.arrive(&ask(&[1], None, 0)));
-        assert_eq!(again, 100 * MS, "the refunded cell is booked again");
+    fn a_refund_settled_before_the_next_admission_comes_back_whole() {
+        let mut s = state(10, 4);
+        let t = admitted(s.arrive(&ask(&[4], None, 0)));
+        let (w, _, at) = waiting(s.arrive(&ask(&[2], None, 0)));
+        assert_eq!(at, Some(200 * MS));
+        // It used 1 of the 4 cells: 3 come back, and the waiter goes at once.
+        assert!(s.end(t, &[4], Some(&[Some(1)])));
+        admitted(s.ask_again(w, &ask(&[2], None, MS)));
     }
 
     #[test]
@@ -380,15 +381,15 @@ mod tests {
         let mut s = state(1_000, 100);
         let mut theirs = ask(&[1], Some(2), 0);
         theirs.me = gone;
-        booked(s.arrive(&theirs));
-        booked(s.arrive(&ask(&[1], Some(2), 0)));
-        let (silent, _) = waiting(s.arrive(&ask(&[1], Some(2), 0)));
-        let (mine, behind) = waiting(s.arrive(&ask(&[1], Some(2), 0)));
-        assert_eq!(behind, 2);
+        admitted(s.arrive(&theirs));
+        admitted(s.arrive(&ask(&[1], Some(2), 0)));
+        let (silent, _, _) = waiting(s.arrive(&ask(&[1], Some(2), 0)));
+        let (mine, ahead, _) = waiting(s.arrive(&ask(&[1], Some(2), 0)));
+        assert_eq!(ahead, 1);
         // Silent for `ABANDONED`: the waiter ahead loses its place, and the turn of the
         // process that is gone returns its permit.
         let later = ABANDONED.as_nanos() as u64 + 10 * MS;
-        booked(s.ask_again(mine, &ask(&[1], Some(2), later)));
+        admitted(s.ask_again(mine, &ask(&[1], Some(2), later)));
         assert!(s
             .callers
             .iter()

@@ -40,7 +40,7 @@ impl SharedBudget {
             .inner
             .step(&cells, None, |state, ask| state.try_now(ask))?
         {
-            Step::Booked { ticket, .. } => {
+            Step::Admitted { ticket } => {
                 Ok(SharedTurn::new(Arc::clone(&self.inner), ticket, cells))
             }
             Step::Waiting { .. } => unreachable!("try_now never waits"),
@@ -48,9 +48,9 @@ impl SharedBudget {
     }
 
     /// A turn costing `costs` (`(dimension, cells)`; a dimension not named costs 1), in
-    /// arrival order over every process: a permit first (with a cap), then the earliest
-    /// instant every dimension admits it. Dropping the future before then gives its place
-    /// and its booking back.
+    /// arrival order over every process: admitted when it is the first in the queue, every
+    /// dimension admits it and a permit is free. Dropping the future before then gives
+    /// its place up; it has spent nothing.
     ///
     /// # Examples
     ///
@@ -153,7 +153,7 @@ impl SharedBudget {
         let d = index_of(&self.inner.names, dimension)?;
         let left = self
             .inner
-            .with(|state, now| state.ledger.remaining(d, now))?;
+            .with(false, |state, now| state.ledger.remaining(d, now))?;
         Ok(u32::try_from(left).unwrap_or(u32::MAX))
     }
 
@@ -177,10 +177,10 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn in_flight(&self) -> Result<u32, SharedError> {
-        self.inner.with(|state, _| state.in_flight() as u32)
+        self.inner.with(false, |state, _| state.in_flight() as u32)
     }
 
-    /// Callers over every process waiting for a permit or for their booked instant.
+    /// Callers waiting in the queue, over every process.
     ///
     /// # Errors
     ///
@@ -197,7 +197,7 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn waiting(&self) -> Result<usize, SharedError> {
-        self.inner.with(|state, now| state.waiting(now))
+        self.inner.with(false, |state, _| state.waiting())
     }
 
     /// Dimension `dimension`'s quota.
@@ -257,7 +257,7 @@ impl SharedBudget {
         let cells = self.inner.cells(costs)?;
         let wait = self
             .inner
-            .with(|state, now| match state.ledger.ready(&cells, now) {
+            .with(false, |state, now| match state.ledger.ready(&cells, now) {
                 Ready::Now => Duration::ZERO,
                 Ready::At(at) => Duration::from_nanos(at - now),
                 Ready::Never => Duration::MAX,
@@ -266,8 +266,7 @@ impl SharedBudget {
     }
 
     /// Steers the budget by what a response said, for every process: as
-    /// [`Budget::follow`](crate::budget::Budget::follow). Turns already booked keep their
-    /// instants; the word applies to those booked after it. Returns how many of the
+    /// [`Budget::follow`](crate::budget::Budget::follow). Returns how many of the
     /// budget's dimensions the response reported.
     ///
     /// # Errors
@@ -300,11 +299,12 @@ impl SharedBudget {
         max_hold: Duration,
     ) -> Result<usize, SharedError> {
         let (names, quotas) = (&self.inner.names, &self.inner.quotas);
-        self.inner
-            .with(|state, now| steer(&mut state.ledger, (names, quotas), signal, max_hold, now).0)
+        self.inner.with(true, |state, now| {
+            steer(&mut state.ledger, (names, quotas), signal, max_hold, now).0
+        })
     }
 
-    /// Holds every turn booked from now on for `duration` (for every process; a longer
+    /// Holds every turn for `duration` from now (for every process; a longer
     /// hold already in force stays).
     ///
     /// # Errors
@@ -326,7 +326,7 @@ impl SharedBudget {
     pub fn hold_for(&self, duration: Duration) -> Result<(), SharedError> {
         let d = crate::wait::duration_nanos(duration);
         self.inner
-            .with(|state, now| state.ledger.hold(now.saturating_add(d)))
+            .with(true, |state, now| state.ledger.hold(now.saturating_add(d)))
     }
 
     /// The in-flight cap, if any.

@@ -34,16 +34,14 @@ pub use waiting::SharedAcquire;
 /// Several rates and an in-flight cap shared by every process that opens one file: the
 /// promises of [`Budget`](crate::budget::Budget), across processes.
 ///
-/// * **One turn across every dimension, FIFO, never partial.** A caller is booked in
-///   every dimension at once, at the earliest instant all of them admit it, behind every
-///   caller of every process booked before it; nothing is charged anywhere before that.
-///   A caller dropped before its instant gives back what it booked, as far as no caller
-///   booked after it relied on it.
-/// * **In flight.** The cap holds over every process at every instant. With a cap, a
-///   caller first takes a permit, in arrival order over every process, and is booked
-///   when it has one (so a turn runs at its booked instant); the permit returns when the
-///   turn is settled or dropped, also on a panic or a cancellation, and when its process
-///   is gone (killed, or exited without ending it).
+/// * **One turn across every dimension, FIFO, never partial.** Callers of every process
+///   wait in one queue in the file, in arrival order; the first is admitted when every
+///   dimension admits it and a permit is free, and only then is it charged, in every
+///   dimension at once. A heavy caller is never overtaken by light ones. A caller
+///   dropped before its turn has spent nothing, and the one behind it moves up.
+/// * **In flight.** The cap holds over every process at every instant. A permit returns
+///   when its turn is settled or dropped, also on a panic or a cancellation, and when its
+///   process is gone (killed, or exited without ending it).
 /// * **Settled after the call**, as in one process ([`SharedTurn::settle`]): a refund
 ///   gives back only what no later admission relied on, a charge delays those behind.
 ///
@@ -97,24 +95,34 @@ impl Inner {
     }
 
     /// Runs `f` on the state under this process's mutex and the file's lock, writing it
-    /// back; advances the epoch when a caller left the record.
-    fn with<R>(&self, f: impl FnOnce(&mut State, u64) -> R) -> Result<R, SharedError> {
+    /// back; advances the epochs (`admit.rs`) by the waiters that left the queue and the
+    /// turns that ended (and by one more for the head's when `moves` says the rates or
+    /// holds changed).
+    fn with<R>(&self, moves: bool, f: impl FnOnce(&mut State, u64) -> R) -> Result<R, SharedError> {
         let _local = gate::lock(&self.local);
         let region = self.region();
-        let mut left = false;
+        let mut left = (0, 0);
         let out = region.with(self.map.path(), |state| {
-            let mut before: Vec<u64> = state.callers.iter().map(|c| c.ticket).collect();
+            let before: Vec<(u64, bool)> = state
+                .callers
+                .iter()
+                .map(|c| (c.ticket, c.turn.is_some()))
+                .collect();
             let now = self.clock.now();
             let out = f(state, now);
-            before.sort_unstable();
-            let mut after: Vec<u64> = state.callers.iter().map(|c| c.ticket).collect();
-            after.sort_unstable();
-            left = before.iter().any(|t| after.binary_search(t).is_err());
+            for &(ticket, was_turn) in &before {
+                match state.callers.iter().find(|c| c.ticket == ticket) {
+                    // Ended: a permit returned, a settle may have refunded.
+                    None if was_turn => left.0 += 1,
+                    // Left the queue, gone or admitted.
+                    None => left.1 += 1,
+                    Some(c) if !was_turn && c.turn.is_some() => left.1 += 1,
+                    Some(_) => {}
+                }
+            }
             (out, true)
         })?;
-        if left {
-            region.bump_epoch();
-        }
+        region.bump(left.0 + u64::from(moves), left.1);
         Ok(out)
     }
 
@@ -131,7 +139,7 @@ impl Inner {
     ) -> Result<Step, SharedBudgetError> {
         let me = process::identity();
         let cap = self.cap;
-        let outcome = self.with(|state, now| {
+        let outcome = self.with(false, |state, now| {
             let ask = Ask {
                 cells,
                 cap,
@@ -156,7 +164,7 @@ impl Inner {
         charged: &[u32],
         actual: Option<&[Option<u32>]>,
     ) -> Result<(), SharedError> {
-        self.with(|state, _| {
+        self.with(false, |state, _| {
             state.end(ticket, charged, actual);
         })
     }

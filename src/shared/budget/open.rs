@@ -65,7 +65,7 @@ impl SharedBudgetBuilder {
 
     /// How to open the file: whom to trust, the budget's name, and what to do when the
     /// file holds another budget ([`OnMismatch::Adopt`] takes the file's;
-    /// [`OnMismatch::Replace`] is refused: a budget's turns on record were booked under
+    /// [`OnMismatch::Replace`] is refused: a budget's turns on record were charged under
     /// its rates).
     ///
     /// # Examples
@@ -138,7 +138,7 @@ impl SharedBudgetBuilder {
                     return Err(SharedError::BadBudget {
                         reason: format!(
                             "{} holds the budget {found}; a budget's rates are not replaced \
-                             in place (its turns on record were booked under them): open it \
+                             in place (its turns on record were charged under them): open it \
                              with OnMismatch::Adopt, or remove the file while no process \
                              uses it",
                             map.path().display()

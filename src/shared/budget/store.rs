@@ -40,7 +40,7 @@ use crate::sync::{AtomicU64, Ordering};
 pub const LOCK_PATIENCE: Duration = Duration::from_secs(1);
 
 /// The most callers a shared budget records at once, over every process: turns in flight
-/// (admitted or booked, not yet ended) and callers waiting for a permit.
+/// (admitted, not yet ended) and callers waiting in the queue.
 pub const MAX_WAITING: usize = layout::BUDGET_TURNS;
 
 /// How often a waiter for the lock asks whether its holder still exists.
@@ -50,17 +50,19 @@ const CHECK_HOLDER: Duration = Duration::from_millis(1);
 const NO_TURN: u64 = u64::MAX;
 
 /// One caller on record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Caller {
     /// Its place: tickets are handed out in arrival order.
     pub(super) ticket: u64,
     /// The process it belongs to (`process::identity`).
     pub(super) owner: u64,
-    /// Its admission's id in the ledger; `None` while it waits for a permit.
+    /// Its admission's id in the ledger; `None` while it waits in the queue.
     pub(super) turn: Option<u64>,
     /// A waiter: the last instant it asked (a waiter that stops asking gives its place
-    /// up). A turn: its instant.
+    /// up). A turn: its admission.
     pub(super) seen: u64,
+    /// Its cells per dimension (for the estimates of those behind it).
+    pub(super) cells: Box<[u32]>,
 }
 
 /// Everything a shared budget keeps, as read under the lock.
@@ -97,12 +99,13 @@ impl State {
         ]);
         for c in &self.callers {
             words.extend([c.ticket, c.owner, c.turn.unwrap_or(NO_TURN), c.seen]);
+            words.extend(c.cells.iter().map(|&n| u64::from(n)));
         }
         words
     }
 
-    fn ledger_at() -> usize {
-        COUNTS + layout::BUDGET_TURNS * layout::BUDGET_TURN_WORDS
+    fn ledger_at(dims: usize) -> usize {
+        COUNTS + layout::BUDGET_TURNS * layout::budget_caller_words(dims)
     }
 }
 
@@ -128,7 +131,7 @@ impl Region<'_> {
         }
         let mut ledger = Vec::new();
         state.ledger.encode(&mut ledger);
-        let ledger_at = at + 8 * State::ledger_at();
+        let ledger_at = at + 8 * State::ledger_at(self.dims);
         for (i, w) in ledger.iter().enumerate() {
             self.word(ledger_at + 8 * i).store(*w, Ordering::Relaxed);
         }
@@ -152,18 +155,22 @@ impl Region<'_> {
         let n = usize::try_from(read(0))
             .ok()
             .filter(|&n| n <= layout::BUDGET_TURNS)?;
+        let record = layout::budget_caller_words(self.dims);
         let callers = (0..n)
             .map(|i| {
-                let w = |f| read(COUNTS + 4 * i + f);
-                Caller {
+                let w = |f| read(COUNTS + record * i + f);
+                Some(Caller {
                     ticket: w(0),
                     owner: w(1),
                     turn: Some(w(2)).filter(|&t| t != NO_TURN),
                     seen: w(3),
-                }
+                    cells: (0..self.dims)
+                        .map(|d| u32::try_from(w(4 + d)).ok())
+                        .collect::<Option<_>>()?,
+                })
             })
-            .collect();
-        let ledger_at = State::ledger_at();
+            .collect::<Option<_>>()?;
+        let ledger_at = State::ledger_at(self.dims);
         let head_len = crate::budget::ledger_words(self.dims, 0);
         let mut words: Vec<u64> = (0..head_len).map(|i| read(ledger_at + i)).collect();
         let entries = usize::try_from(words[0])
@@ -191,16 +198,25 @@ impl Region<'_> {
             .store(generation.wrapping_add(1), Ordering::Release);
     }
 
-    /// Advances the hint waiters read to know that a permit returned or a place was
-    /// given up.
-    pub(super) fn bump_epoch(&self) {
-        // Relaxed: a hint; the waiter reads the state itself under the lock.
-        self.word(layout::BUDGET_EPOCH_AT)
-            .fetch_add(1, Ordering::Relaxed);
+    /// Advances the hints (`admit.rs`): the head's by `head`, the queue's by `queue`.
+    pub(super) fn bump(&self, head: u64, queue: u64) {
+        // Relaxed: hints; a waiter reads the state itself under the lock.
+        if head > 0 {
+            self.word(layout::BUDGET_EPOCH_AT)
+                .fetch_add(head, Ordering::Relaxed);
+        }
+        if queue > 0 {
+            self.word(layout::BUDGET_QUEUE_AT)
+                .fetch_add(queue, Ordering::Relaxed);
+        }
     }
 
-    pub(super) fn epoch(&self) -> u64 {
-        self.word(layout::BUDGET_EPOCH_AT).load(Ordering::Relaxed)
+    /// The hints: the head's epoch and the queue's.
+    pub(super) fn epochs(&self) -> (u64, u64) {
+        (
+            self.word(layout::BUDGET_EPOCH_AT).load(Ordering::Relaxed),
+            self.word(layout::BUDGET_QUEUE_AT).load(Ordering::Relaxed),
+        )
     }
 
     /// Runs `f` on the state under the file's lock and writes the state back when `f`

@@ -2,15 +2,20 @@
 //!
 //! # Implementation notes
 //!
-//! A caller arrives on its first poll (a future never polled takes no place): booked at
-//! once, or on record as a waiter for a permit. A waiter knows how many permits must
-//! come back before its own (`behind`); each permit returned and each place given up
-//! advances the file's epoch by one, so the waiter reads the epoch word (no lock) every
-//! millisecond or so and asks under the lock only once the epoch has moved that far, at
-//! its deadline, or every [`REFRESH`] to show it is still there (a waiter silent for
-//! [`ABANDONED`](super::ABANDONED) loses its place). A booked turn sleeps until its
-//! instant on one clock alarm. Dropping the future gives the place up, or the booking
-//! back (as far as no caller booked after it relied on it: a settle to zero).
+//! A caller arrives on its first poll (a future never polled takes no place): admitted at
+//! once, or in the queue. Asking again takes the file's lock, so a waiter asks only when
+//! it may help (`admit.rs`, "Who looks again when"), reading the two epoch words (no
+//! lock) in between:
+//!
+//! * behind the head, `p` places back: once the queue's epoch has moved `p`, reading it
+//!   every `p` milliseconds (at most every [`MAX_CHECK`]);
+//! * the head: at the instant its rates admit it, and whenever the head's epoch moves
+//!   (a permit returned, a settle, a rate changed), read every millisecond;
+//! * anyone: at its deadline, and every [`REFRESH`] to show it is still there (a waiter
+//!   silent for [`ABANDONED`](super::ABANDONED) loses its place).
+//!
+//! Each read is one clock alarm of the future's own. Dropping the future leaves the
+//! queue (it has spent nothing); the queue's epoch then moves for those behind it.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -18,20 +23,25 @@ use core::task::{Context, Poll};
 use core::time::Duration;
 use std::sync::Arc;
 
-use super::admit::{Step, MAX_POLL};
+use super::admit::Step;
 use super::{Inner, SharedBudgetError, SharedTurn};
 use crate::budget::BudgetError;
 use crate::clock::Clock;
 use crate::wait::alarm::Alarm;
 
-/// How often a waiter for a permit shows it is still there.
+/// How often a waiter shows it is still there.
 const REFRESH: Duration = Duration::from_secs(1);
+
+/// The longest a waiter goes without reading the epochs.
+const MAX_CHECK: Duration = Duration::from_millis(100);
+
+const MS: u64 = 1_000_000;
 
 /// The future of [`SharedBudget::acquire`](super::SharedBudget::acquire) and
 /// [`SharedBudget::acquire_within`](super::SharedBudget::acquire_within): a
-/// [`SharedTurn`] once it has a permit and its instant has come, in arrival order over
-/// every process. Dropped before then, it gives its place and its booking back. It owns
-/// its budget's file (an `Arc`), so it is `'static`.
+/// [`SharedTurn`] once it is the first in the queue, every dimension admits it and a
+/// permit is free. Dropped before then, it gives its place up, having spent nothing. It
+/// owns its budget's file (an `Arc`), so it is `'static`.
 ///
 /// # Examples
 ///
@@ -50,23 +60,32 @@ pub struct SharedAcquire {
 #[derive(Clone, Copy, Debug)]
 enum Phase {
     New,
-    /// On record as a waiter for a permit.
-    Waiting {
+    /// In the queue.
+    Waiting(Wait),
+    /// Admitted, not yet handed over.
+    Admitted {
         ticket: u64,
-        deadline: Option<u64>,
-        /// The epoch at which asking again may help.
-        epoch: u64,
-        /// When to read the epoch next.
-        check: u64,
-        /// When to ask again whatever the epoch.
-        refresh: u64,
-    },
-    /// Booked at `at`, with its permit.
-    Booked {
-        ticket: u64,
-        at: u64,
     },
     Done,
+}
+
+/// What a waiter knows since it last asked.
+#[derive(Clone, Copy, Debug)]
+struct Wait {
+    ticket: u64,
+    deadline: Option<u64>,
+    /// Ask again once the queue's epoch reaches this (a waiter behind the head).
+    queue: Option<u64>,
+    /// Ask again once the head's epoch moves from this (the head).
+    head: Option<u64>,
+    /// Ask again at this instant (the head's rates admit it then).
+    at: Option<u64>,
+    /// Read the epochs next at this instant.
+    check: u64,
+    /// How often to read them.
+    every: u64,
+    /// Ask again at this instant whatever the epochs say.
+    refresh: u64,
 }
 
 impl SharedAcquire {
@@ -89,77 +108,98 @@ impl SharedAcquire {
         }
     }
 
-    /// The phase a step leads to, at `now`.
-    fn after(&self, step: Step, deadline: Option<u64>, epoch: u64, now: u64) -> Phase {
+    /// The phase a step leads to, with the epochs read before it and the time.
+    fn after(step: Step, deadline: Option<u64>, (head, queue): (u64, u64), now: u64) -> Phase {
         match step {
-            Step::Booked { ticket, at, .. } => Phase::Booked { ticket, at },
-            Step::Waiting { ticket, behind } => {
-                let every =
-                    Duration::from_millis(behind as u64).clamp(Duration::from_millis(1), MAX_POLL);
-                Phase::Waiting {
+            Step::Admitted { ticket } => Phase::Admitted { ticket },
+            Step::Waiting { ticket, ahead, at } => {
+                let every = if ahead == 0 {
+                    MS
+                } else {
+                    (ahead as u64 * MS).min(MAX_CHECK.as_nanos() as u64)
+                };
+                Phase::Waiting(Wait {
                     ticket,
                     deadline,
-                    epoch: epoch.wrapping_add(behind as u64),
-                    check: now.saturating_add(every.as_nanos() as u64),
+                    queue: (ahead > 0).then(|| queue.wrapping_add(ahead as u64)),
+                    head: (ahead == 0).then_some(head),
+                    at,
+                    check: now.saturating_add(every),
+                    every,
                     refresh: now.saturating_add(REFRESH.as_nanos() as u64),
-                }
+                })
             }
         }
     }
 
-    /// One poll's work: `Some` once answered.
+    /// One poll's work: `Ok(None)` once admitted, `Ok(Some(at))` to be polled again at
+    /// `at`.
     fn advance(&mut self) -> Result<Option<u64>, SharedBudgetError> {
         loop {
             let now = self.inner.clock.now();
             match self.phase {
                 Phase::New => {
                     let deadline = self.max.map(|m| now.saturating_add(m));
-                    let epoch = self.inner.region().epoch();
+                    let epochs = self.inner.region().epochs();
                     let step = self.inner.step(&self.cells, deadline, |s, a| s.arrive(a))?;
-                    self.phase = self.after(step, deadline, epoch, now);
+                    self.phase = Self::after(step, deadline, epochs, now);
                 }
-                Phase::Waiting {
-                    ticket,
-                    deadline,
-                    epoch,
-                    check,
-                    refresh,
-                } => {
-                    let seen = self.inner.region().epoch();
-                    let moved = seen.wrapping_sub(epoch) < u64::MAX / 2;
-                    let due = deadline.is_some_and(|d| now >= d);
-                    if !(moved || due || now >= refresh) {
-                        if now < check {
-                            return Ok(Some(check.min(deadline.unwrap_or(u64::MAX))));
+                Phase::Waiting(mut w) => {
+                    let (head, queue) = self.inner.region().epochs();
+                    // An epoch moved far enough (wrapping: a difference below half the
+                    // range is forward).
+                    let moved = w
+                        .queue
+                        .is_some_and(|q| queue.wrapping_sub(q) < u64::MAX / 2)
+                        || w.head.is_some_and(|h| head != h);
+                    let due = [w.at, w.deadline, Some(w.refresh)]
+                        .into_iter()
+                        .flatten()
+                        .any(|t| now >= t);
+                    if !(moved || due) {
+                        if now >= w.check {
+                            w.check = now.saturating_add(w.every);
+                            self.phase = Phase::Waiting(w);
                         }
-                        let every =
-                            check.saturating_sub(refresh.saturating_sub(REFRESH.as_nanos() as u64));
-                        self.phase = Phase::Waiting {
-                            ticket,
-                            deadline,
-                            epoch,
-                            check: now.saturating_add(every.max(1_000_000)),
-                            refresh,
-                        };
-                        continue;
+                        let next = [w.at, w.deadline, Some(w.refresh), Some(w.check)]
+                            .into_iter()
+                            .flatten()
+                            .min()
+                            .unwrap_or(w.check);
+                        return Ok(Some(next));
                     }
+                    let ticket = w.ticket;
                     let step = self
                         .inner
-                        .step(&self.cells, deadline, |s, a| s.ask_again(ticket, a));
+                        .step(&self.cells, w.deadline, |s, a| s.ask_again(ticket, a));
                     match step {
-                        Ok(step) => self.phase = self.after(step, deadline, seen, now),
+                        Ok(step) => self.phase = Self::after(step, w.deadline, (head, queue), now),
                         Err(e) => {
-                            // The place is given up (`ask_again` took it off the record).
-                            self.phase = Phase::Done;
+                            // Off the record already (a deadline), or the file's error.
                             return Err(e);
                         }
                     }
                 }
-                Phase::Booked { at, .. } => {
-                    return Ok((now < at).then_some(at));
-                }
-                Phase::Done => return Ok(None),
+                Phase::Admitted { .. } | Phase::Done => return Ok(None),
             }
+        }
+    }
+
+    /// Leaves the queue (a future dropped, or failed, before its turn).
+    fn leave(&mut self) {
+        if let Some(alarm) = self.alarm.take() {
+            alarm.cancel(&self.inner.clock);
+        }
+        match core::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::Waiting(w) => {
+                // A file locked past patience: the place lapses once it stops asking.
+                let _ = self.inner.end(w.ticket, &[], None);
+            }
+            Phase::Admitted { ticket } => {
+                // Admitted but never handed over: ended at once, keeping its charge.
+                let _ = self.inner.end(ticket, &self.cells, None);
+            }
+            Phase::New | Phase::Done => {}
         }
     }
 }
@@ -188,34 +228,16 @@ impl Future for SharedAcquire {
                 Poll::Pending
             }
             Ok(None) => {
-                let Phase::Booked { ticket, .. } = this.phase else {
-                    unreachable!("answered only once booked")
+                let Phase::Admitted { ticket } = this.phase else {
+                    unreachable!("answered only once admitted")
                 };
                 this.phase = Phase::Done;
+                if let Some(alarm) = this.alarm.take() {
+                    alarm.cancel(&this.inner.clock);
+                }
                 let cells = core::mem::take(&mut this.cells);
                 Poll::Ready(Ok(SharedTurn::new(Arc::clone(&this.inner), ticket, cells)))
             }
-        }
-    }
-}
-
-impl SharedAcquire {
-    /// Gives the place or the booking back (a future dropped or failed before its turn).
-    fn leave(&mut self) {
-        if let Some(alarm) = self.alarm.take() {
-            alarm.cancel(&self.inner.clock);
-        }
-        match core::mem::replace(&mut self.phase, Phase::Done) {
-            Phase::Waiting { ticket, .. } => {
-                // A file locked past patience: the place lapses once it stops asking.
-                let _ = self.inner.end(ticket, &[], None);
-            }
-            Phase::Booked { ticket, .. } => {
-                let zero = vec![Some(0); self.cells.len()];
-                // As above: the turn then stays on record until this process is gone.
-                let _ = self.inner.end(ticket, &self.cells, Some(&zero));
-            }
-            Phase::New | Phase::Done => {}
         }
     }
 }
