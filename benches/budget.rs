@@ -1,6 +1,7 @@
 //! What a budget costs, uncontended: a turn taken and settled (two rates and a cap, one
 //! lock, a log entry), beside a single `Limiter`'s check and its waiting path answered at
-//! once, in one run. A budget guards API calls, which take milliseconds; this says how
+//! once, and the same turn on a budget shared by processes (a file), in one run. A budget
+//! guards API calls, which take milliseconds; this says how
 //! far from a nanosecond hot path it is.
 //!
 //! `cargo bench -p paceline-benches --bench budget`
@@ -65,6 +66,24 @@ fn main() {
             turn.settle(&[("tokens", 230)]).unwrap();
         })
     });
+
+    // The same turn in a shared file (every process's budget): two locks (this
+    // process's, the file's word) and the state read and written per call.
+    let path = std::env::temp_dir().join(format!("paceline-bench-budget-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let shared = paceline::shared::SharedBudget::builder()
+        .rate("requests", generous())
+        .rate("tokens", generous())
+        .in_flight(64)
+        .open(&path)
+        .unwrap();
+    group.bench_function("shared_budget_2_rates_cap_try_acquire_settle", |b| {
+        b.iter(|| {
+            let turn = shared.try_acquire(&[("tokens", 300)]).unwrap();
+            turn.settle(&[("tokens", 230)]).unwrap();
+        })
+    });
     group.finish();
+    let _ = std::fs::remove_file(&path);
     c.final_summary();
 }

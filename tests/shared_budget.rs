@@ -266,6 +266,15 @@ fn child() {
             println!("READY {}", turns.len());
             thread::sleep(Duration::from_secs(60));
         }
+        "ask" => {
+            // One turn of PACELINE_TOKENS tokens; says when it came.
+            let tokens: u32 = var("PACELINE_TOKENS").parse().unwrap();
+            let turn = budget
+                .acquire_blocking_within(&[("tokens", tokens)], Duration::from_secs(20))
+                .unwrap();
+            println!("ADMITTED {}", monotonic());
+            drop(turn);
+        }
         other => panic!("no role {other}"),
     }
 }
@@ -420,6 +429,49 @@ fn the_permits_of_a_killed_process_return_to_the_others() {
     assert!(started.elapsed() < Duration::from_secs(5));
     holder.wait().unwrap();
     assert_eq!(budget.in_flight().unwrap(), 0);
+}
+
+#[test]
+fn a_heavy_caller_of_one_process_is_not_overtaken_by_light_ones_of_another() {
+    let dir = Dir::new("budget-fifo");
+    let file = dir.path("budget");
+    let budget = open(&file);
+    // Every token spent: 300 come back in 100 ms, 10 in 3.3 ms.
+    let spent = budget.try_acquire(&[("tokens", 300)]).unwrap();
+    drop(spent);
+    let ask = |tokens: u32| {
+        spawn(
+            "ask",
+            &[
+                ("PACELINE_FILE", file.display().to_string()),
+                ("PACELINE_TOKENS", tokens.to_string()),
+            ],
+        )
+    };
+    let mut heavy = ask(300);
+    // The heavy caller is in the queue before the light ones arrive.
+    let started = Instant::now();
+    while budget.waiting().unwrap() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the heavy caller never queued"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    let mut light: Vec<_> = (0..3).map(|_| ask(10)).collect();
+    let when = |child: &mut Child| -> u64 {
+        let line = expect_line(child, "ADMITTED");
+        line.split_whitespace().last().unwrap().parse().unwrap()
+    };
+    let heavy_at = when(&mut heavy);
+    for child in &mut light {
+        let light_at = when(child);
+        assert!(light_at >= heavy_at, "a light caller went first");
+    }
+    finish(heavy, Duration::from_secs(30));
+    for child in light {
+        finish(child, Duration::from_secs(30));
+    }
 }
 
 /// The identity a budget file records for process `pid`: its id, and its start time's
