@@ -286,9 +286,9 @@ pub fn quota_construction(data: &[u8]) {
 
 /// Shared files with arbitrary contents: opening one gives an error or a limiter, and a
 /// limiter on a hostile file answers every call (wrong decisions allowed) without a
-/// panic, an out-of-bounds access or a hang. The first byte picks a direct or a keyed
-/// file and whether the rest overwrites a valid file (so most inputs get past the magic)
-/// or is the whole file. Files are opened adopting whatever quota and capacity they hold,
+/// panic, an out-of-bounds access or a hang. The first byte picks a direct, a keyed or a
+/// budget file and whether the rest overwrites a valid file (so most inputs get past the
+/// magic) or is the whole file. Files are opened adopting whatever they hold,
 /// so a changed quota slot reaches the decisions; and the same bytes are written again
 /// into the file while it is open (a hostile writer after the checks at opening).
 #[cfg(all(feature = "shared", unix, not(loom)))]
@@ -302,28 +302,39 @@ pub fn shared_file(data: &[u8]) {
     let dir = std::env::temp_dir().join(format!("paceline-fuzz-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let quota = Quota::per_second(100).with_burst(10);
-    // A valid file of each kind, made once.
-    static VALID: OnceLock<[Vec<u8>; 2]> = OnceLock::new();
+    // A valid file of each kind, made once: direct, keyed, and a budget with turns in
+    // flight, a waiter and a settled turn in its state.
+    static VALID: OnceLock<[Vec<u8>; 3]> = OnceLock::new();
     let valid = VALID.get_or_init(|| {
-        let image = |keyed: bool| {
-            let path = dir.join(format!("valid-{keyed}"));
+        let image = |kind: u8| {
+            let path = dir.join(format!("valid-{kind}"));
             let _ = std::fs::remove_file(&path);
-            if keyed {
-                drop(SharedKeyedLimiter::open(&path, quota, 64).unwrap());
-            } else {
-                drop(SharedLimiter::open(&path, quota).unwrap());
+            match kind {
+                0 => drop(SharedLimiter::open(&path, quota).unwrap()),
+                1 => drop(SharedKeyedLimiter::open(&path, quota, 64).unwrap()),
+                _ => {
+                    let budget = budget_builder().open(&path).unwrap();
+                    let a = budget.try_acquire(&[("tokens", 40)]).unwrap();
+                    let b = budget.try_acquire(&[("tokens", 30)]).unwrap();
+                    a.settle(&[("tokens", 10)]).unwrap();
+                    let waiter = poll_once(budget.acquire(&[("tokens", 100)]));
+                    let bytes = std::fs::read(&path).unwrap();
+                    drop((b, waiter));
+                    return bytes;
+                }
             }
             std::fs::read(&path).unwrap()
         };
-        [image(false), image(true)]
+        [image(0), image(1), image(2)]
     });
-    let keyed = pick & 1 == 1;
-    let content = if pick & 2 == 2 {
-        // Over a valid file: the rest says where to write and what.
-        let mut content = valid[usize::from(keyed)].clone();
-        for chunk in rest.chunks(3) {
-            if let [at_high, at_low, value] = *chunk {
-                let at = usize::from(u16::from_le_bytes([at_low, at_high])) % content.len();
+    let kind = pick % 3;
+    let content = if pick & 0x80 != 0 {
+        // Over a valid file: the rest says where to write and what (three bytes of
+        // offset: a budget's state lies past the first 64 KiB).
+        let mut content = valid[usize::from(kind)].clone();
+        for chunk in rest.chunks(4) {
+            if let [a, b, c, value] = *chunk {
+                let at = u32::from_le_bytes([a, b, c, 0]) as usize % content.len();
                 content[at] = value;
             }
         }
@@ -343,6 +354,27 @@ pub fn shared_file(data: &[u8]) {
     };
     let briefly = Duration::from_millis(1);
     let adopt = crate::shared::OnMismatch::Adopt;
+    if kind == 2 {
+        match budget_builder().options(adopt).open(&path) {
+            Ok(budget) => {
+                rewrite();
+                let turn = budget.try_acquire(&[("tokens", 5)]);
+                let _ = poll_once(budget.acquire_within(&[("tokens", 7)], briefly));
+                let _ = budget.remaining("tokens");
+                let _ = budget.in_flight();
+                let _ = budget.waiting();
+                let _ = budget.wait_time(&[("requests", 2)]);
+                let _ = budget.hold_for(briefly);
+                if let Ok(turn) = turn {
+                    let _ = turn.settle(&[("tokens", 3)]);
+                }
+                let _ = budget.try_acquire(&[("tokens", 1)]).map(drop);
+            }
+            Err(e) => drop(e.to_string()),
+        }
+        return;
+    }
+    let keyed = kind == 1;
     if keyed {
         match SharedKeyedLimiter::open_with(&path, quota, 64, adopt) {
             Ok(limiter) => {
@@ -383,6 +415,15 @@ pub fn shared_file(data: &[u8]) {
             Err(e) => drop(e.to_string()),
         }
     }
+}
+
+/// The budget of the shared-file fuzz body: two rates and a cap.
+#[cfg(all(feature = "shared", unix, not(loom)))]
+fn budget_builder() -> crate::shared::SharedBudgetBuilder {
+    crate::shared::SharedBudget::builder()
+        .rate("requests", Quota::per_second(100).with_burst(10))
+        .rate("tokens", Quota::per_second(1_000).with_burst(100))
+        .in_flight(3)
 }
 
 /// Polls `future` once: every wait the fuzz bodies start refuses or finishes at once.

@@ -127,11 +127,11 @@ impl State {
                 ahead = self.waiting_ahead(ticket);
             }
         }
-        let i = self
-            .callers
-            .iter()
-            .position(|c| c.ticket == ticket)
-            .expect("a caller asking is never cleared out");
+        // Cleared out only if the file was damaged (this process's own record, just
+        // seen): then it arrives anew.
+        let Some(i) = self.callers.iter().position(|c| c.ticket == ticket) else {
+            return self.arrive(ask);
+        };
         let at = if ahead > 0 || self.free(ask.cap) == 0 {
             None
         } else {
@@ -224,7 +224,7 @@ impl State {
 
     /// Clears out callers of processes that are gone and waiters that stopped asking
     /// (module docs), at most every [`REAP_EVERY`]; whether any went.
-    fn reap(&mut self, now: u64, me: u64) -> bool {
+    pub(super) fn reap(&mut self, now: u64, me: u64) -> bool {
         if now.saturating_sub(self.last_reap) < REAP_EVERY.as_nanos() as u64 {
             return false;
         }

@@ -177,7 +177,11 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn in_flight(&self) -> Result<u32, SharedError> {
-        self.inner.with(false, |state, _| state.in_flight() as u32)
+        let me = crate::shared::process::identity();
+        self.inner.with(false, |state, now| {
+            state.reap(now, me);
+            state.in_flight() as u32
+        })
     }
 
     /// Callers waiting in the queue, over every process.
@@ -197,7 +201,11 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn waiting(&self) -> Result<usize, SharedError> {
-        self.inner.with(false, |state, _| state.waiting())
+        let me = crate::shared::process::identity();
+        self.inner.with(false, |state, now| {
+            state.reap(now, me);
+            state.waiting()
+        })
     }
 
     /// Dimension `dimension`'s quota.

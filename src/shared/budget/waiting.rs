@@ -8,11 +8,13 @@
 //! lock) in between:
 //!
 //! * behind the head, `p` places back: once the queue's epoch has moved `p`, reading it
-//!   every `p` milliseconds (at most every [`MAX_CHECK`]);
+//!   every `p` milliseconds (at least every [`MAX_CHECK`]);
 //! * the head: at the instant its rates admit it, and whenever the head's epoch moves
 //!   (a permit returned, a settle, a rate changed), read every millisecond;
 //! * anyone: at its deadline, and every [`REFRESH`] to show it is still there (a waiter
-//!   silent for [`ABANDONED`](super::ABANDONED) loses its place).
+//!   silent for [`ABANDONED`](super::ABANDONED) loses its place); the head and the
+//!   waiter behind it every [`ASK_FRONT`], since a permit's turn or the head may belong
+//!   to a process that is gone, which only a look under the lock finds out.
 //!
 //! Each read is one clock alarm of the future's own. Dropping the future leaves the
 //! queue (it has spent nothing); the queue's epoch then moves for those behind it.
@@ -33,7 +35,12 @@ use crate::wait::alarm::Alarm;
 const REFRESH: Duration = Duration::from_secs(1);
 
 /// The longest a waiter goes without reading the epochs.
-const MAX_CHECK: Duration = Duration::from_millis(100);
+const MAX_CHECK: Duration = Duration::from_secs(1);
+
+/// How often the head and the waiter behind it ask under the lock whatever the epochs
+/// say: what holds them up (a permit's turn, the head) may belong to a process that is
+/// gone, which only a look under the lock finds out.
+const ASK_FRONT: Duration = Duration::from_millis(50);
 
 const MS: u64 = 1_000_000;
 
@@ -126,7 +133,11 @@ impl SharedAcquire {
                     at,
                     check: now.saturating_add(every),
                     every,
-                    refresh: now.saturating_add(REFRESH.as_nanos() as u64),
+                    refresh: now.saturating_add(if ahead <= 1 {
+                        ASK_FRONT.as_nanos() as u64
+                    } else {
+                        REFRESH.as_nanos() as u64
+                    }),
                 })
             }
         }
