@@ -246,6 +246,26 @@ def test_bad_arguments_are_refused():
         b.hold_for("1")
 
 
+@pytest.mark.parametrize(
+    "status, error",
+    [("429", TypeError), (429.0, TypeError), (True, TypeError), (-1, ValueError), (2**70, ValueError), (99, ValueError)],
+)
+def test_a_status_that_is_not_an_http_status_is_refused_and_holds_nothing(status, error):
+    b = budget()
+    with pytest.raises(error):
+        b.follow(status, [("retry-after", "5")])
+    assert b.try_acquire(tokens=1) is not None
+
+
+def test_follow_takes_a_mapping_of_headers_and_refuses_what_is_not_pairs():
+    b = budget()
+    assert b.follow(200, {"x-ratelimit-remaining-tokens": "300"}) == 1
+    assert b.remaining("tokens") == 300
+    for bad in (["ab", "cd"], [("a", "b", "c")], [(1, b"2")], [("a", 2)]):
+        with pytest.raises(TypeError):
+            b.follow(200, bad)
+
+
 def test_budget_follow_and_hold_for_directly():
     b = budget()
     assert b.follow(200, [("x-ratelimit-remaining-tokens", "300"), ("x-other", b"1")]) == 1

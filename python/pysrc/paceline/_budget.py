@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ._args import _count, _gid, _path, _timeout, _trusted, _uid
 from ._paceline import BudgetTurn, new_budget, new_shared_budget
@@ -324,13 +324,16 @@ class Budget:
     def follow(
         self,
         status: int,
-        headers: Iterable[Tuple[Union[str, bytes], Union[bytes, str]]],
+        headers: Union[
+            Iterable[Tuple[Union[str, bytes], Union[bytes, str]]],
+            Mapping[Union[str, bytes], Union[bytes, str]],
+        ],
         *,
         max_hold: float = 300.0,
     ) -> int:
-        """Steers the budget by what a response said: its status and its headers as
-        ``(name, value)`` pairs, text or bytes (httpx's ``response.headers.raw`` as it
-        is). A dimension reported with nothing left admits nothing
+        """Steers the budget by what a response said: its status (an ``int`` from 100 to
+        599) and its headers as ``(name, value)`` pairs or a mapping, text or bytes
+        (httpx's ``response.headers.raw`` as it is). A dimension reported with nothing left admits nothing
         before its reset; one with ``r`` left admits at most ``r`` now; a ``Retry-After``
         (on a 429 or 503) holds every dimension. Read: ``x-ratelimit-{limit,remaining,
         reset}-{requests,tokens}`` (Go durations: ``6m0s``, ``1.5s``),
@@ -346,14 +349,29 @@ class Budget:
         reported. The ``paceline.httpx`` transports and ``paceline.aiohttp`` hook call
         this for every response when given ``budget=``."""
         max_hold = _seconds("max_hold", max_hold)
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise TypeError(f"status must be an int, got {type(status).__name__}")
+        if not 100 <= status <= 599:
+            raise ValueError(f"status must be an HTTP status from 100 to 599, got {status}")
+        if isinstance(headers, Mapping):
+            headers = headers.items()
         fields = []
-        for name, value in headers:
+        for pair in headers:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise TypeError(
+                    f"headers must be (name, value) pairs or a mapping, got an item {pair!r}"
+                )
+            name, value = pair
             if isinstance(name, (bytes, bytearray)):
                 name = bytes(name).decode("latin-1")
             if isinstance(value, str):
                 value = value.encode("latin-1", "replace")
-            fields.append((str(name), bytes(value)))
-        return self._core.follow(int(status), fields, max_hold)
+            if not isinstance(name, str) or not isinstance(value, (bytes, bytearray)):
+                raise TypeError(
+                    f"a header's name and value must be str or bytes, got {pair!r}"
+                )
+            fields.append((name, bytes(value)))
+        return self._core.follow(status, fields, max_hold)
 
     def hold_for(self, seconds: float) -> None:
         """Admits nothing for ``seconds`` from now (a longer hold already in force
