@@ -520,6 +520,30 @@ fn a_waiter_behind_a_killed_head_moves_up() {
     assert!(started.elapsed() < QUICKLY, "{:?}", started.elapsed());
 }
 
+#[test]
+fn a_file_removed_under_its_processes_is_made_again_and_shared_again() {
+    let dir = Dir::new("budget-removed");
+    let file = dir.path("budget");
+    let first = open(&file);
+    let held = first.try_acquire(&[("tokens", 1)]).unwrap();
+    fs::remove_file(&file).unwrap();
+    // A process that opens the path now makes a new file; the one that had it open goes
+    // on in that new file too, so they still share one cap.
+    let second = open(&file);
+    let turns: Vec<_> = (0..CAP)
+        .map(|_| second.try_acquire(&[("tokens", 1)]).unwrap())
+        .collect();
+    assert!(
+        first.try_acquire(&[("tokens", 1)]).is_err(),
+        "the cap is shared again"
+    );
+    assert_eq!(first.in_flight().unwrap(), CAP);
+    // The turn from before the removal ends in the file it was taken in.
+    held.settle(&[("tokens", 1)]).unwrap();
+    drop(turns);
+    assert_eq!(first.in_flight().unwrap(), 0);
+}
+
 /// The identity a budget file records for process `pid`: its id, and its start time's
 /// low 32 bits where `/proc` tells it.
 fn identity(pid: u32) -> u64 {

@@ -2,7 +2,6 @@
 //! upstream.
 
 use core::time::Duration;
-use std::sync::Arc;
 
 use super::admit::Step;
 use super::{SharedAcquire, SharedBudget, SharedBudgetError, SharedTurn};
@@ -12,6 +11,18 @@ use crate::shared::error::SharedError;
 use crate::upstream::DimensionSignal;
 
 impl SharedBudget {
+    /// A wait for `costs` on the file the path leads to now (the error of opening it
+    /// again, if it was removed and cannot be, comes as the wait's answer).
+    fn waiting_for(&self, costs: &[(&str, u32)], max: Option<u64>) -> SharedAcquire {
+        match self.current() {
+            Ok(inner) => {
+                let cells = inner.cells(costs);
+                SharedAcquire::new(inner, cells.map_err(SharedBudgetError::Budget), max)
+            }
+            Err(e) => SharedAcquire::new(self.open_now(), Err(SharedBudgetError::File(e)), max),
+        }
+    }
+
     /// A turn now, or [`BudgetError::WouldWait`]; never waits: admitted only when no one
     /// waits for a permit in any process, a permit is free and every dimension admits it.
     ///
@@ -35,14 +46,10 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_acquire(&self, costs: &[(&str, u32)]) -> Result<SharedTurn, SharedBudgetError> {
-        let cells = self.inner.cells(costs)?;
-        match self
-            .inner
-            .step(&cells, None, |state, ask| state.try_now(ask))?
-        {
-            Step::Admitted { ticket } => {
-                Ok(SharedTurn::new(Arc::clone(&self.inner), ticket, cells))
-            }
+        let inner = self.current()?;
+        let cells = inner.cells(costs)?;
+        match inner.step(&cells, None, |state, ask| state.try_now(ask))? {
+            Step::Admitted { ticket } => Ok(SharedTurn::new(inner, ticket, cells)),
             Step::Waiting { .. } => unreachable!("try_now never waits"),
         }
     }
@@ -72,7 +79,7 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire(&self, costs: &[(&str, u32)]) -> SharedAcquire {
-        SharedAcquire::new(Arc::clone(&self.inner), self.inner.cells(costs), None)
+        self.waiting_for(costs, None)
     }
 
     /// [`SharedBudget::acquire`] with a deadline: refused at once when the rates as they
@@ -97,8 +104,7 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire_within(&self, costs: &[(&str, u32)], max: Duration) -> SharedAcquire {
-        let max = crate::wait::duration_nanos(max);
-        SharedAcquire::new(Arc::clone(&self.inner), self.inner.cells(costs), Some(max))
+        self.waiting_for(costs, Some(crate::wait::duration_nanos(max)))
     }
 
     /// [`SharedBudget::acquire`], blocking this thread.
@@ -150,9 +156,9 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn remaining(&self, dimension: &str) -> Result<u32, SharedBudgetError> {
-        let d = index_of(&self.inner.names, dimension)?;
+        let d = index_of(&self.handle.config.names, dimension)?;
         let left = self
-            .inner
+            .current()?
             .with(false, |state, now| state.ledger.remaining(d, now))?;
         Ok(u32::try_from(left).unwrap_or(u32::MAX))
     }
@@ -178,7 +184,7 @@ impl SharedBudget {
     /// ```
     pub fn in_flight(&self) -> Result<u32, SharedError> {
         let me = crate::shared::process::identity();
-        self.inner.with(false, |state, now| {
+        self.current()?.with(false, |state, now| {
             state.reap(now, me);
             state.in_flight() as u32
         })
@@ -202,7 +208,7 @@ impl SharedBudget {
     /// ```
     pub fn waiting(&self) -> Result<usize, SharedError> {
         let me = crate::shared::process::identity();
-        self.inner.with(false, |state, now| {
+        self.current()?.with(false, |state, now| {
             state.reap(now, me);
             state.waiting()
         })
@@ -218,7 +224,7 @@ impl SharedBudget {
     ///
     /// See [`SharedBudgetBuilder::options`].
     pub fn quota(&self, dimension: &str) -> Result<Quota, BudgetError> {
-        index_of(&self.inner.names, dimension).map(|d| self.inner.quotas[d])
+        index_of(&self.handle.config.names, dimension).map(|d| self.handle.config.quotas[d])
     }
 
     /// The dimensions, in the order they were given, with their quotas.
@@ -234,10 +240,11 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn dimensions(&self) -> impl Iterator<Item = (&str, Quota)> + '_ {
-        self.inner
+        let config = &self.handle.config;
+        config
             .names
             .iter()
-            .zip(self.inner.quotas.iter())
+            .zip(config.quotas.iter())
             .map(|(n, q)| (n.as_str(), *q))
     }
 
@@ -262,14 +269,13 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn wait_time(&self, costs: &[(&str, u32)]) -> Result<Duration, SharedBudgetError> {
-        let cells = self.inner.cells(costs)?;
-        let wait = self
-            .inner
-            .with(false, |state, now| match state.ledger.ready(&cells, now) {
-                Ready::Now => Duration::ZERO,
-                Ready::At(at) => Duration::from_nanos(at - now),
-                Ready::Never => Duration::MAX,
-            })?;
+        let inner = self.current()?;
+        let cells = inner.cells(costs)?;
+        let wait = inner.with(false, |state, now| match state.ledger.ready(&cells, now) {
+            Ready::Now => Duration::ZERO,
+            Ready::At(at) => Duration::from_nanos(at - now),
+            Ready::Never => Duration::MAX,
+        })?;
         Ok(wait)
     }
 
@@ -306,8 +312,8 @@ impl SharedBudget {
         signal: &DimensionSignal,
         max_hold: Duration,
     ) -> Result<usize, SharedError> {
-        let (names, quotas) = (&self.inner.names, &self.inner.quotas);
-        self.inner.with(true, |state, now| {
+        let (names, quotas) = (&self.handle.config.names, &self.handle.config.quotas);
+        self.current()?.with(true, |state, now| {
             steer(&mut state.ledger, (names, quotas), signal, max_hold, now).0
         })
     }
@@ -333,7 +339,7 @@ impl SharedBudget {
     /// ```
     pub fn hold_for(&self, duration: Duration) -> Result<(), SharedError> {
         let d = crate::wait::duration_nanos(duration);
-        self.inner
+        self.current()?
             .with(true, |state, now| state.ledger.hold(now.saturating_add(d)))
     }
 
@@ -350,6 +356,6 @@ impl SharedBudget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn in_flight_limit(&self) -> Option<u32> {
-        self.inner.cap
+        self.handle.config.cap
     }
 }

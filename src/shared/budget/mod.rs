@@ -12,16 +12,18 @@ mod turn;
 mod waiting;
 
 use core::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::error::SharedError;
-use super::file::Mapping;
+use super::file::{self, Mapping};
+use super::options::OpenOptions;
 use super::process;
 use crate::budget::{cells_for, settled_for, BudgetError};
 use crate::clock::{gate, Clock, HostClock};
-use crate::quota::Quota;
 use crate::sync::Mutex;
 use admit::{Ask, Refusal, Step};
+use open::{open_file, Config};
 use store::{Region, State};
 
 pub use admit::ABANDONED;
@@ -45,7 +47,9 @@ pub use waiting::SharedAcquire;
 /// * **Settled after the call**, as in one process ([`SharedTurn::settle`]): a refund
 ///   gives back only what no later admission relied on, a charge delays those behind.
 ///
-/// Clones share one opened file. Every call takes the file's lock for microseconds (a
+/// Clones share one opened file; a file removed or replaced at its path is opened again
+/// at the next call, so that every process goes on sharing one budget (turns taken in the
+/// file before end there). Every call takes the file's lock for microseconds (a
 /// budget guards API calls, not a nanosecond hot path); a process killed inside it is
 /// taken over at once, one stopped inside it makes the others' calls fail after
 /// [`LOCK_PATIENCE`] with [`SharedError::Locked`], changing nothing.
@@ -71,17 +75,51 @@ pub use waiting::SharedAcquire;
 /// ```
 #[derive(Clone)]
 pub struct SharedBudget {
-    inner: Arc<Inner>,
+    handle: Arc<Handle>,
+}
+
+/// What the clones of a [`SharedBudget`] share: the file open now, and how to open its
+/// path again.
+struct Handle {
+    /// The file the path led to when last looked at.
+    current: Mutex<Arc<Inner>>,
+    /// The path, absolute.
+    path: PathBuf,
+    /// The budget every file at the path must hold.
+    config: Config,
+    /// How the path is opened again (refusing another budget).
+    options: OpenOptions,
+}
+
+impl SharedBudget {
+    /// The file the path leads to now: the one open, or, once it was removed or replaced
+    /// at its path (an operator, a cleaner of `/tmp`), the one there now, opened (or made)
+    /// again, so that every process goes on sharing one budget. Turns and waiters of the
+    /// file before go on in it.
+    fn current(&self) -> Result<Arc<Inner>, SharedError> {
+        let handle = &self.handle;
+        let mut current = gate::lock(&handle.current);
+        if !file::is_at(&handle.path, current.identity) {
+            let inner = open_file(&handle.path, handle.config.clone(), &handle.options)?;
+            *current = Arc::new(inner);
+        }
+        Ok(Arc::clone(&current))
+    }
+
+    /// The file open now, as it is (for what needs no look at the path).
+    fn open_now(&self) -> Arc<Inner> {
+        Arc::clone(&gate::lock(&self.handle.current))
+    }
 }
 
 /// What the handles of one opened budget file share.
 pub(crate) struct Inner {
     map: Mapping,
     dims: usize,
-    names: Box<[String]>,
-    quotas: Box<[Quota]>,
-    cap: Option<u32>,
+    config: Config,
     clock: HostClock,
+    /// The file's device and inode.
+    identity: (u64, u64),
     /// Threads of this process take the file's lock one at a time (`store.rs`).
     local: Mutex<()>,
 }
@@ -127,7 +165,7 @@ impl Inner {
     }
 
     fn cells(&self, costs: &[(&str, u32)]) -> Result<Box<[u32]>, BudgetError> {
-        cells_for(&self.names, &self.quotas, costs)
+        cells_for(&self.config.names, &self.config.quotas, costs)
     }
 
     /// A step for a caller asking `cells` with `deadline`, made by `f`.
@@ -138,7 +176,7 @@ impl Inner {
         f: impl FnOnce(&mut State, &Ask<'_>) -> Result<Step, Refusal>,
     ) -> Result<Step, SharedBudgetError> {
         let me = process::identity();
-        let cap = self.cap;
+        let cap = self.config.cap;
         let outcome = self.with(false, |state, now| {
             let ask = Ask {
                 cells,
@@ -173,14 +211,14 @@ impl Inner {
 impl fmt::Debug for SharedBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedBudget")
-            .field("path", &self.inner.map.path())
+            .field("path", &self.handle.path)
             .field("dimensions", &self.dimensions().collect::<Vec<_>>())
-            .field("in_flight", &self.inner.cap)
+            .field("in_flight", &self.handle.config.cap)
             .finish_non_exhaustive()
     }
 }
 
 /// Settled cells for `costs`, for [`SharedTurn::settle`].
 fn settled(inner: &Inner, costs: &[(&str, u32)]) -> Result<Box<[Option<u32>]>, BudgetError> {
-    settled_for(&inner.names, costs)
+    settled_for(&inner.config.names, costs)
 }

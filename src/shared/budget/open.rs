@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::store::{Region, State};
-use super::{Inner, SharedBudget, MAX_WAITING};
+use super::{Handle, Inner, SharedBudget, MAX_WAITING};
 use crate::budget::Ledger;
 use crate::clock::HostClock;
 use crate::gcra::Params;
@@ -104,72 +104,88 @@ impl SharedBudgetBuilder {
     /// See [`SharedBudget`].
     pub fn open(self, path: impl AsRef<Path>) -> Result<SharedBudget, SharedError> {
         let asked = Config::checked(self.rates, self.in_flight)?;
-        let on_mismatch = self.options.on_mismatch;
-        let dims = asked.names.len();
-        let init_config = asked.clone();
-        let want = Want {
-            kind: Kind::Budget { dims: dims as u64 },
-            settle: Box::new(move |_: &Mapping, found: Kind| Ok(found)),
-            init: Box::new(move |map: &Mapping| init_config.init(map)),
-        };
-        // The file's own kind comes back: its dimensions, whatever was asked.
-        let opened = file::open(path.as_ref(), want, &self.options)?;
-        let Kind::Budget { dims } = opened.kind else {
-            unreachable!("a budget file was asked for")
-        };
-        let map = opened.mapping;
-        let found = Config::read(&map, dims as usize).ok_or_else(|| SharedError::Corrupt {
-            path: map.path().to_owned(),
-            field: "budget rates",
-        })?;
-        let config = if found == asked {
-            asked
-        } else {
-            match on_mismatch {
-                OnMismatch::Adopt => found,
-                OnMismatch::Refuse => {
-                    return Err(SharedError::BudgetMismatch {
-                        path: map.path().to_owned(),
-                        file: found.to_string(),
-                        asked: asked.to_string(),
-                    })
-                }
-                OnMismatch::Replace => {
-                    return Err(SharedError::BadBudget {
-                        reason: format!(
-                            "{} holds the budget {found}; a budget's rates are not replaced \
-                             in place (its turns on record were charged under them): open it \
-                             with OnMismatch::Adopt, or remove the file while no process \
-                             uses it",
-                            map.path().display()
-                        ),
-                    })
-                }
-            }
-        };
+        let inner = open_file(path.as_ref(), asked, &self.options)?;
+        // Opened again (the file removed or replaced at its path), it must hold this very
+        // budget: the handle's clones go on with its dimensions.
+        let options = self.options.on_mismatch(OnMismatch::Refuse);
         // Reading the fork generation registers the fork handlers early
         // (`clock/fork.rs`), the gate's among them.
         crate::clock::forks();
         Ok(SharedBudget {
-            inner: Arc::new(Inner {
-                dims: config.names.len(),
-                names: config.names,
-                quotas: config.quotas,
-                cap: config.cap,
-                clock: HostClock::new(opened.time),
-                map,
-                local: Mutex::new(()),
+            handle: Arc::new(Handle {
+                path: inner.map.path().to_owned(),
+                config: inner.config.clone(),
+                options,
+                current: Mutex::new(Arc::new(inner)),
             }),
         })
     }
 }
 
+/// Opens the budget file at `path` for the budget `asked` (see [`SharedBudgetBuilder::open`]).
+pub(super) fn open_file(
+    path: &Path,
+    asked: Config,
+    options: &OpenOptions,
+) -> Result<Inner, SharedError> {
+    let dims = asked.names.len();
+    let init_config = asked.clone();
+    let want = Want {
+        kind: Kind::Budget { dims: dims as u64 },
+        settle: Box::new(move |_: &Mapping, found: Kind| Ok(found)),
+        init: Box::new(move |map: &Mapping| init_config.init(map)),
+    };
+    // The file's own kind comes back: its dimensions, whatever was asked.
+    let opened = file::open(path, want, options)?;
+    let Kind::Budget { dims } = opened.kind else {
+        unreachable!("a budget file was asked for")
+    };
+    let map = opened.mapping;
+    let found = Config::read(&map, dims as usize).ok_or_else(|| SharedError::Corrupt {
+        path: map.path().to_owned(),
+        field: "budget rates",
+    })?;
+    let config = if found == asked {
+        asked
+    } else {
+        match options.on_mismatch {
+            OnMismatch::Adopt => found,
+            OnMismatch::Refuse => {
+                return Err(SharedError::BudgetMismatch {
+                    path: map.path().to_owned(),
+                    file: found.to_string(),
+                    asked: asked.to_string(),
+                })
+            }
+            OnMismatch::Replace => {
+                return Err(SharedError::BadBudget {
+                    reason: format!(
+                        "{} holds the budget {found}; a budget's rates are not replaced \
+                         in place (its turns on record were charged under them): open it \
+                         with OnMismatch::Adopt, or remove the file while no process \
+                         uses it",
+                        map.path().display()
+                    ),
+                })
+            }
+        }
+    };
+    Ok(Inner {
+        dims: config.names.len(),
+        config,
+        clock: HostClock::new(opened.time),
+        identity: opened.identity,
+        map,
+        local: Mutex::new(()),
+    })
+}
+
 /// A budget's rates and cap, as asked for or as a file holds them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Config {
-    names: Box<[String]>,
-    quotas: Box<[Quota]>,
-    cap: Option<u32>,
+pub(super) struct Config {
+    pub(super) names: Box<[String]>,
+    pub(super) quotas: Box<[Quota]>,
+    pub(super) cap: Option<u32>,
 }
 
 impl Config {

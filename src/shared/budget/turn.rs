@@ -97,7 +97,12 @@ impl SharedTurn {
     ///
     /// See [`SharedTurn`].
     pub fn cost(&self, dimension: &str) -> Option<u32> {
-        let d = self.inner.names.iter().position(|n| n == dimension)?;
+        let d = self
+            .inner
+            .config
+            .names
+            .iter()
+            .position(|n| n == dimension)?;
         self.cells.get(d).copied()
     }
 
@@ -119,7 +124,13 @@ impl Drop for SharedTurn {
 
 impl fmt::Debug for SharedTurn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let costs: Vec<_> = self.inner.names.iter().zip(self.cells.iter()).collect();
+        let costs: Vec<_> = self
+            .inner
+            .config
+            .names
+            .iter()
+            .zip(self.cells.iter())
+            .collect();
         f.debug_struct("SharedTurn")
             .field("costs", &costs)
             .finish_non_exhaustive()

@@ -27,7 +27,6 @@ use std::sync::Arc;
 
 use super::admit::Step;
 use super::{Inner, SharedBudgetError, SharedTurn};
-use crate::budget::BudgetError;
 use crate::clock::Clock;
 use crate::wait::alarm::Alarm;
 
@@ -98,12 +97,12 @@ struct Wait {
 impl SharedAcquire {
     pub(super) fn new(
         inner: Arc<Inner>,
-        cells: Result<Box<[u32]>, BudgetError>,
+        cells: Result<Box<[u32]>, SharedBudgetError>,
         max: Option<u64>,
     ) -> SharedAcquire {
         let (cells, error) = match cells {
             Ok(cells) => (cells, None),
-            Err(e) => (Box::default(), Some(SharedBudgetError::Budget(e))),
+            Err(e) => (Box::default(), Some(e)),
         };
         SharedAcquire {
             inner,
