@@ -497,6 +497,52 @@ fn a_directory_another_user_owns_or_anyone_can_swap_files_in_is_refused() {
 }
 
 #[test]
+fn a_way_to_the_file_that_someone_else_could_change_is_refused() {
+    let shm = Shm::sticky("way");
+    // The file's own directory is private, but the one above it anyone can write and is
+    // not sticky: anyone could move another directory into its place.
+    let open_dir = shm.path("open-above");
+    fs::create_dir(&open_dir).unwrap();
+    fs::set_permissions(&open_dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let private = open_dir.join("private");
+    fs::create_dir(&private).unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    let refused = SharedLimiter::open(private.join("f"), Quota::per_second(1)).unwrap_err();
+    assert!(
+        refused.to_string().contains("on the way to the file"),
+        "{refused}"
+    );
+    assert!(!private.join("f").exists());
+    if !can_switch_user() {
+        return;
+    }
+    // A link `nobody` owns, to a directory of ours: its owner can point it elsewhere
+    // between two processes' opens.
+    let ours = shm.path("ours");
+    fs::create_dir(&ours).unwrap();
+    let link = shm.path("their-link");
+    let made = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "ln",
+            "-s",
+        ])
+        .arg(&ours)
+        .arg(&link)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let refused = SharedLimiter::open(link.join("f"), Quota::per_second(1)).unwrap_err();
+    assert!(
+        refused.to_string().contains("a link on the way"),
+        "{refused}"
+    );
+    assert!(!ours.join("f").exists());
+}
+
+#[test]
 fn a_trusted_group_does_not_trust_a_file_its_non_member_made_in_a_setgid_directory() {
     if !can_switch_user() {
         return;

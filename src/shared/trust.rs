@@ -15,6 +15,11 @@
 //!   untrusted group) can write it, be sticky (`/tmp`, `/dev/shm`): otherwise whoever can
 //!   write it can remove the file and put another in its place, or is the directory's
 //!   owner (a link planted on the way to the directory leads here too).
+//! * **The way there**: every directory above it, both as the path is written and as it
+//!   resolves, by the same rule (whoever can rename an entry of one can move another
+//!   directory into its place, so that processes opening the same path reach different
+//!   files), and every link on the way as written must be owned by a trusted user (its
+//!   owner can point it elsewhere at any time).
 
 use std::fs::{File, Metadata};
 use std::os::fd::AsRawFd;
@@ -93,16 +98,83 @@ pub(super) fn check_dir(dir: &File, path: &Path, options: &OpenOptions) -> Resul
     let meta = dir
         .metadata()
         .map_err(|e| super::file::io_error(path, "read the directory's owner", e))?;
+    let why = swappable(&meta, options).map(|why| match why {
+        Swap::Owner => "it is the file's directory, and another user owns it",
+        Swap::Others => "it is the file's directory, and others can remove or replace files in it",
+    });
+    untrusted(&meta, path, why)
+}
+
+/// Refuses a way to the file's directory that someone the caller does not trust could
+/// change (module docs): a directory on it (as the path is written, and as it resolves)
+/// that such a user owns or can rename entries in, or a link on it that such a user owns.
+pub(super) fn check_way(file: &Path, options: &OpenOptions) -> Result<(), SharedError> {
+    let Some(dir) = file.parent() else {
+        return Ok(());
+    };
+    let resolved = std::fs::canonicalize(dir)
+        .map_err(|e| super::file::io_error(dir, "resolve the file's directory", e))?;
+    for way in [dir, resolved.as_path()] {
+        // Every directory above the file's own (which `check_dir` checks).
+        for above in way.ancestors().skip(1) {
+            check_step(above, options)?;
+        }
+        // Every link on the way, as written.
+        let mut prefix = std::path::PathBuf::new();
+        for part in way.components() {
+            prefix.push(part);
+            let meta = std::fs::symlink_metadata(&prefix)
+                .map_err(|e| super::file::io_error(&prefix, "read a directory on the way", e))?;
+            if meta.file_type().is_symlink() && !trusted_user(meta.uid(), options) {
+                return untrusted(
+                    &meta,
+                    &prefix,
+                    Some("it is a link on the way to the file, and another user owns it"),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `dir`, a directory above the file's, if someone untrusted could swap it.
+fn check_step(dir: &Path, options: &OpenOptions) -> Result<(), SharedError> {
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| super::file::io_error(dir, "read a directory on the way", e))?;
+    let why = swappable(&meta, options).map(|why| match why {
+        Swap::Owner => "it is a directory on the way to the file, and another user owns it",
+        Swap::Others => {
+            "it is a directory on the way to the file, and others can rename or replace \
+             what is in it"
+        }
+    });
+    untrusted(&meta, dir, why)
+}
+
+/// Who could swap what a directory holds.
+enum Swap {
+    /// An untrusted user owns it.
+    Owner,
+    /// Others (or an untrusted group) can write it, and it is not sticky.
+    Others,
+}
+
+fn swappable(meta: &Metadata, options: &OpenOptions) -> Option<Swap> {
     let (owner, group, mode) = (meta.uid(), meta.gid(), meta.mode() & 0o7777);
     let sticky = mode & 0o1000 != 0;
     let group_trusted = options.trust_group == Some(group) || group == 0;
-    let why = if !trusted_user(owner, options) {
-        Some("it is the file's directory, and another user owns it")
+    if !trusted_user(owner, options) {
+        Some(Swap::Owner)
     } else if !sticky && (mode & 0o002 != 0 || mode & 0o020 != 0 && !group_trusted) {
-        Some("it is the file's directory, and others can remove or replace files in it")
+        Some(Swap::Others)
     } else {
         None
-    };
+    }
+}
+
+/// `Ok` without a reason, else [`SharedError::Untrusted`] for `path` and its owner.
+fn untrusted(meta: &Metadata, path: &Path, why: Option<&'static str>) -> Result<(), SharedError> {
+    let (owner, group, mode) = (meta.uid(), meta.gid(), meta.mode() & 0o7777);
     match why {
         None => Ok(()),
         Some(why) => Err(SharedError::Untrusted {

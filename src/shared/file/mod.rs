@@ -102,6 +102,7 @@ pub(crate) fn open(path: &Path, want: Want, options: &OpenOptions) -> Result<Ope
     let path = path.as_path();
     let dir = Dir::of(path).map_err(|e| io_error(path, "open the file's directory", e))?;
     trust::check_dir(dir.file(), dir.path(), options)?;
+    trust::check_way(path, options)?;
     let Want { kind, settle, init } = want;
     let new = New {
         kind,
