@@ -31,10 +31,13 @@
 //! writable by their owner only (`0600`; `0660` for a trusted group), and never modifies
 //! a file it did not make: another user's file planted at the path, an empty file, or a
 //! file of other content is an error that says whose it is and what to do, and is left as
-//! it is. Anyone who can write the directory can still remove the file, or plant one that
-//! paceline then refuses (a denial of service, not a takeover): keep files in a directory
-//! only trusted users can write, or in `/dev/shm` (sticky: users cannot remove or rename
-//! each other's files).
+//! it is. The way to the file is checked too: a directory on it (as written or as
+//! resolved) that another user owns or that others can rename entries in (unless sticky),
+//! or a link on it that another user owns, is an error, since either could send two
+//! processes opening one path to two files. Anyone who can write the directory can still
+//! remove the file, or plant one that paceline then refuses (a denial of service, not a
+//! takeover): keep files in a directory only trusted users can write, or in `/dev/shm`
+//! (sticky: users cannot remove or rename each other's files).
 //!
 //! **Nothing waits long on another process.** Checks of stored keys and of a direct file
 //! are lock-free. Storing a new key takes its bucket's lock, held for a few hundred
