@@ -245,6 +245,20 @@ fn child() {
         return;
     };
     let path = PathBuf::from(var("PACELINE_FILE"));
+    if role == "open" {
+        match SharedBudget::builder()
+            .rate(
+                "requests",
+                Quota::per_second(40).with_burst(REQUEST_BURST as u32),
+            )
+            .options(OnMismatch::Adopt)
+            .open(&path)
+        {
+            Ok(_) => println!("OPENED"),
+            Err(e) => println!("REFUSED {e}"),
+        }
+        return;
+    }
     let budget = Arc::new(open(&path));
     match role.as_str() {
         "hammer" => {
@@ -544,6 +558,51 @@ fn a_file_removed_under_its_processes_is_made_again_and_shared_again() {
     assert_eq!(first.in_flight().unwrap(), 0);
 }
 
+#[test]
+fn a_process_of_another_pid_namespace_is_refused() {
+    // SAFETY: `geteuid` has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let unshare = Command::new("unshare").arg("--version").output();
+    if !root || !unshare.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: needs root and unshare to start a process in a PID namespace");
+        return;
+    }
+    let dir = Dir::new("budget-pidns");
+    let file = dir.path("budget");
+    open(&file);
+    // Ids recorded there name other processes here: a live holder would look gone, a
+    // dead one alive. Refused at opening, with the reason.
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("PACELINE_CHILD", "open")
+        .env("PACELINE_FILE", &file)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    if !said.contains("OPENED") && !said.contains("REFUSED") {
+        // `unshare` itself was refused (a container without the capability).
+        eprintln!("skipped: unshare --pid could not start the child: {out:?}");
+        return;
+    }
+    if said.contains("OPENED") {
+        panic!("opened from another PID namespace: {said}");
+    }
+    assert!(said.contains("another PID namespace"), "{said}");
+    // The same child in this namespace opens it.
+    let mut here = spawn("open", &[("PACELINE_FILE", file.display().to_string())]);
+    expect_line(&mut here, "OPENED");
+    finish(here, Duration::from_secs(30));
+}
+
 /// The identity a budget file records for process `pid`: its id, and its start time's
 /// low 32 bits where `/proc` tells it.
 fn identity(pid: u32) -> u64 {
@@ -643,6 +702,23 @@ fn a_file_of_another_budget_is_refused_or_adopted_and_never_taken_for_a_limiter(
         "{other}"
     );
     assert!(other.to_string().contains("tokens"), "{other}");
+    // The same rates named in another order are the same budget.
+    let reordered = SharedBudget::builder()
+        .rate(
+            "tokens",
+            Quota::per_second(TOKENS_PER_SECOND as u32).with_burst(TOKEN_BURST as u32),
+        )
+        .rate(
+            "requests",
+            Quota::per_second(40).with_burst(REQUEST_BURST as u32),
+        )
+        .in_flight(CAP)
+        .open(&file)
+        .unwrap();
+    let turn = reordered.try_acquire(&[("tokens", 7)]).unwrap();
+    assert_eq!(turn.cost("tokens"), Some(7));
+    assert_eq!(turn.cost("requests"), Some(1));
+    drop(turn);
     let adopted = SharedBudget::builder()
         .rate("requests", Quota::per_second(5))
         .options(OnMismatch::Adopt)

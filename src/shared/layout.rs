@@ -91,6 +91,9 @@ pub(super) const BUDGET_EPOCH_AT: usize = HEADER_LEN + 24;
 /// Counts the waiters that left a budget's queue (admitted, or gone): a waiter reads it to
 /// know whether it may have moved up.
 pub(super) const BUDGET_QUEUE_AT: usize = HEADER_LEN + 32;
+/// The PID namespace of the process that made a budget file (its inode; 0: unknown):
+/// the ids its callers are recorded by mean something only there.
+pub(super) const BUDGET_PIDNS_AT: usize = HEADER_LEN + 40;
 pub(super) const BUDGET_RATES_AT: usize = HEADER_LEN + 64;
 pub(super) const BUDGET_RATE_LEN: usize = 56;
 /// The longest name of a shared budget's dimension, in bytes.

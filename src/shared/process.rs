@@ -87,6 +87,13 @@ fn stat(pid: u64) -> Option<Stat> {
     Some(Stat { start, state })
 }
 
+/// This process's PID namespace, as the inode of `/proc/self/ns/pid` (0 where the system
+/// does not tell): process ids mean something only within one.
+pub(crate) fn namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
 /// Whole seconds on `CLOCK_MONOTONIC` (the same for every process of the host), wrapping
 /// at 2^32 (136 years): for how old a claim in a file is.
 pub(crate) fn seconds() -> u32 {

@@ -222,7 +222,7 @@ impl SharedBudget {
     ///
     /// # Examples
     ///
-    /// See [`SharedBudgetBuilder::options`].
+    /// See [`SharedBudgetBuilder::options`](super::SharedBudgetBuilder::options).
     pub fn quota(&self, dimension: &str) -> Result<Quota, BudgetError> {
         index_of(&self.handle.config.names, dimension).map(|d| self.handle.config.quotas[d])
     }

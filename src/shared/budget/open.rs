@@ -42,8 +42,8 @@ impl SharedBudget {
 
 impl SharedBudgetBuilder {
     /// Adds a dimension: `quota` of `name` (at most
-    /// [`MAX_DIMENSION_NAME_LEN`](super::MAX_DIMENSION_NAME_LEN) bytes; at most
-    /// [`MAX_DIMENSIONS`](super::MAX_DIMENSIONS) of them).
+    /// [`MAX_DIMENSION_NAME_LEN`](crate::shared::MAX_DIMENSION_NAME_LEN) bytes; at most
+    /// [`MAX_DIMENSIONS`](crate::shared::MAX_DIMENSIONS) of them).
     ///
     /// # Examples
     ///
@@ -141,12 +141,27 @@ pub(super) fn open_file(
         unreachable!("a budget file was asked for")
     };
     let map = opened.mapping;
+    // Callers are recorded by process id, and a process whose turn holds a permit is
+    // cleared out once its id is gone: in another PID namespace, ids name other processes.
+    let made_in = map.word(layout::BUDGET_PIDNS_AT).load(Ordering::Relaxed);
+    let here = crate::shared::process::namespace();
+    if made_in != here && made_in != 0 && here != 0 {
+        return Err(SharedError::BadBudget {
+            reason: format!(
+                "{} was made by a process in another PID namespace (a container sharing the \
+                 directory): a budget records its callers by process id, which means another \
+                 process there; share it only between processes of one PID namespace",
+                map.path().display()
+            ),
+        });
+    }
     let found = Config::read(&map, dims as usize).ok_or_else(|| SharedError::Corrupt {
         path: map.path().to_owned(),
         field: "budget rates",
     })?;
-    let config = if found == asked {
-        asked
+    // The same rates named in another order are the same budget: the file's order.
+    let config = if found.same_as(&asked) {
+        found
     } else {
         match options.on_mismatch {
             OnMismatch::Adopt => found,
@@ -189,6 +204,21 @@ pub(super) struct Config {
 }
 
 impl Config {
+    /// Whether two configs hold the same rates (in any order) and the same cap.
+    fn same_as(&self, other: &Config) -> bool {
+        let rates = |c: &Config| {
+            let mut r: Vec<(String, Quota)> = c
+                .names
+                .iter()
+                .cloned()
+                .zip(c.quotas.iter().copied())
+                .collect();
+            r.sort_by(|a, b| a.0.cmp(&b.0));
+            r
+        };
+        self.cap == other.cap && rates(self) == rates(other)
+    }
+
     /// The budget asked for, or why it cannot be.
     fn checked(rates: Vec<(String, Quota)>, cap: Option<u32>) -> Result<Config, SharedError> {
         let bad = |reason: String| Err(SharedError::BadBudget { reason });
@@ -235,6 +265,7 @@ impl Config {
         // Relaxed: the magic's Release store publishes the new file (`file/make.rs`).
         let store = |at, value| map.word(at).store(value, Ordering::Relaxed);
         store(layout::BUDGET_CAP_AT, self.cap.map_or(0, u64::from));
+        store(layout::BUDGET_PIDNS_AT, crate::shared::process::namespace());
         for (d, (name, quota)) in self.names.iter().zip(self.quotas.iter()).enumerate() {
             let mut bytes = [0u8; layout::MAX_DIMENSION_NAME_LEN];
             bytes[..name.len()].copy_from_slice(name.as_bytes());
