@@ -513,6 +513,26 @@ fn a_way_to_the_file_that_someone_else_could_change_is_refused() {
         "{refused}"
     );
     assert!(!private.join("f").exists());
+    // A directory whose mode says only its owner writes it, and whose access ACL lets
+    // another user write it too: the file's own directory, and one above it.
+    let acl_dir = shm.path("acl");
+    fs::create_dir(&acl_dir).unwrap();
+    fs::set_permissions(&acl_dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let inner = acl_dir.join("inner");
+    fs::create_dir(&inner).unwrap();
+    let set = Command::new("setfacl")
+        .args(["-m", "u:65534:rwx"])
+        .arg(&acl_dir)
+        .status();
+    if set.is_ok_and(|s| s.success()) {
+        for path in [acl_dir.join("f"), inner.join("f")] {
+            let refused = SharedLimiter::open(&path, Quota::per_second(1)).unwrap_err();
+            assert!(refused.to_string().contains("ACL"), "{refused}");
+            assert!(!path.exists());
+        }
+    } else {
+        eprintln!("skipped the ACL case: setfacl failed (no ACLs on this file system?)");
+    }
     if !can_switch_user() {
         return;
     }

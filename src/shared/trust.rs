@@ -15,6 +15,8 @@
 //!   untrusted group) can write it, be sticky (`/tmp`, `/dev/shm`): otherwise whoever can
 //!   write it can remove the file and put another in its place, or is the directory's
 //!   owner (a link planted on the way to the directory leads here too).
+//! * **A directory's access ACL** whose mask grants write (its group bits) is taken to let
+//!   others write it: its named entries, not its mode, say who can.
 //! * **The way there**: every directory above it, both as the path is written and as it
 //!   resolves, by the same rule (whoever can rename an entry of one can move another
 //!   directory into its place, so that processes opening the same path reach different
@@ -98,9 +100,11 @@ pub(super) fn check_dir(dir: &File, path: &Path, options: &OpenOptions) -> Resul
     let meta = dir
         .metadata()
         .map_err(|e| super::file::io_error(path, "read the directory's owner", e))?;
-    let why = swappable(&meta, options).map(|why| match why {
+    let acl = grants_others(dir, meta.mode());
+    let why = swappable(&meta, acl, options).map(|why| match why {
         Swap::Owner => "it is the file's directory, and another user owns it",
         Swap::Others => "it is the file's directory, and others can remove or replace files in it",
+        Swap::Acl => "it is the file's directory, and an access ACL lets other users write it",
     });
     untrusted(&meta, path, why)
 }
@@ -139,13 +143,21 @@ pub(super) fn check_way(file: &Path, options: &OpenOptions) -> Result<(), Shared
 
 /// Refuses `dir`, a directory above the file's, if someone untrusted could swap it.
 fn check_step(dir: &Path, options: &OpenOptions) -> Result<(), SharedError> {
-    let meta = std::fs::metadata(dir)
+    let opened = File::open(dir)
+        .map_err(|e| super::file::io_error(dir, "open a directory on the way", e))?;
+    let meta = opened
+        .metadata()
         .map_err(|e| super::file::io_error(dir, "read a directory on the way", e))?;
-    let why = swappable(&meta, options).map(|why| match why {
+    let acl = grants_others(&opened, meta.mode());
+    let why = swappable(&meta, acl, options).map(|why| match why {
         Swap::Owner => "it is a directory on the way to the file, and another user owns it",
         Swap::Others => {
             "it is a directory on the way to the file, and others can rename or replace \
              what is in it"
+        }
+        Swap::Acl => {
+            "it is a directory on the way to the file, and an access ACL lets other users \
+             write it"
         }
     });
     untrusted(&meta, dir, why)
@@ -157,9 +169,14 @@ enum Swap {
     Owner,
     /// Others (or an untrusted group) can write it, and it is not sticky.
     Others,
+    /// An access ACL names users or groups who may write it (its mode bits do not say
+    /// who), and it is not sticky.
+    Acl,
 }
 
-fn swappable(meta: &Metadata, options: &OpenOptions) -> Option<Swap> {
+/// Who could swap what a directory holds: its owner, its mode, and whether an access ACL
+/// gives write to users or groups its mode does not name (`acl`).
+fn swappable(meta: &Metadata, acl: bool, options: &OpenOptions) -> Option<Swap> {
     let (owner, group, mode) = (meta.uid(), meta.gid(), meta.mode() & 0o7777);
     let sticky = mode & 0o1000 != 0;
     let group_trusted = options.trust_group == Some(group) || group == 0;
@@ -167,6 +184,9 @@ fn swappable(meta: &Metadata, options: &OpenOptions) -> Option<Swap> {
         Some(Swap::Owner)
     } else if !sticky && (mode & 0o002 != 0 || mode & 0o020 != 0 && !group_trusted) {
         Some(Swap::Others)
+    } else if !sticky && acl && mode & 0o020 != 0 {
+        // With an ACL, the group bits are its mask: write there may be anyone's it names.
+        Some(Swap::Acl)
     } else {
         None
     }
