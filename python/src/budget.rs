@@ -14,7 +14,7 @@ use std::thread::{self, Thread};
 use std::time::{Duration, SystemTime};
 
 use paceline::budget::{Acquire, Budget, BudgetError, Turn};
-use paceline::shared::{SharedAcquire, SharedBudget, SharedBudgetError, SharedTurn};
+use paceline::shared::{SharedAcquire, SharedBudget, SharedBudgetError, SharedStep, SharedTurn};
 use paceline::upstream::DimensionSignal;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
@@ -151,6 +151,7 @@ impl BudgetCore {
         let future = self.future(&costs_, timeout)?;
         Ok(BudgetWaiting {
             future: Mutex::new(Some(future)),
+            again_in: Mutex::new(None),
         })
     }
 
@@ -361,6 +362,8 @@ impl Wake for CallBack {
 pub(crate) struct BudgetWaiting {
     /// `None` once answered or cancelled.
     future: Mutex<Option<Wait>>,
+    /// A shared budget's wait: seconds until it should be polled again.
+    again_in: Mutex<Option<f64>>,
 }
 
 #[pymethods]
@@ -372,6 +375,23 @@ impl BudgetWaiting {
         let Some(future) = slot.as_mut() else {
             return Err(PyValueError::new_err("this wait is over"));
         };
+        if let Wait::Shared(shared) = future {
+            // Nothing but its own clock wakes a shared budget's waiter: the loop's timer
+            // does that (`again_in`), with no thread waiting for the GIL to wake it.
+            drop(wake);
+            return match shared.step() {
+                SharedStep::Ready(outcome) => {
+                    *slot = None;
+                    outcome
+                        .map(|turn| Some(BudgetTurn::new(Held::Shared(turn))))
+                        .map_err(shared_budget_error)
+                }
+                SharedStep::Pending(again_in) => {
+                    *lock(&self.again_in) = Some(again_in.as_secs_f64());
+                    Ok(None)
+                }
+            };
+        }
         let waker = Waker::from(Arc::new(CallBack(wake)));
         match Pin::new(future).poll(&mut Context::from_waker(&waker)) {
             Poll::Ready(outcome) => {
@@ -382,6 +402,12 @@ impl BudgetWaiting {
             }
             Poll::Pending => Ok(None),
         }
+    }
+
+    /// Seconds until a shared budget's pending wait should be polled again (`None`: the
+    /// wait calls `wake` instead).
+    fn again_in(&self) -> Option<f64> {
+        lock(&self.again_in).take()
     }
 
     /// Gives the place up (the task was cancelled): it has spent nothing.

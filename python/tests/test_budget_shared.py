@@ -8,6 +8,7 @@ permit is held over at least [came, ended]. The rates are checked on the admissi
 provably inside a window, the cap on the spans provably overlapping."""
 
 import asyncio
+import gc
 import multiprocessing
 import os
 import pickle
@@ -196,25 +197,24 @@ def test_a_task_cancelled_while_waiting_gives_its_place_up(path):
     assert budget.in_flight == 0 and budget.waiting == 0
 
 
-def test_a_waiter_whose_loop_was_closed_loses_its_place_and_the_others_go_on(path):
+def test_a_waiter_whose_loop_was_closed_and_dropped_gives_its_place_up(path):
     budget = open_budget(path)
     turns = [budget.try_acquire(tokens=1) for _ in range(CAP)]
     loop = asyncio.new_event_loop()
-    # A task left waiting in a loop that is closed without cancelling it.
+    # A task left waiting in a loop that is closed without cancelling it, then dropped
+    # with the loop (a program that wanted only the first of several results).
     orphan = asyncio.ensure_future(budget.acquire(tokens=1), loop=loop)
     loop.run_until_complete(asyncio.sleep(0.05))
     loop.close()
     assert budget.waiting == 1
-    for t in turns[:1]:
-        t.release()
-    started = time.monotonic()
-    turn = budget.acquire_blocking(tokens=1, timeout=15)
-    waited = time.monotonic() - started
-    assert waited < 10, waited
+    del orphan, loop
+    gc.collect()
+    assert budget.waiting == 0
+    turns.pop().release()
+    turn = budget.acquire_blocking(tokens=1, timeout=5)
     turn.release()
-    for t in turns[1:]:
+    for t in turns:
         t.release()
-    del orphan
 
 
 def test_ctrl_c_in_a_blocking_wait_gives_the_place_up(path):
@@ -256,3 +256,52 @@ def test_another_budget_in_the_file_is_refused_or_adopted(path):
         pickle.dumps(paceline.Budget(requests=paceline.Rate(5)))
     with pytest.raises(ValueError):
         paceline.Budget.shared(path + "2", **{"x" * 33: paceline.Rate(1)})
+
+
+@pytest.mark.parametrize("bad", ["/dev/shm/a\0b", "/dev/shm/budget-dir/"])
+def test_a_path_that_cannot_name_a_file_is_a_value_error(bad):
+    with pytest.raises(ValueError):
+        paceline.Budget.shared(bad, requests=REQUESTS)
+    with pytest.raises(ValueError):
+        paceline.Limiter.shared(bad, 10)
+
+
+def test_many_waiters_across_processes_keep_the_rate(path):
+    """The queue keeps the binding rate with hundreds of asyncio waiters in two processes:
+    each waiter looks again at its own instant, on its loop's timer."""
+    ctx = multiprocessing.get_context("spawn")
+    budget = paceline.Budget.shared(path, requests=paceline.Rate(200, per=1.0, burst=1), in_flight=1000)
+    out = ctx.Queue()
+    start = time.time() + 1.5
+    procs = [ctx.Process(target=_rate_worker, args=(budget, 150, start, 2.0, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    admitted = sum(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    # 200/s for 2 s, a burst of 1: 400; at least 80 % of it (a loaded machine's margin).
+    assert admitted >= 320, admitted
+    assert admitted <= 400 + 2, admitted
+
+
+def _rate_worker(budget, tasks, start, seconds, out):
+    count = [0]
+
+    async def task():
+        while True:
+            left = start + seconds - time.time()
+            if left <= 0:
+                return
+            try:
+                async with budget.acquire(timeout=left):
+                    if time.time() <= start + seconds:
+                        count[0] += 1
+            except TimeoutError:
+                return
+
+    async def main():
+        await asyncio.sleep(max(0.0, start - time.time()))
+        await asyncio.gather(*(task() for _ in range(tasks)))
+
+    asyncio.run(main())
+    out.put(count[0])

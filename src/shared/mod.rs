@@ -92,7 +92,7 @@ use core::time::Duration;
 
 pub use budget::{
     SharedAcquire, SharedBudget, SharedBudgetBuilder, SharedBudgetError, SharedSettleError,
-    SharedTurn, ABANDONED, LOCK_PATIENCE, MAX_WAITING,
+    SharedStep, SharedTurn, ABANDONED, LOCK_PATIENCE, MAX_WAITING,
 };
 pub use error::SharedError;
 pub use file::OPEN_PATIENCE;

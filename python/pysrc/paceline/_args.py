@@ -52,7 +52,12 @@ def _path(path: object) -> str:
         raise TypeError(
             f"path must be a str, bytes or os.PathLike, got {type(path).__name__}"
         )
-    return os.path.abspath(os.fsdecode(os.fspath(path)))
+    text = os.fsdecode(os.fspath(path))
+    if "\0" in text:
+        raise ValueError(f"path must not contain a NUL character, got {text!r}")
+    if text.endswith("/"):
+        raise ValueError(f"path names a directory (it ends with '/'), not a file: {text!r}")
+    return os.path.abspath(text)
 
 
 def _trusted(name: str, value: object, lookup) -> Optional[int]:  # type: ignore[no-untyped-def]

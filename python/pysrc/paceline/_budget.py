@@ -172,7 +172,12 @@ class _Acquiring:
                 turn = waiting.poll(wake)
                 if turn is not None:
                     return Turn(turn)
-                await woken
+                again_in = waiting.again_in()
+                if again_in is None:
+                    await woken
+                else:
+                    # A shared budget's wait: polled again on this loop's own timer.
+                    await asyncio.sleep(again_in)
         except BaseException:
             # Cancelled, or a deadline: the place is given up, nothing was spent.
             waiting.cancel()
@@ -236,7 +241,7 @@ class Budget:
         one queue in the file, and the first is admitted when every rate admits it and a
         permit is free; a task cancelled before its turn has spent nothing; a turn's permit
         returns when it ends, and when its process is gone (killed, or exited without
-        ending it). A waiter whose process stops asking for 5 seconds (an event loop
+        ending it). A waiter whose process stops asking for 10 seconds (an event loop
         closed under it) loses its place.
 
         The file is trusted as ``Limiter.shared``'s is (its owner, or ``trust_user`` /

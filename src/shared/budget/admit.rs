@@ -32,8 +32,8 @@ use crate::budget::{BudgetError, Ready};
 use crate::shared::process;
 
 /// A waiter that has not asked again for this long gives its place up (it asks at least
-/// every second while it waits).
-pub const ABANDONED: Duration = Duration::from_secs(5);
+/// every second near the front of the queue, every four seconds far back).
+pub const ABANDONED: Duration = Duration::from_secs(10);
 
 /// How often callers are checked for processes that are gone.
 const REAP_EVERY: Duration = Duration::from_millis(50);
@@ -43,8 +43,9 @@ const REAP_EVERY: Duration = Duration::from_millis(50);
 pub(super) enum Step {
     /// Admitted: its turn, with its permit.
     Admitted { ticket: u64 },
-    /// Waiting with `ahead` waiters before it; the head (`ahead == 0`) learns when its
-    /// rates admit it (`at`, as things stand; `None`: it waits for a permit, or for ever).
+    /// Waiting with `ahead` waiters before it, and when its turn would come as things
+    /// stand (`at`: the head's when its rates admit it; a waiter's behind it if those
+    /// ahead went as early as the rates allow; `None`: a permit is short, or never).
     Waiting {
         ticket: u64,
         ahead: usize,
@@ -132,7 +133,25 @@ impl State {
         let Some(i) = self.callers.iter().position(|c| c.ticket == ticket) else {
             return self.arrive(ask);
         };
-        let at = if ahead > 0 || self.free(ask.cap) == 0 {
+        let at = if ahead > 0 {
+            // Where its turn would come if every waiter ahead went as early as the
+            // rates allow (no permit short, no settle to come): it looks again then.
+            // Only an instant still to come: one already here says only that the rates
+            // would let it in, and it is the waiters ahead it waits for (the queue's
+            // epoch says when they have gone; asking again at once would only hold the
+            // lock against them).
+            if self.free(ask.cap) > ahead {
+                let before = self
+                    .callers
+                    .iter()
+                    .filter(|c| c.turn.is_none() && c.ticket < ticket);
+                self.ledger
+                    .simulate(before.map(|c| &*c.cells), ask.cells, ask.now)
+                    .filter(|&at| at > ask.now)
+            } else {
+                None
+            }
+        } else if self.free(ask.cap) == 0 {
             None
         } else {
             match self.ledger.ready(ask.cells, ask.now) {
@@ -308,9 +327,10 @@ mod tests {
         admitted(s.arrive(&ask(&[2], None, 0)));
         let (heavy, ahead, at) = waiting(s.arrive(&ask(&[2], None, 0)));
         assert_eq!((ahead, at), (0, Some(200 * MS)));
-        // A light caller behind it waits too, though one cell would fit sooner.
+        // A light caller behind it waits too, though one cell would fit sooner; it is
+        // told when its turn comes behind the heavy one's.
         let (light, ahead, at) = waiting(s.arrive(&ask(&[1], None, 100 * MS)));
-        assert_eq!((ahead, at), (1, None));
+        assert_eq!((ahead, at), (1, Some(300 * MS)));
         assert_eq!(waiting(s.ask_again(light, &ask(&[1], None, 150 * MS))).1, 1);
         admitted(s.ask_again(heavy, &ask(&[2], None, 200 * MS)));
         let (_, ahead, at) = waiting(s.ask_again(light, &ask(&[1], None, 200 * MS)));

@@ -31,7 +31,7 @@ pub use error::{SharedBudgetError, SharedSettleError};
 pub use open::SharedBudgetBuilder;
 pub use store::{LOCK_PATIENCE, MAX_WAITING};
 pub use turn::SharedTurn;
-pub use waiting::SharedAcquire;
+pub use waiting::{SharedAcquire, SharedStep};
 
 /// Several rates and an in-flight cap shared by every process that opens one file: the
 /// promises of [`Budget`](crate::budget::Budget), across processes.

@@ -7,14 +7,18 @@
 //! it may help (`admit.rs`, "Who looks again when"), reading the two epoch words (no
 //! lock) in between:
 //!
+//! * every waiter at the instant its turn would come as things stand (the head's rates'
+//!   instant; behind it, the instant if those ahead went as early as the rates allow),
+//!   so that each wakes on its own time instead of after the one ahead of it;
 //! * behind the head, `p` places back: once the queue's epoch has moved `p`, reading it
-//!   every `p` milliseconds (at least every [`MAX_CHECK`]);
-//! * the head: at the instant its rates admit it, and whenever the head's epoch moves
-//!   (a permit returned, a settle, a rate changed), read every millisecond;
-//! * anyone: at its deadline, and every [`REFRESH`] to show it is still there (a waiter
-//!   silent for [`ABANDONED`](super::ABANDONED) loses its place); the head and the
-//!   waiter behind it every [`ASK_FRONT`], since a permit's turn or the head may belong
-//!   to a process that is gone, which only a look under the lock finds out.
+//!   every 4 ms for the first [`HEAD_WATCHERS`], every `10 p` ms behind them (at least
+//!   every [`MAX_CHECK`]);
+//! * the head and the first [`HEAD_WATCHERS`] behind it: whenever the head's epoch moves
+//!   (a permit returned, a settle, a rate changed), read every millisecond by the head;
+//! * anyone: at its deadline, and every [`REFRESH`] (up to four, far back) to show it is still
+//!   there (a waiter silent for [`ABANDONED`](super::ABANDONED) loses its place); the
+//!   head and the waiter behind it every [`ASK_FRONT`], since a permit's turn or the head
+//!   may belong to a process that is gone, which only a look under the lock finds out.
 //!
 //! Each read is one clock alarm of the future's own. Dropping the future leaves the
 //! queue (it has spent nothing); the queue's epoch then moves for those behind it.
@@ -30,8 +34,13 @@ use super::{Inner, SharedBudgetError, SharedTurn};
 use crate::clock::Clock;
 use crate::wait::alarm::Alarm;
 
-/// How often a waiter shows it is still there.
+/// How often a waiter near the front shows it is still there (one further back, every
+/// two; one more than a hundred places back, every four).
 const REFRESH: Duration = Duration::from_secs(1);
+
+/// The waiters nearest the front watch the head's epoch too: a settle that refunds
+/// brings their turns nearer, which those further back learn as they move up.
+const HEAD_WATCHERS: usize = 4;
 
 /// The longest a waiter goes without reading the epochs.
 const MAX_CHECK: Duration = Duration::from_secs(1);
@@ -61,6 +70,17 @@ pub struct SharedAcquire {
     max: Option<u64>,
     phase: Phase,
     alarm: Option<Alarm>,
+    /// When a pending wait should be looked at again (clock nanoseconds).
+    next: u64,
+}
+
+/// What [`SharedAcquire::step`] comes to.
+#[derive(Debug)]
+pub enum SharedStep {
+    /// The wait's answer.
+    Ready(Result<SharedTurn, SharedBudgetError>),
+    /// Not yet: step again after this long.
+    Pending(Duration),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -111,6 +131,7 @@ impl SharedAcquire {
             max,
             phase: Phase::New,
             alarm: None,
+            next: 0,
         }
     }
 
@@ -119,24 +140,27 @@ impl SharedAcquire {
         match step {
             Step::Admitted { ticket } => Phase::Admitted { ticket },
             Step::Waiting { ticket, ahead, at } => {
-                let every = if ahead == 0 {
-                    MS
-                } else {
-                    (ahead as u64 * MS).min(MAX_CHECK.as_nanos() as u64)
+                let ms = |n: u64| n.saturating_mul(MS);
+                let every = match ahead {
+                    0 => ms(1),
+                    1..=HEAD_WATCHERS => ms(4),
+                    _ => ms(10 * ahead as u64).min(MAX_CHECK.as_nanos() as u64),
+                };
+                let refresh = match ahead {
+                    0 | 1 => ASK_FRONT,
+                    2..=10 => REFRESH,
+                    11..=100 => 2 * REFRESH,
+                    _ => 4 * REFRESH,
                 };
                 Phase::Waiting(Wait {
                     ticket,
                     deadline,
                     queue: (ahead > 0).then(|| queue.wrapping_add(ahead as u64)),
-                    head: (ahead == 0).then_some(head),
+                    head: (ahead <= HEAD_WATCHERS).then_some(head),
                     at,
                     check: now.saturating_add(every),
                     every,
-                    refresh: now.saturating_add(if ahead <= 1 {
-                        ASK_FRONT.as_nanos() as u64
-                    } else {
-                        REFRESH.as_nanos() as u64
-                    }),
+                    refresh: now.saturating_add(refresh.as_nanos() as u64),
                 })
             }
         }
@@ -214,41 +238,89 @@ impl SharedAcquire {
     }
 }
 
+impl SharedAcquire {
+    /// Takes this wait one step without a waker, for an event loop that keeps its own
+    /// timers (paceline's Python package): the turn or the error once answered, or how
+    /// long until the wait should be stepped again. Nothing wakes a shared budget's
+    /// waiter but its own clock (`waiting.rs`), so a loop that sleeps that long and steps
+    /// again waits exactly as a polled future does, without a thread waking it.
+    ///
+    /// # Panics
+    ///
+    /// If stepped (or polled) after it was answered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use paceline::{shared::{SharedBudget, SharedStep}, Quota};
+    /// # let path = std::env::temp_dir().join(format!("paceline-doc-budget-st-{}", std::process::id()));
+    /// let budget = SharedBudget::builder().rate("requests", Quota::per_second(10)).open(&path)?;
+    /// let mut waiting = budget.acquire(&[]);
+    /// let turn = loop {
+    ///     match waiting.step() {
+    ///         SharedStep::Ready(turn) => break turn?,
+    ///         SharedStep::Pending(again_in) => std::thread::sleep(again_in),
+    ///     }
+    /// };
+    /// # drop(turn);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn step(&mut self) -> SharedStep {
+        match self.answer() {
+            Poll::Ready(r) => SharedStep::Ready(r),
+            Poll::Pending => {
+                let now = self.inner.clock.now();
+                SharedStep::Pending(Duration::from_nanos(self.next.saturating_sub(now)))
+            }
+        }
+    }
+
+    /// One poll's answer; when pending, `self.next` says when to look again.
+    fn answer(&mut self) -> Poll<Result<SharedTurn, SharedBudgetError>> {
+        if let Some(error) = self.error.take() {
+            self.phase = Phase::Done;
+            return Poll::Ready(Err(error));
+        }
+        assert!(
+            !matches!(self.phase, Phase::Done),
+            "SharedAcquire polled after it was answered"
+        );
+        match self.advance() {
+            Err(e) => {
+                self.leave();
+                Poll::Ready(Err(e))
+            }
+            Ok(Some(wake_at)) => {
+                self.next = wake_at;
+                Poll::Pending
+            }
+            Ok(None) => {
+                let Phase::Admitted { ticket } = self.phase else {
+                    unreachable!("answered only once admitted")
+                };
+                self.phase = Phase::Done;
+                if let Some(alarm) = self.alarm.take() {
+                    alarm.cancel(&self.inner.clock);
+                }
+                let cells = core::mem::take(&mut self.cells);
+                Poll::Ready(Ok(SharedTurn::new(Arc::clone(&self.inner), ticket, cells)))
+            }
+        }
+    }
+}
+
 impl Future for SharedAcquire {
     type Output = Result<SharedTurn, SharedBudgetError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let Some(error) = this.error.take() {
-            this.phase = Phase::Done;
-            return Poll::Ready(Err(error));
+        let answer = this.answer();
+        if answer.is_pending() {
+            let alarm = this.alarm.get_or_insert_with(Alarm::new);
+            alarm.set(&this.inner.clock, this.next, cx.waker());
         }
-        assert!(
-            !matches!(this.phase, Phase::Done),
-            "SharedAcquire polled after it was answered"
-        );
-        match this.advance() {
-            Err(e) => {
-                this.leave();
-                Poll::Ready(Err(e))
-            }
-            Ok(Some(wake_at)) => {
-                let alarm = this.alarm.get_or_insert_with(Alarm::new);
-                alarm.set(&this.inner.clock, wake_at, cx.waker());
-                Poll::Pending
-            }
-            Ok(None) => {
-                let Phase::Admitted { ticket } = this.phase else {
-                    unreachable!("answered only once admitted")
-                };
-                this.phase = Phase::Done;
-                if let Some(alarm) = this.alarm.take() {
-                    alarm.cancel(&this.inner.clock);
-                }
-                let cells = core::mem::take(&mut this.cells);
-                Poll::Ready(Ok(SharedTurn::new(Arc::clone(&this.inner), ticket, cells)))
-            }
-        }
+        answer
     }
 }
 
