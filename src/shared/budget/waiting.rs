@@ -11,7 +11,7 @@
 //!   instant; behind it, the instant if those ahead went as early as the rates allow),
 //!   so that each wakes on its own time instead of after the one ahead of it;
 //! * behind the head, `p` places back: once the queue's epoch has moved `p`, reading it
-//!   every 4 ms for the first [`HEAD_WATCHERS`], every `10 p` ms behind them (at least
+//!   every millisecond by the next in line, every `p` ms further back (at least
 //!   every [`MAX_CHECK`]);
 //! * the head and the first [`HEAD_WATCHERS`] behind it: whenever the head's epoch moves
 //!   (a permit returned, a settle, a rate changed), read every millisecond by the head;
@@ -142,9 +142,14 @@ impl SharedAcquire {
             Step::Waiting { ticket, ahead, at } => {
                 let ms = |n: u64| n.saturating_mul(MS);
                 let every = match ahead {
-                    0 => ms(1),
-                    1..=HEAD_WATCHERS => ms(4),
-                    _ => ms(10 * ahead as u64).min(MAX_CHECK.as_nanos() as u64),
+                    // The head, and the next: its turn comes as soon as the head's is
+                    // taken, and a settle's refund may bring that sooner than it could
+                    // reckon.
+                    0 | 1 => ms(1),
+                    // Further back, as often as places may go by: a queue that moves
+                    // faster than its projected instants (settles refund) must not leave
+                    // the head's place empty while its next waiter has yet to look.
+                    _ => ms(ahead as u64).min(MAX_CHECK.as_nanos() as u64),
                 };
                 let refresh = match ahead {
                     0 | 1 => ASK_FRONT,
