@@ -11,7 +11,8 @@
 //!   instant; behind it, the instant if those ahead went as early as the rates allow),
 //!   so that each wakes on its own time instead of after the one ahead of it;
 //! * behind the head, `p` places back: once the queue's epoch has moved `p`, reading it
-//!   every millisecond by the next in line, every `p` ms further back (at least
+//!   every millisecond by the next in line, every `d` ms further back, `d` the departures
+//!   still to come before its own turn, as the epoch tells them (at least
 //!   every [`MAX_CHECK`]);
 //! * the head and the first [`HEAD_WATCHERS`] behind it: whenever the head's epoch moves
 //!   (a permit returned, a settle, a rate changed), read every millisecond by the head;
@@ -197,6 +198,12 @@ impl SharedAcquire {
                         .any(|t| now >= t);
                     if !(moved || due) {
                         if now >= w.check {
+                            // As often as places may still go by before its own: the
+                            // departures left to its target, read off the epoch.
+                            if let Some(target) = w.queue {
+                                let left = target.wrapping_sub(queue).max(1);
+                                w.every = left.saturating_mul(MS).min(MAX_CHECK.as_nanos() as u64);
+                            }
                             w.check = now.saturating_add(w.every);
                             self.phase = Phase::Waiting(w);
                         }
