@@ -13,9 +13,8 @@ use std::fs::{self, File, OpenOptions};
 use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -25,6 +24,7 @@ use paceline::shared::{OnMismatch, SharedBudget, SharedBudgetError, SharedError}
 use paceline::Quota;
 
 mod common;
+use common::children::{monotonic, spawn, CHILD_ARGS};
 use common::dir::Dir;
 
 /// Requests: 40 per second (T = 25 ms), bursts of 4.
@@ -57,40 +57,8 @@ fn open(path: &Path) -> SharedBudget {
         .unwrap()
 }
 
-fn monotonic() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
-}
-
-/// Starts a child running `role` with `vars` (as environment variables).
-fn spawn(role: &str, vars: &[(&str, String)]) -> Child {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("PACELINE_CHILD", role)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for (name, value) in vars {
-        command.env(name, value);
-    }
-    command.process_group(0);
-    command.spawn().unwrap()
 }
 
 /// Waits for `child` up to `limit`; kills it and fails if it is still running then.
@@ -575,14 +543,7 @@ fn a_process_of_another_pid_namespace_is_refused() {
     let out = Command::new("unshare")
         .args(["--pid", "--fork"])
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(CHILD_ARGS)
         .env("PACELINE_CHILD", "open")
         .env("PACELINE_FILE", &file)
         .output()

@@ -13,9 +13,8 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -23,6 +22,7 @@ use std::time::{Duration, Instant};
 use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
 
 mod common;
+use common::children::{monotonic, spawn};
 use common::dir::Dir;
 use paceline::Quota;
 
@@ -32,39 +32,6 @@ const BURST: u64 = 10;
 
 fn quota() -> Quota {
     Quota::per_second(200).with_burst(BURST as u32)
-}
-
-fn monotonic() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Starts a child running `role` with `args` (as environment variables).
-fn spawn(role: &str, vars: &[(&str, String)]) -> Child {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("PACELINE_CHILD", role)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for (name, value) in vars {
-        command.env(name, value);
-    }
-    // Its own process group, so nothing of ours is signalled along with it.
-    command.process_group(0);
-    command.spawn().unwrap()
 }
 
 /// Waits for `child` up to `limit`; kills it and fails if it is still running then.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test crate uses a different part
 
+#[cfg(unix)]
+pub(crate) mod children;
 pub(crate) mod dir;
 
 use std::sync::Arc;
