@@ -35,6 +35,11 @@ pub enum BuildError {
     EmptyName,
     /// `in_flight(0)`: no call could ever run.
     ZeroInFlight,
+    /// An in-flight cap above the most callers the budget's store records at once.
+    CapTooHigh {
+        /// The highest cap it takes.
+        most: usize,
+    },
 }
 
 impl fmt::Display for BuildError {
@@ -49,6 +54,12 @@ impl fmt::Display for BuildError {
             BuildError::EmptyName => f.write_str("a budget's rate needs a non-empty name"),
             BuildError::ZeroInFlight => {
                 f.write_str("an in-flight cap of 0 would never let a call run")
+            }
+            BuildError::CapTooHigh { most } => {
+                write!(
+                    f,
+                    "an in-flight cap above {most}, the most callers this budget records"
+                )
             }
         }
     }

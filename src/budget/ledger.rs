@@ -472,6 +472,12 @@ impl Ledger {
         self.dims[d].tat
     }
 
+    /// The instant from which every dimension is whole again and no hold is in force.
+    #[cfg(feature = "redis-scripts")]
+    pub(crate) fn whole_at(&self) -> u64 {
+        self.dims.iter().map(|d| d.tat).fold(self.held, u64::max)
+    }
+
     /// Admissions in the log.
     #[cfg(test)]
     fn logged(&self) -> usize {
@@ -488,7 +494,7 @@ impl Ledger {
     }
 }
 
-#[cfg(feature = "shared")]
+#[cfg(any(feature = "shared", feature = "redis-scripts"))]
 pub(crate) mod codec;
 #[cfg(test)]
 mod tests;

@@ -55,10 +55,15 @@
 //! critical sections never wake or drop a waker.
 
 mod error;
+#[cfg(feature = "redis-scripts")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-scripts")))]
+pub mod fleet;
 mod follow;
 mod future;
 mod ledger;
 mod methods;
+#[cfg(any(feature = "shared", feature = "redis-scripts"))]
+pub(crate) mod queue;
 mod state;
 mod turn;
 
@@ -70,11 +75,11 @@ use crate::clock::{Clock, DefaultClock};
 use crate::gcra::{Params, Unfit};
 use crate::quota::Quota;
 use crate::sync::Mutex;
-#[cfg(feature = "shared")]
+#[cfg(any(feature = "shared", feature = "redis-scripts"))]
 pub(crate) use follow::steer;
-#[cfg(not(feature = "shared"))]
+#[cfg(not(any(feature = "shared", feature = "redis-scripts")))]
 use ledger::Ledger;
-#[cfg(feature = "shared")]
+#[cfg(any(feature = "shared", feature = "redis-scripts"))]
 pub(crate) use ledger::{codec::words as ledger_words, Ledger, Ready};
 use methods::wake;
 use state::State;

@@ -2,6 +2,8 @@
 //! server, or (feature `redis-cluster`) a Redis Cluster routing each call by its key.
 
 use redis::aio::{ConnectionLike, ConnectionManager};
+
+use super::limiter::CONNECT_TIMEOUT;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 /// Cheap to clone: every clone shares the underlying multiplexed connection(s).
@@ -43,4 +45,19 @@ impl ConnectionLike for Conn {
             Conn::Cluster(conn) => conn.get_db(),
         }
     }
+}
+
+/// A connection to one server at `url`, reconnecting in the background, that has
+/// answered a `PING`. No response timeout of its own: each call has its caller's (one
+/// timer per call, not two).
+pub(super) async fn node(url: &str) -> redis::RedisResult<Conn> {
+    let client = redis::Client::open(url)?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(None)
+        .set_number_of_retries(1);
+    let mut conn = Conn::Node(ConnectionManager::new_with_config(client, config).await?);
+    let ping = async { redis::cmd("PING").query_async::<String>(&mut conn).await };
+    super::limiter::within(CONNECT_TIMEOUT, ping).await?;
+    Ok(conn)
 }

@@ -113,17 +113,10 @@ impl RedisLimiter {
     /// ```
     pub async fn connect(url: &str, quota: Quota) -> Result<RedisLimiter, RedisLimitError> {
         check_quota(quota)?;
-        let client = redis::Client::open(url).map_err(RedisLimitError::Connect)?;
-        // No response timeout of the connection's own: each call has the limiter's (one
-        // timer per call, not two).
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(None)
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client, config)
+        let conn = super::conn::node(url)
             .await
             .map_err(RedisLimitError::Connect)?;
-        RedisLimiter::over(Conn::Node(conn), quota).await
+        RedisLimiter::over(conn, quota).await
     }
 
     /// Connects to a Redis Cluster through any of its nodes (`redis://host:port/` each)

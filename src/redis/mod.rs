@@ -60,9 +60,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use redis::aio::ConnectionManager;
-
 mod booking;
+mod budget;
 mod conn;
 mod error;
 mod limiter;
@@ -73,6 +72,7 @@ use booking::Booking;
 use conn::Conn;
 use scripts::{DECIDE, MAX_WINDOW, REFUND};
 
+pub use budget::{RedisBudget, RedisBudgetBuilder, RedisBudgetError, RedisSettleError, RedisTurn};
 use error::check_key;
 pub use error::{RedisDenied, RedisLimitError, MAX_KEY_LEN};
 use limiter::nanos;

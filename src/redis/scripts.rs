@@ -201,6 +201,49 @@ return 1
 "
 );
 
+/// A fleet budget's read ([`crate::budget::fleet`]): `KEYS` the budget's value and its
+/// epochs (`<prefix>:{<name>}:budget` and `<prefix>:{<name>}:epochs`: one hash tag, so
+/// one slot of a cluster). Returns the value (`''` where there is none), the server's
+/// `TIME` (seconds, microseconds) and the epochs' `head` and `queue` counts.
+///
+/// # Examples
+///
+/// ```
+/// assert!(paceline::redis_scripts::BUDGET_READ.contains("redis.call('TIME')"));
+/// ```
+pub const BUDGET_READ: &str = r"
+local t = redis.call('TIME')
+local e = redis.call('HMGET', KEYS[2], 'head', 'queue')
+return {redis.call('GET', KEYS[1]) or '', t[1], t[2], e[1] or '0', e[2] or '0'}
+";
+
+/// A fleet budget's write: the value in `ARGV[2]` with a time to live of `ARGV[3]` ms,
+/// only where the value at `KEYS[1]` still has generation `ARGV[1]` (`0`: no value), and
+/// the epochs at `KEYS[2]` moved by `ARGV[4]` (head) and `ARGV[5]` (queue). Returns 1 if
+/// written, 0 if another client wrote first (nothing done: read and decide again).
+///
+/// # Examples
+///
+/// ```
+/// assert!(paceline::redis_scripts::BUDGET_WRITE.contains("PLB1"));
+/// ```
+pub const BUDGET_WRITE: &str = r"
+local v = redis.call('GET', KEYS[1])
+local g = '0'
+if v then
+  g = string.match(v, '^PLB1 (%d+)\n')
+  if not g then
+    return redis.error_reply('CORRUPT the value at ' .. KEYS[1] .. ' is not a budget')
+  end
+end
+if g ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if ARGV[4] ~= '0' then redis.call('HINCRBY', KEYS[2], 'head', ARGV[4]) end
+if ARGV[5] ~= '0' then redis.call('HINCRBY', KEYS[2], 'queue', ARGV[5]) end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,8 +3,8 @@
 
 use core::time::Duration;
 
-use super::admit::Step;
 use super::{SharedAcquire, SharedBudget, SharedBudgetError, SharedTurn};
+use crate::budget::queue::Step;
 use crate::budget::{index_of, steer, BudgetError, Ready};
 use crate::quota::Quota;
 use crate::shared::error::SharedError;
@@ -185,7 +185,7 @@ impl SharedBudget {
     pub fn in_flight(&self) -> Result<u32, SharedError> {
         let me = crate::shared::process::identity();
         self.current()?.with(false, |state, now| {
-            state.reap(now, me);
+            state.reap(now, me, &crate::shared::process::still);
             state.in_flight() as u32
         })
     }
@@ -209,7 +209,7 @@ impl SharedBudget {
     pub fn waiting(&self) -> Result<usize, SharedError> {
         let me = crate::shared::process::identity();
         self.current()?.with(false, |state, now| {
-            state.reap(now, me);
+            state.reap(now, me, &crate::shared::process::still);
             state.waiting()
         })
     }

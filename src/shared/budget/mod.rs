@@ -3,7 +3,6 @@
 //! public methods in `methods.rs`, the decisions in `admit.rs`, the file's lock and state
 //! in `store.rs`, waiting in `waiting.rs`, turns in `turn.rs`.
 
-mod admit;
 mod error;
 mod methods;
 mod open;
@@ -19,14 +18,14 @@ use super::error::SharedError;
 use super::file::{self, Mapping};
 use super::options::OpenOptions;
 use super::process;
+use crate::budget::queue::{Ask, Refusal, State, Step};
 use crate::budget::{cells_for, settled_for, BudgetError};
 use crate::clock::{gate, Clock, HostClock};
 use crate::sync::Mutex;
-use admit::{Ask, Refusal, Step};
 use open::{open_file, Config};
-use store::{Region, State};
+use store::Region;
 
-pub use admit::ABANDONED;
+pub use crate::budget::queue::ABANDONED;
 pub use error::{SharedBudgetError, SharedSettleError};
 pub use open::SharedBudgetBuilder;
 pub use store::{LOCK_PATIENCE, MAX_WAITING};
@@ -141,23 +140,10 @@ impl Inner {
         let region = self.region();
         let mut left = (0, 0);
         let out = region.with(self.map.path(), |state| {
-            let before: Vec<(u64, bool)> = state
-                .callers
-                .iter()
-                .map(|c| (c.ticket, c.turn.is_some()))
-                .collect();
+            let before = state.roll();
             let now = self.clock.now();
             let out = f(state, now);
-            for &(ticket, was_turn) in &before {
-                match state.callers.iter().find(|c| c.ticket == ticket) {
-                    // Ended: a permit returned, a settle may have refunded.
-                    None if was_turn => left.0 += 1,
-                    // Left the queue, gone or admitted.
-                    None => left.1 += 1,
-                    Some(c) if !was_turn && c.turn.is_some() => left.1 += 1,
-                    Some(_) => {}
-                }
-            }
+            left = state.departures(&before);
             (out, true)
         })?;
         region.bump(left.0 + u64::from(moves), left.1);
@@ -184,6 +170,7 @@ impl Inner {
                 now,
                 deadline,
                 me,
+                alive: &process::still,
             };
             f(state, &ask)
         })?;

@@ -5,8 +5,9 @@ use core::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::store::{Region, State};
+use super::store::Region;
 use super::{Handle, Inner, SharedBudget, MAX_WAITING};
+use crate::budget::queue::State;
 use crate::budget::Ledger;
 use crate::clock::HostClock;
 use crate::gcra::Params;
@@ -284,10 +285,10 @@ impl Config {
             map,
             dims: self.names.len(),
         };
-        region.init(&State::fresh(Ledger::with_capacity(
-            &params,
-            layout::BUDGET_LOG,
-        )));
+        region.init(&State::fresh(
+            Ledger::with_capacity(&params, layout::BUDGET_LOG),
+            MAX_WAITING,
+        ));
     }
 
     /// The rates and cap a file holds, or `None` where they are damaged.

@@ -31,6 +31,7 @@ use super::super::error::SharedError;
 use super::super::file::Mapping;
 use super::super::layout;
 use super::super::process;
+use crate::budget::queue::{Caller, State};
 use crate::budget::Ledger;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -49,45 +50,9 @@ const CHECK_HOLDER: Duration = Duration::from_millis(1);
 /// `Caller::turn` of a caller still waiting for a permit.
 const NO_TURN: u64 = u64::MAX;
 
-/// One caller on record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Caller {
-    /// Its place: tickets are handed out in arrival order.
-    pub(super) ticket: u64,
-    /// The process it belongs to (`process::identity`).
-    pub(super) owner: u64,
-    /// Its admission's id in the ledger; `None` while it waits in the queue.
-    pub(super) turn: Option<u64>,
-    /// A waiter: the last instant it asked (a waiter that stops asking gives its place
-    /// up). A turn: its admission.
-    pub(super) seen: u64,
-    /// Its cells per dimension (for the estimates of those behind it).
-    pub(super) cells: Box<[u32]>,
-}
-
-/// Everything a shared budget keeps, as read under the lock.
-#[derive(Debug)]
-pub(super) struct State {
-    pub(super) ledger: Ledger,
-    pub(super) callers: Vec<Caller>,
-    pub(super) next_ticket: u64,
-    /// When callers were last checked for owners that no longer exist.
-    pub(super) last_reap: u64,
-}
-
 const COUNTS: usize = 4;
 
 impl State {
-    /// The state of a new file.
-    pub(super) fn fresh(ledger: Ledger) -> State {
-        State {
-            ledger,
-            callers: Vec::new(),
-            next_ticket: 1,
-            last_reap: 0,
-        }
-    }
-
     /// The words of one copy that this state fills (module docs of `layout`).
     fn encode(&self) -> Vec<u64> {
         let mut words = Vec::with_capacity(COUNTS + self.callers.len() * 4 + 64);
@@ -186,6 +151,7 @@ impl Region<'_> {
                 callers,
                 next_ticket: read(1),
                 last_reap: read(2),
+                room: MAX_WAITING,
             },
         ))
     }

@@ -4,7 +4,7 @@
 //!
 //! A caller arrives on its first poll (a future never polled takes no place): admitted at
 //! once, or in the queue. Asking again takes the file's lock, so a waiter asks only when
-//! it may help (`admit.rs`, "Who looks again when"), reading the two epoch words (no
+//! it may help (`budget/queue/admit.rs`, "Who looks again when"), reading the two epoch words (no
 //! lock) in between:
 //!
 //! * every waiter at the instant its turn would come as things stand (the head's rates'
@@ -30,8 +30,8 @@ use core::task::{Context, Poll};
 use core::time::Duration;
 use std::sync::Arc;
 
-use super::admit::Step;
 use super::{Inner, SharedBudgetError, SharedTurn};
+use crate::budget::queue::Step;
 use crate::clock::Clock;
 use crate::wait::alarm::Alarm;
 

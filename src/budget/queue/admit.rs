@@ -1,6 +1,6 @@
-//! A shared budget's decisions, made on its state under the file's lock: a caller's
+//! A budget queue's decisions, made on its state under the tier's exclusion: a caller's
 //! arrival, the head of the queue asking again, ending a turn, and clearing out callers
-//! whose process is gone.
+//! whose owner is gone.
 //!
 //! # Implementation notes
 //!
@@ -20,19 +20,19 @@
 //! the rates or holds change: each advances the head's epoch. Both epochs are hints read
 //! without the lock (`waiting.rs`).
 //!
-//! **Cleared out** (`reap`, at most every [`REAP_EVERY`]): a caller whose process no
-//! longer exists (its turn stays charged at its estimate: spent is spent; its permit
+//! **Cleared out** (`reap`, at most every [`REAP_EVERY`]): a caller whose owner is gone
+//! (a process that no longer exists, a client whose lease lapsed: `Ask::alive`) (its turn stays charged at its estimate: spent is spent; its permit
 //! returns), and a waiter that has not asked for [`ABANDONED`] (a task whose event loop
 //! was closed under it, a thread stopped for that long): it loses its place.
 
 use core::time::Duration;
 
-use super::store::{Caller, State};
+use super::{Caller, State};
 use crate::budget::{BudgetError, Ready};
-use crate::shared::process;
 
 /// A waiter that has not asked again for this long gives its place up (it asks at least
 /// every second near the front of the queue, every four seconds far back).
+#[cfg_attr(not(feature = "shared"), allow(unreachable_pub))]
 pub const ABANDONED: Duration = Duration::from_secs(10);
 
 /// How often callers are checked for processes that are gone.
@@ -40,7 +40,7 @@ const REAP_EVERY: Duration = Duration::from_millis(50);
 
 /// What a caller's step comes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Step {
+pub(crate) enum Step {
     /// Admitted: its turn, with its permit.
     Admitted { ticket: u64 },
     /// Waiting with `ahead` waiters before it, and when its turn would come as things
@@ -55,9 +55,9 @@ pub(super) enum Step {
 
 /// Why a step failed.
 #[derive(Debug)]
-pub(super) enum Refusal {
+pub(crate) enum Refusal {
     Budget(BudgetError),
-    /// The state records [`super::MAX_WAITING`] callers already.
+    /// The state records as many callers as it has room for already.
     Full,
 }
 
@@ -67,21 +67,24 @@ impl From<BudgetError> for Refusal {
     }
 }
 
-/// What a step may do: the cap, this process, the instant, the deadline.
-pub(super) struct Ask<'a> {
-    pub(super) cells: &'a [u32],
-    pub(super) cap: Option<u32>,
-    pub(super) now: u64,
-    pub(super) deadline: Option<u64>,
-    pub(super) me: u64,
+/// What a step may do: the cap, its owner, the instant, the deadline.
+pub(crate) struct Ask<'a> {
+    pub(crate) cells: &'a [u32],
+    pub(crate) cap: Option<u32>,
+    pub(crate) now: u64,
+    pub(crate) deadline: Option<u64>,
+    /// The owner asking (never cleared out by its own step).
+    pub(crate) me: u64,
+    /// Whether another owner still exists.
+    pub(crate) alive: &'a dyn Fn(u64) -> bool,
 }
 
 impl State {
     /// A new caller: admitted now if no one waits and everything admits it; otherwise in
     /// the queue. Refused at once, taking no place, when the rates put its turn past its
     /// deadline (every waiter ahead admitted as early as the rates allow).
-    pub(super) fn arrive(&mut self, ask: &Ask<'_>) -> Result<Step, Refusal> {
-        self.reap(ask.now, ask.me);
+    pub(crate) fn arrive(&mut self, ask: &Ask<'_>) -> Result<Step, Refusal> {
+        self.reap(ask.now, ask.me, ask.alive);
         if let Some(deadline) = ask.deadline {
             let ahead = self.callers.iter().filter(|c| c.turn.is_none());
             let at = self
@@ -98,7 +101,7 @@ impl State {
                 }
             }
         }
-        if self.callers.len() >= super::MAX_WAITING {
+        if self.callers.len() >= self.room {
             return Err(Refusal::Full);
         }
         let ticket = self.next_ticket;
@@ -116,7 +119,7 @@ impl State {
     /// A waiter asks again: admitted if it is the head and everything admits it now,
     /// still waiting, or out at its deadline. A waiter no longer on record (cleared out)
     /// arrives anew, at the back.
-    pub(super) fn ask_again(&mut self, ticket: u64, ask: &Ask<'_>) -> Result<Step, Refusal> {
+    pub(crate) fn ask_again(&mut self, ticket: u64, ask: &Ask<'_>) -> Result<Step, Refusal> {
         let Some(i) = self.callers.iter().position(|c| c.ticket == ticket) else {
             return self.arrive(ask);
         };
@@ -124,7 +127,7 @@ impl State {
         let mut ahead = self.waiting_ahead(ticket);
         if ahead > 0 || self.free(ask.cap) == 0 {
             // Someone ahead, or no permit: perhaps held by callers that are gone.
-            if self.reap(ask.now, ask.me) {
+            if self.reap(ask.now, ask.me, ask.alive) {
                 ahead = self.waiting_ahead(ticket);
             }
         }
@@ -172,16 +175,16 @@ impl State {
     }
 
     /// A turn now or nothing: no one waits, a permit is free, every dimension admits.
-    pub(super) fn try_now(&mut self, ask: &Ask<'_>) -> Result<Step, Refusal> {
+    pub(crate) fn try_now(&mut self, ask: &Ask<'_>) -> Result<Step, Refusal> {
         let blocked =
             |s: &State| s.callers.iter().any(|c| c.turn.is_none()) || s.free(ask.cap) == 0;
-        if blocked(self) && (!self.reap(ask.now, ask.me) || blocked(self)) {
+        if blocked(self) && (!self.reap(ask.now, ask.me, ask.alive) || blocked(self)) {
             return Err(BudgetError::WouldWait.into());
         }
         if self.ledger.ready(ask.cells, ask.now) != Ready::Now {
             return Err(BudgetError::WouldWait.into());
         }
-        if self.callers.len() >= super::MAX_WAITING {
+        if self.callers.len() >= self.room {
             return Err(Refusal::Full);
         }
         let ticket = self.next_ticket;
@@ -199,7 +202,7 @@ impl State {
 
     /// Ends caller `ticket`: a waiter leaves; a turn settles (`Some`: each dimension
     /// named costs that many cells) or closes at its estimate. Whether it was on record.
-    pub(super) fn end(
+    pub(crate) fn end(
         &mut self,
         ticket: u64,
         charged: &[u32],
@@ -218,16 +221,6 @@ impl State {
         true
     }
 
-    /// Turns on record: each holds a permit.
-    pub(super) fn in_flight(&self) -> usize {
-        self.callers.iter().filter(|c| c.turn.is_some()).count()
-    }
-
-    /// Callers in the queue.
-    pub(super) fn waiting(&self) -> usize {
-        self.callers.iter().filter(|c| c.turn.is_none()).count()
-    }
-
     fn free(&self, cap: Option<u32>) -> usize {
         cap.map_or(usize::MAX, |cap| {
             (cap as usize).saturating_sub(self.in_flight())
@@ -243,7 +236,7 @@ impl State {
 
     /// Clears out callers of processes that are gone and waiters that stopped asking
     /// (module docs), at most every [`REAP_EVERY`]; whether any went.
-    pub(super) fn reap(&mut self, now: u64, me: u64) -> bool {
+    pub(crate) fn reap(&mut self, now: u64, me: u64, alive: &dyn Fn(u64) -> bool) -> bool {
         if now.saturating_sub(self.last_reap) < REAP_EVERY.as_nanos() as u64 {
             return false;
         }
@@ -257,7 +250,7 @@ impl State {
                 match known.iter().find(|(owner, _)| *owner == c.owner) {
                     Some(&(_, lives)) => !lives,
                     None => {
-                        let lives = process::still(c.owner);
+                        let lives = alive(c.owner);
                         known.push((c.owner, lives));
                         !lives
                     }
@@ -292,9 +285,17 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// The owner asking in these tests, and one that is gone.
+    const ME: u64 = 7;
+    const GONE: u64 = 9;
+
+    fn alive(owner: u64) -> bool {
+        owner != GONE
+    }
+
     fn state(per_second: u32, burst: u32) -> State {
         let params = *Quota::per_second(per_second).with_burst(burst).params();
-        State::fresh(Ledger::with_capacity(&[params], 16))
+        State::fresh(Ledger::with_capacity(&[params], 16), 64)
     }
 
     fn ask(cells: &[u32], cap: Option<u32>, now: u64) -> Ask<'_> {
@@ -303,7 +304,8 @@ mod tests {
             cap,
             now,
             deadline: None,
-            me: process::identity(),
+            me: ME,
+            alive: &alive,
         }
     }
 
@@ -395,9 +397,7 @@ mod tests {
 
     #[test]
     fn callers_of_a_process_that_is_gone_and_waiters_that_went_silent_are_cleared_out() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let gone = u64::from(child.id()) << 32;
-        child.wait().unwrap();
+        let gone = GONE;
         let mut s = state(1_000, 100);
         let mut theirs = ask(&[1], Some(2), 0);
         theirs.me = gone;
