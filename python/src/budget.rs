@@ -30,7 +30,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A budget error in Python's words: a deadline is a `TimeoutError`, bad costs a
 /// `ValueError` (nothing was booked either way).
-fn error(e: BudgetError) -> PyErr {
+pub(crate) fn budget_error(e: BudgetError) -> PyErr {
     match e {
         BudgetError::NotWithin { .. } | BudgetError::TimedOut => {
             PyTimeoutError::new_err(e.to_string())
@@ -43,14 +43,14 @@ fn error(e: BudgetError) -> PyErr {
 /// `crate::shared::shared_error`.
 fn shared_budget_error(e: SharedBudgetError) -> PyErr {
     match e {
-        SharedBudgetError::Budget(e) => error(e),
+        SharedBudgetError::Budget(e) => budget_error(e),
         SharedBudgetError::File(e) => shared_error(e),
         other => PyRuntimeError::new_err(other.to_string()),
     }
 }
 
 /// Seconds as a duration: finite and not negative (a `ValueError` otherwise).
-fn hold_seconds(name: &str, s: f64) -> PyResult<Duration> {
+pub(crate) fn hold_seconds(name: &str, s: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(s).map_err(|_| {
         PyValueError::new_err(format!(
             "{name} must be a number of seconds from 0 to about 584 years, got {s}"
@@ -136,7 +136,7 @@ impl BudgetCore {
             Kind::Local(b) => match b.try_acquire(&costs(&costs_)) {
                 Ok(turn) => Ok(Some(BudgetTurn::new(Held::Local(turn)))),
                 Err(BudgetError::WouldWait) => Ok(None),
-                Err(e) => Err(error(e)),
+                Err(e) => Err(budget_error(e)),
             },
             Kind::Shared(b) => match py.detach(|| b.try_acquire(&costs(&costs_))) {
                 Ok(turn) => Ok(Some(BudgetTurn::new(Held::Shared(turn)))),
@@ -188,7 +188,7 @@ impl BudgetCore {
     /// (`inf`: never).
     fn wait_time(&self, costs_: Vec<(String, u32)>) -> PyResult<f64> {
         let wait = match &self.budget {
-            Kind::Local(b) => b.wait_time(&costs(&costs_)).map_err(error)?,
+            Kind::Local(b) => b.wait_time(&costs(&costs_)).map_err(budget_error)?,
             Kind::Shared(b) => b.wait_time(&costs(&costs_)).map_err(shared_budget_error)?,
         };
         Ok(if wait == Duration::MAX {
@@ -201,7 +201,7 @@ impl BudgetCore {
     /// Cells of `name` its rate would admit now.
     fn remaining(&self, name: &str) -> PyResult<u32> {
         match &self.budget {
-            Kind::Local(b) => b.remaining(name).map_err(error),
+            Kind::Local(b) => b.remaining(name).map_err(budget_error),
             Kind::Shared(b) => b.remaining(name).map_err(shared_budget_error),
         }
     }
@@ -301,7 +301,7 @@ enum Failure {
 impl From<Failure> for PyErr {
     fn from(f: Failure) -> PyErr {
         match f {
-            Failure::Local(e) => error(e),
+            Failure::Local(e) => budget_error(e),
             Failure::Shared(e) => shared_budget_error(e),
         }
     }
@@ -448,13 +448,13 @@ impl BudgetTurn {
         let (err, turn) = match turn {
             Held::Local(turn) => match turn.settle(&costs(&costs_)) {
                 Ok(()) => return Ok(()),
-                Err(e) => (error(e.error().clone()), Held::Local(e.into_turn())),
+                Err(e) => (budget_error(e.error().clone()), Held::Local(e.into_turn())),
             },
             Held::Shared(turn) => match turn.settle(&costs(&costs_)) {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     let err = match e.error() {
-                        SharedBudgetError::Budget(b) => error(b.clone()),
+                        SharedBudgetError::Budget(b) => budget_error(b.clone()),
                         other => PyRuntimeError::new_err(other.to_string()),
                     };
                     (err, Held::Shared(e.into_turn()))

@@ -14,6 +14,7 @@ mod asgi;
 mod budget;
 mod cells;
 mod cores;
+mod fleet;
 mod follow;
 mod pair;
 mod ready;
@@ -72,5 +73,6 @@ fn _paceline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(new_shared_core, m)?)?;
     m.add_function(wrap_pyfunction!(new_shared_keyed_core, m)?)?;
     budget::register(m)?;
+    fleet::register(m)?;
     Ok(())
 }

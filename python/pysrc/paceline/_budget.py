@@ -41,6 +41,30 @@ def _seconds(name: str, value: object) -> float:
     return value
 
 
+def _fields(status: object, headers: Any) -> List[Tuple[str, bytes]]:
+    """A response's status checked, and its headers as ``(name, value bytes)`` pairs,
+    from pairs or a mapping of text or bytes."""
+    if isinstance(status, bool) or not isinstance(status, int):
+        raise TypeError(f"status must be an int, got {type(status).__name__}")
+    if not 100 <= status <= 599:
+        raise ValueError(f"status must be an HTTP status from 100 to 599, got {status}")
+    if isinstance(headers, Mapping):
+        headers = headers.items()
+    fields = []
+    for pair in headers:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"headers must be (name, value) pairs or a mapping, got an item {pair!r}")
+        name, value = pair
+        if isinstance(name, (bytes, bytearray)):
+            name = bytes(name).decode("latin-1")
+        if isinstance(value, str):
+            value = value.encode("latin-1", "replace")
+        if not isinstance(name, str) or not isinstance(value, (bytes, bytearray)):
+            raise TypeError(f"a header's name and value must be str or bytes, got {pair!r}")
+        fields.append((name, bytes(value)))
+    return fields
+
+
 def _costs(costs: Dict[str, object]) -> List[Tuple[str, int]]:
     return [(name, _count(name, cells, 0)) for name, cells in costs.items()]
 
@@ -354,29 +378,7 @@ class Budget:
         reported. The ``paceline.httpx`` transports and ``paceline.aiohttp`` hook call
         this for every response when given ``budget=``."""
         max_hold = _seconds("max_hold", max_hold)
-        if isinstance(status, bool) or not isinstance(status, int):
-            raise TypeError(f"status must be an int, got {type(status).__name__}")
-        if not 100 <= status <= 599:
-            raise ValueError(f"status must be an HTTP status from 100 to 599, got {status}")
-        if isinstance(headers, Mapping):
-            headers = headers.items()
-        fields = []
-        for pair in headers:
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise TypeError(
-                    f"headers must be (name, value) pairs or a mapping, got an item {pair!r}"
-                )
-            name, value = pair
-            if isinstance(name, (bytes, bytearray)):
-                name = bytes(name).decode("latin-1")
-            if isinstance(value, str):
-                value = value.encode("latin-1", "replace")
-            if not isinstance(name, str) or not isinstance(value, (bytes, bytearray)):
-                raise TypeError(
-                    f"a header's name and value must be str or bytes, got {pair!r}"
-                )
-            fields.append((name, bytes(value)))
-        return self._core.follow(status, fields, max_hold)
+        return self._core.follow(status, _fields(status, headers), max_hold)
 
     def hold_for(self, seconds: float) -> None:
         """Admits nothing for ``seconds`` from now (a longer hold already in force

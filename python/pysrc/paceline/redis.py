@@ -41,18 +41,15 @@ limiter with the same prefix and quota share their keys. In short:
 from __future__ import annotations
 
 import asyncio
-import weakref
 from typing import Any, Optional, Tuple, Union
 
 from . import KeyedLimiter, Limiter
 from ._args import _timeout
 from ._redis_core import (
-    _DECIDE_SHA_B,
     _REFUND_RETRY,
     _REFUND_SHA,
     _REFUND_TIMEOUT,
     _REFUND_TRIES,
-    _UNCANCEL,
     DECIDE_SCRIPT,
     MAX_KEY_LEN,
     MAX_WINDOW_NS,
@@ -67,15 +64,17 @@ from ._redis_core import (
     _describe,
     _is_async_client,
     _key,
-    _rexc,
     _TooFar,
     _Turn,
-    _Watchdog,
 )
+from ._redis_budget import FleetTurn, RedisBudget
 from ._redis_sync import SyncRedisLimiter
+from ._redis_wire import _AsyncWire
 
 __all__ = [
     "RedisLimiter",
+    "RedisBudget",
+    "FleetTurn",
     "SyncRedisLimiter",
     "RedisLimitError",
     "RedisUnavailable",
@@ -88,7 +87,7 @@ __all__ = [
 ]
 
 
-class RedisLimiter(_Base):
+class RedisLimiter(_Base, _AsyncWire):
     """``rate`` cells per ``per`` seconds per key, at most ``burst`` at once, for every
     process and host that uses the same Redis, ``prefix`` and quota, on a redis-py
     asyncio client (``redis.asyncio.Redis``, or ``redis.asyncio.cluster.RedisCluster``).
@@ -124,71 +123,7 @@ class RedisLimiter(_Base):
         super().__init__(client, rate, per, burst, prefix, timeout, on_failure)
         # Refunds in flight, kept alive until they end.
         self._refunds: "set[asyncio.Task]" = set()
-        # The loop of the latest first call on a loop (``_new_loop``).
-        self._last_loop: "Optional[weakref.ref[asyncio.AbstractEventLoop]]" = None
-        # The timer that bounds calls, per event loop (a client serves one loop; a loop
-        # that ends takes its entry with it).
-        self._watchdogs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog]" = (
-            weakref.WeakKeyDictionary()
-        )
-
-    async def _send(self, args: tuple) -> Any:
-        """The script's answer; a server without it in its cache (``NOSCRIPT``) gets the
-        script itself, which loads it again."""
-        execute = self._client.execute_command
-        try:
-            return await execute(*args)
-        except _rexc.NoScriptError:
-            script = DECIDE_SCRIPT if args[1] == _DECIDE_SHA_B else REFUND_SCRIPT
-            return await execute("EVAL", script, *args[2:])
-
-    async def _new_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """This limiter's first call on ``loop``. Where the loop it ran on before is closed
-        (a framework's test client runs each block on a loop of its own, with a client
-        made at import), the client's idle connections belong to that loop and would fail
-        their next call after sending it: they are closed first, so the next call opens one
-        on this loop."""
-        previous, self._last_loop = self._last_loop, weakref.ref(loop)
-        if previous is None:
-            return  # the first loop it runs on
-        last = previous()
-        if last is not None and not last.is_closed():
-            return  # that loop still runs: its connections are its own
-        pool = getattr(self._client, "connection_pool", None)
-        if pool is not None:
-            try:
-                await pool.disconnect(inuse_connections=False)
-            except Exception:  # noqa: BLE001 - a transport of a closed loop may refuse
-                pass
-
-    async def _run(self, args: tuple, seconds: float) -> Any:
-        """``_send`` within ``seconds``: past them, ``asyncio.TimeoutError``. The bound
-        is kept by one timer per event loop for every call in flight (``_Watchdog``), not
-        by a timer per call: ``asyncio.timeout`` costs more than a tenth of a loopback
-        round trip, and this is every check's path."""
-        loop = asyncio.get_running_loop()
-        watchdog = self._watchdogs.get(loop)
-        if watchdog is None:
-            await self._new_loop(loop)
-            # A quarter of the shortest bound it keeps (a call's, or a refund's).
-            watchdog = self._watchdogs[loop] = _Watchdog(min(self._timeout, _REFUND_TIMEOUT) / 4)
-        task = asyncio.current_task()
-        watchdog.watch(loop, task, loop.time() + seconds)
-        try:
-            return await self._send(args)
-        except asyncio.CancelledError:
-            if task not in watchdog.expired:
-                raise  # someone else's cancellation
-            watchdog.expired.discard(task)
-            # Before 3.11 a cancellation by someone else at the same moment cannot be told
-            # apart, and is taken for the timeout.
-            if _UNCANCEL and task.uncancel() > 0:  # type: ignore[union-attr]
-                raise  # cancelled by someone else as well
-            raise asyncio.TimeoutError(f"no answer from Redis within {seconds} s") from None
-        finally:
-            del watchdog.calls[task]
-            if watchdog.expired:
-                watchdog.expired.discard(task)
+        self._wire()
 
     async def try_acquire(self, key: str, n: int = 1) -> bool:
         """Takes ``n`` cells of ``key`` now if they fit fleet-wide and no booked turn is

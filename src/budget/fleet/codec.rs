@@ -1,5 +1,6 @@
 //! A fleet budget's value in Redis: a text header the write script checks, then the
-//! state as little-endian words.
+//! state as little-endian words in base64 (so that clients that decode replies as text,
+//! as redis-py's `decode_responses=True` does, read it whole).
 //!
 //! ```text
 //! "PLB1 <generation>\n"        the header: the value's generation, in decimal
@@ -53,12 +54,59 @@ pub(super) fn encode(generation: u64, stored: &Stored) -> Vec<u8> {
         words.extend([owner, until]);
     }
     state.ledger.encode(&mut words);
-    let mut out = format!("PLB1 {generation}\n").into_bytes();
-    out.reserve(words.len() * 8);
+    let mut bytes = Vec::with_capacity(words.len() * 8);
     for w in words {
-        out.extend_from_slice(&w.to_le_bytes());
+        bytes.extend_from_slice(&w.to_le_bytes());
     }
+    let mut out = format!("PLB1 {generation}\n").into_bytes();
+    base64(&bytes, &mut out);
     out
+}
+
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Appends `bytes` in base64 (standard alphabet, padded) to `out`.
+fn base64(bytes: &[u8], out: &mut Vec<u8>) {
+    out.reserve(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]);
+            } else {
+                out.push(b'=');
+            }
+        }
+    }
+}
+
+/// The bytes `text` holds in base64, or `None` where it is not base64.
+fn unbase64(text: &[u8]) -> Option<Vec<u8>> {
+    if text.len() % 4 != 0 {
+        return None;
+    }
+    let value = |c: u8| ALPHABET.iter().position(|&a| a == c).map(|v| v as u32);
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let quads = text.len() / 4;
+    for (q, quad) in text.chunks_exact(4).enumerate() {
+        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 2 || (pad > 0 && q + 1 != quads) {
+            return None;
+        }
+        let mut n = 0;
+        for &c in &quad[..4 - pad] {
+            n = n << 6 | value(c)?;
+        }
+        n <<= 6 * pad as u32;
+        let got = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&got[..3 - pad]);
+    }
+    Some(out)
 }
 
 /// The generation and what `value` holds, or `None` for a value this format does not
@@ -72,7 +120,7 @@ pub(super) fn decode(value: &[u8], dims: usize, room: usize, log: usize) -> Opti
         return None;
     }
     let generation: u64 = digits.parse().ok()?;
-    let body = &rest[end + 1..];
+    let body = unbase64(&rest[end + 1..])?;
     if body.len() % 8 != 0 {
         return None;
     }
@@ -129,4 +177,25 @@ pub(super) fn decode(value: &[u8], dims: usize, room: usize, log: usize) -> Opti
             leases,
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_reads_back_what_it_wrote_and_refuses_what_it_did_not() {
+        for len in 0..20 {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 37 + 11) as u8).collect();
+            let mut text = Vec::new();
+            base64(&bytes, &mut text);
+            assert_eq!(unbase64(&text).as_deref(), Some(&bytes[..]), "{len}");
+        }
+        let mut text = Vec::new();
+        base64(b"paceline", &mut text);
+        assert_eq!(text, b"cGFjZWxpbmU=");
+        for bad in [&b"cGFj?WxpbmU="[..], b"cGF", b"c===", b"cG==ZWxp"] {
+            assert_eq!(unbase64(bad), None, "{bad:?}");
+        }
+    }
 }

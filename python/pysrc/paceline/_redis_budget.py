@@ -1,0 +1,463 @@
+"""``paceline.redis.RedisBudget``: a ``paceline.Budget`` for every process and host that
+uses one Redis, on a redis-py asyncio client.
+
+The decisions, the value's format in Redis and the waiters' cadence are the Rust crate's
+(``paceline::budget::fleet``, in the package's extension); this module only carries them
+over redis-py: each call reads the budget's value with the server's time
+(``BUDGET_READ_SCRIPT``), decides, and writes the value back only where no other client
+wrote in between (``BUDGET_WRITE_SCRIPT``, a compare-and-set on the value's generation),
+deciding again from a fresh read where one did. A Rust ``paceline::redis::RedisBudget``
+of the same prefix, name and rates shares the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ._args import _timeout
+from ._budget import Rate, _checked, _costs, _fields, _seconds
+from ._paceline import FLEET_RENEW_EVERY, FleetForeign, new_fleet_budget
+from ._redis_core import (
+    RedisLimitError,
+    RedisRejected,
+    RedisUnavailable,
+    _answered,
+    _call_timeout,
+    _describe,
+    _is_async_client,
+    _key,
+    _prefix,
+)
+from ._redis_wire import BUDGET_READ_SHA, BUDGET_WRITE_SHA, _AsyncWire
+
+# Writes overtaken by another client's, in a row, before a call gives up.
+_MAX_CONFLICTS = 200
+
+# How long an end waits between its tries while Redis cannot answer (it tries until it
+# lands, or its process goes and its lease lapses).
+_END_RETRY = 0.2
+_END_RETRY_MAX = 2.0
+
+
+def _int(value: Any) -> int:
+    return 0 if value is None else int(value)
+
+
+def _owner() -> int:
+    return secrets.randbits(63) | 1
+
+
+class FleetTurn:
+    """An admitted turn of a ``RedisBudget``: an in-flight permit and a charge in every
+    dimension over the fleet, until it ends.
+
+    ``settle(**costs)`` ends it with the real costs of the dimensions named;
+    ``release()`` ends it keeping the estimate. Both send the end at once and return an
+    awaitable that completes once Redis has it (awaiting is optional: an end not awaited
+    still lands; ``async with`` waits for it at the end of the block). While Redis cannot
+    answer the end is sent again until it lands; ``await`` raises
+    ``RedisUnavailable`` if it has not landed within the budget's ``timeout`` (it goes on
+    trying)."""
+
+    __slots__ = ("_budget", "_ticket", "_cells", "_ending")
+
+    def __init__(self, budget: "RedisBudget", ticket: int, cells: List[int]) -> None:
+        self._budget = budget
+        self._ticket = ticket
+        self._cells = cells
+        self._ending: "Optional[asyncio.Future[None]]" = None
+
+    def settle(self, **costs: int) -> "asyncio.Future[None]":
+        """Ends the turn with the real costs (``tokens=812``); a dimension not named keeps
+        its charge. ``ValueError`` for a dimension the budget does not have (the turn is
+        left as it was); ``RuntimeError`` if it has already ended."""
+        if self._ending is not None:
+            raise RuntimeError("the turn has already ended")
+        actual = self._budget._core.settled(_costs(costs))
+        self._ending = self._budget._end_soon(self._ticket, self._cells, actual)
+        return self._ending
+
+    def release(self) -> "asyncio.Future[None]":
+        """Ends the turn keeping its estimate (the end already sent, if it has ended)."""
+        if self._ending is None:
+            self._ending = self._budget._end_soon(self._ticket, self._cells, None)
+        return self._ending
+
+    @property
+    def ended(self) -> bool:
+        """Whether the turn has been settled or released."""
+        return self._ending is not None
+
+    def cost(self, name: str) -> Optional[int]:
+        """The cells charged to ``name`` at admission (``None`` for a name the budget
+        lacks)."""
+        try:
+            return self._cells[self._budget._core.index(name)]
+        except ValueError:
+            return None
+
+    async def __aenter__(self) -> "FleetTurn":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._budget._ended(self.release())
+
+    def __repr__(self) -> str:
+        return f"<paceline.redis.FleetTurn {'ended' if self.ended else 'in flight'}>"
+
+
+class _FleetAcquiring:
+    """``budget.acquire(...)``: await it for a ``FleetTurn``, or ``async with`` it (the
+    turn is released at the end of the block unless settled, an exception included)."""
+
+    __slots__ = ("_budget", "_costs", "_timeout", "_turn")
+
+    def __init__(self, budget: "RedisBudget", costs: List[Tuple[str, int]], timeout: Optional[float]):
+        self._budget = budget
+        self._costs = costs
+        self._timeout = timeout
+        self._turn: Optional[FleetTurn] = None
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self._budget._wait(self._costs, self._timeout).__await__()
+
+    async def __aenter__(self) -> FleetTurn:
+        if self._turn is not None:
+            raise RuntimeError(
+                "one budget.acquire(...) serves one `async with` at a time: call "
+                "budget.acquire(...) for each turn"
+            )
+        self._turn = await self._budget._wait(self._costs, self._timeout)
+        return self._turn
+
+    async def __aexit__(self, *exc: object) -> None:
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            await self._budget._ended(turn.release())
+
+
+class RedisBudget(_AsyncWire):
+    """Rates by name and a cap on calls in flight, as ``paceline.Budget``, for every
+    process and host that uses the same Redis, ``prefix``, ``name`` and rates, on a
+    redis-py asyncio client (``redis.asyncio.Redis``)::
+
+        budget = paceline.redis.RedisBudget(
+            redis.asyncio.Redis(), "model-api",
+            requests=paceline.Rate(500, per=60.0),
+            tokens=paceline.Rate(200_000, per=60.0),
+            in_flight=8,
+        )
+        async with budget.acquire(tokens=estimate) as turn:
+            response = await client.post(...)
+            turn.settle(tokens=response.json()["usage"]["total_tokens"])
+
+    The promises are the in-process budget's, over the fleet: one first-come-first-served
+    queue in Redis for every client, whose first caller is admitted when every rate admits
+    it and a permit is free, and only then charged, in every dimension at once; a task
+    cancelled before its turn has spent nothing; settles give back what no later admission
+    relied on. A turn's permit returns when it ends, and when its process is gone: a
+    client renews a lease in Redis while it holds turns, and the turns of one whose lease
+    lapses (10 s: killed, or cut off from Redis) end at their estimates.
+
+    Decisions are made at the Redis server's clock. Each call is two round trips (read;
+    write where the decision changes the budget); a waiter reads two counters between its
+    asks. ``timeout`` (seconds, default 0.25) bounds each round trip: past it, or when
+    Redis cannot be reached, the call raises ``RedisUnavailable`` and changes nothing (a
+    budget fails closed). A value at the budget's key that is not this budget's (another
+    application's, or a budget with other rates or another cap) raises ``RedisRejected``
+    and is never overwritten. A Redis restart loses the budget: it starts whole again.
+    Keys: ``<prefix>:{<name>}:budget`` and ``<prefix>:{<name>}:epochs`` (one hash tag:
+    one slot of a cluster).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        in_flight: Optional[int] = None,
+        prefix: str = "paceline",
+        timeout: float = 0.25,
+        **rates: Rate,
+    ) -> None:
+        if not _is_async_client(client):
+            raise TypeError(
+                "RedisBudget takes a redis-py asyncio client (redis.asyncio.Redis), got "
+                f"{type(client).__name__}"
+            )
+        in_flight = _checked(rates, in_flight)
+        self._name = _key(name)
+        self._core = new_fleet_budget(
+            [(n, r.count, r.per, r.burst) for n, r in rates.items()], in_flight
+        )
+        self._client = client
+        self._timeout = _call_timeout(timeout)
+        self._prefix = _prefix(prefix)
+        base = f"{self._prefix}:{{{self._name}}}"
+        self._keys = (f"{base}:budget", f"{base}:epochs")
+        self._owner, self._pid = _owner(), os.getpid()
+        # Callers of this client on record (waiters and turns): its lease is renewed
+        # while there are any, by one task per event loop.
+        self._held = 0
+        self._renewers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task]" = (
+            weakref.WeakKeyDictionary()
+        )
+        # Ends under way, kept alive until they land.
+        self._ends: "set[asyncio.Task]" = set()
+        self._wire()
+
+    def __repr__(self) -> str:
+        rates = ", ".join(f"{n}={r!r}" for n, r in self.rates.items())
+        return (
+            f"RedisBudget({self._name!r}, {rates}, in_flight={self._core.cap()}, "
+            f"prefix={self._prefix!r})"
+        )
+
+    @property
+    def rates(self) -> Dict[str, Rate]:
+        """The dimensions and their rates."""
+        return {
+            name: Rate(burst, per=interval * burst / 1e9, burst=burst)
+            for name, interval, burst in self._core.rates()
+        }
+
+    @property
+    def name(self) -> str:
+        """The budget's name in Redis."""
+        return self._name
+
+    def _me(self) -> int:
+        # A forked child is a client of its own.
+        if os.getpid() != self._pid:
+            self._owner, self._pid = _owner(), os.getpid()
+            self._held = 0
+            self._renewers = weakref.WeakKeyDictionary()
+        return self._owner
+
+    async def _call(self, args: tuple) -> Any:
+        try:
+            return await self._run(args, self._timeout)
+        except Exception as e:
+            answered = _answered(e)
+            if answered is not None:
+                raise answered from e
+            raise RedisUnavailable(f"Redis unreachable or too slow: {_describe(e)}") from e
+
+    async def _transact(
+        self, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
+    ) -> Tuple[Any, Tuple[int, int]]:
+        """``decide(value, secs, micros, owner) -> (result, write)`` on a fresh read, the
+        write sent where it needs one; again from a new read where another client wrote
+        first. The result and the epochs read."""
+        k1, k2 = self._keys
+        for conflict in range(_MAX_CONFLICTS):
+            value, secs, micros, head, queue = await self._call(
+                ("EVALSHA", BUDGET_READ_SHA, 2, k1, k2)
+            )
+            if isinstance(value, str):
+                value = value.encode("ascii", "replace")
+            try:
+                result, write = decide(value or None, int(secs), int(micros), self._me())
+            except FleetForeign as e:
+                raise RedisRejected(f"{e} ({k1}); it is left as it is") from None
+            if write is None:
+                return result, (_int(head), _int(queue))
+            expect, new, ttl_ms, moved_head, moved_queue = write
+            written = await self._call(
+                ("EVALSHA", BUDGET_WRITE_SHA, 2, k1, k2, expect, new, ttl_ms, moved_head, moved_queue)
+            )
+            if int(written) == 1:
+                return result, (_int(head), _int(queue))
+            if conflict >= 8:
+                # Many clients at once: let the others through.
+                await asyncio.sleep(0.0001 * (conflict % 8 + 1))
+        raise RedisLimitError(
+            "other clients kept writing the budget first; nothing was done (try again)"
+        )
+
+    async def _epochs(self) -> Tuple[int, int]:
+        head, queue = await self._call(("HMGET", self._keys[1], "head", "queue"))
+        return _int(head), _int(queue)
+
+    def _hold(self) -> None:
+        self._me()
+        self._held += 1
+        loop = asyncio.get_running_loop()
+        renewer = self._renewers.get(loop)
+        if renewer is None or renewer.done():
+            self._renewers[loop] = loop.create_task(self._renew())
+
+    def _release(self) -> None:
+        self._held = max(self._held - 1, 0)
+
+    async def _renew(self) -> None:
+        while self._held > 0:
+            await asyncio.sleep(FLEET_RENEW_EVERY)
+            if self._held == 0:
+                return
+            try:
+                await self._transact(lambda v, s, m, o: (None, self._core.renew(v, s, m, o)))
+            except Exception:  # noqa: BLE001 - tried again next round; a lease outlasts three
+                pass
+
+    def _end_soon(self, ticket: int, cells: List[int], actual: Optional[list]) -> "asyncio.Future[None]":
+        """Sends the end of caller ``ticket`` now, trying again until it lands (module
+        docs); the future of its first tries, within the timeout."""
+        loop = asyncio.get_running_loop()
+        landed: "asyncio.Future[None]" = loop.create_future()
+        task = loop.create_task(self._end(ticket, cells, actual, landed))
+        self._ends.add(task)
+        task.add_done_callback(self._ends.discard)
+        first = asyncio.ensure_future(self._first_tries(landed))
+        # An end nobody awaits: its failure is the end's own, still trying.
+        first.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return first
+
+    async def _first_tries(self, landed: "asyncio.Future[None]") -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(landed), timeout=max(self._timeout * 4, 1.0))
+        except asyncio.TimeoutError:
+            raise RedisUnavailable(
+                "Redis unreachable or too slow: the turn's end is sent again until it lands"
+            ) from None
+
+    async def _end(
+        self, ticket: int, cells: List[int], actual: Optional[list], landed: "asyncio.Future[None]"
+    ) -> None:
+        pause = _END_RETRY
+        try:
+            while True:
+                try:
+                    await self._transact(
+                        lambda v, s, m, o: self._core.end(v, s, m, o, ticket, cells, actual)
+                    )
+                    break
+                except (RedisUnavailable, RedisLimitError) as e:
+                    if isinstance(e, RedisRejected):
+                        break  # Redis answered: it will not take it
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, _END_RETRY_MAX)
+        finally:
+            self._release()
+            if not landed.done():
+                landed.set_result(None)
+
+    async def _ended(self, ending: "asyncio.Future[None]") -> None:
+        """Waits for an end at the end of an ``async with`` block: never raises for
+        Redis (the end goes on trying)."""
+        try:
+            await ending
+        except RedisLimitError:
+            pass
+
+    def acquire(self, *, timeout: Optional[float] = None, **costs: int) -> _FleetAcquiring:
+        """Waits this task's turn for ``costs`` in the fleet's queue: ``async with
+        budget.acquire(tokens=n) as turn:`` (released at the end unless settled) or ``turn
+        = await budget.acquire(...)``. With ``timeout`` (seconds), raises ``TimeoutError``
+        at once, booking nothing, if the turn is further away by the rates as they stand,
+        and gives the place up if it has not come when the timeout passes. ``ValueError``
+        for a dimension the budget does not have, or a cost above its burst."""
+        return _FleetAcquiring(self, _costs(costs), _timeout(timeout))
+
+    async def _wait(self, costs: List[Tuple[str, int]], timeout: Optional[float]) -> FleetTurn:
+        cells = self._core.cells(costs)
+        waiter = self._core.waiter(cells, timeout)
+        self._hold()
+        try:
+            while True:
+                _, (head, queue) = await self._transact(
+                    lambda v, s, m, o: (None, waiter.decide(v, s, m, o))
+                )
+                ticket = waiter.answer(head, queue, time.monotonic_ns())
+                if ticket is not None:
+                    return FleetTurn(self, ticket, cells)
+                again = waiter.look(None, time.monotonic_ns())
+                while again is not None:
+                    await asyncio.sleep(again)
+                    again = waiter.look(await self._epochs(), time.monotonic_ns())
+        except BaseException:
+            # Cancelled, a deadline, Redis gone: the place is given up (in the
+            # background), nothing was spent.
+            ticket = waiter.ticket()
+            if ticket is None:
+                self._release()
+            else:
+                self._end_soon(ticket, cells, None)
+            raise
+
+    async def try_acquire(self, **costs: int) -> Optional[FleetTurn]:
+        """A turn now, or ``None`` (someone waits ahead, a rate or the cap says not yet);
+        never waits."""
+        cells = self._core.cells(_costs(costs))
+        self._hold()
+        seen: List[int] = []
+
+        def decide(v: Optional[bytes], s: int, m: int, o: int) -> Tuple[Any, Any]:
+            ticket, write = self._core.try_now(v, s, m, o, cells)
+            if ticket is not None:
+                seen.append(ticket)
+            return ticket, write
+
+        try:
+            ticket, _ = await self._transact(decide)
+        except BaseException:
+            if seen:
+                self._end_soon(seen[-1], cells, None)
+            else:
+                self._release()
+            raise
+        if ticket is None:
+            self._release()
+            return None
+        return FleetTurn(self, ticket, cells)
+
+    async def _look(self) -> Tuple[int, int, List[int]]:
+        result, _ = await self._transact(self._core.look)
+        return result
+
+    async def remaining(self, name: str) -> int:
+        """Cells of ``name`` its rate would admit right now over the fleet; spends
+        nothing."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        index = self._core.index(name)
+        return (await self._look())[2][index]
+
+    async def in_flight(self) -> int:
+        """Turns admitted and not yet ended, over the fleet."""
+        return (await self._look())[0]
+
+    async def waiting(self) -> int:
+        """Callers waiting in the queue, over the fleet."""
+        return (await self._look())[1]
+
+    async def wait_time(self, **costs: int) -> float:
+        """Seconds a turn of ``costs`` would wait for its rates if asked for now
+        (``inf``: never); spends nothing."""
+        cells = self._core.cells(_costs(costs))
+        result, _ = await self._transact(
+            lambda v, s, m, o: self._core.wait_time(v, s, m, o, cells)
+        )
+        return result
+
+    async def follow(self, status: int, headers: Any, *, max_hold: float = 300.0) -> int:
+        """Steers the budget by what a response said, for the whole fleet: as
+        ``paceline.Budget.follow``. Returns how many of its dimensions the response
+        reported."""
+        max_hold = _seconds("max_hold", max_hold)
+        fields = _fields(status, headers)
+        result, _ = await self._transact(
+            lambda v, s, m, o: self._core.follow(v, s, m, o, status, fields, max_hold)
+        )
+        return result
+
+    async def hold_for(self, seconds: float) -> None:
+        """Admits nothing for ``seconds`` from now, over the fleet (a longer hold already
+        in force stays)."""
+        seconds = _seconds("seconds", seconds)
+        await self._transact(lambda v, s, m, o: (None, self._core.hold(v, s, m, o, seconds)))
