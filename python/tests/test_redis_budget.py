@@ -324,3 +324,56 @@ def test_a_forked_child_is_a_client_of_its_own(fresh):
         await turn.release()
 
     run(main())
+
+
+def test_the_httpx_transport_books_follows_and_settles_on_a_fleet_budget(fresh):
+    """Two clients (each with its own RedisBudget, as two hosts) call one fake model API
+    through paceline.httpx.AsyncTransport(budget=...): few refusals, every permit back."""
+    import httpx
+    import json
+
+    import paceline.httpx
+    from provider_app import Provider
+
+    provider = Provider("openai", 40, 4_000, 10, 2_000)
+    try:
+
+        async def main():
+            budgets = [
+                budget_of(
+                    client(fresh),
+                    "provider",
+                    requests=paceline.Rate(40, burst=10),
+                    tokens=paceline.Rate(4_000, burst=2_000),
+                    in_flight=8,
+                )
+                for _ in range(2)
+            ]
+            statuses = []
+
+            async def host(b):
+                transport = paceline.httpx.AsyncTransport(
+                    budget=b,
+                    cost=lambda request: {"tokens": json.loads(request.content)["tokens"]},
+                    settle_from=lambda r: {"tokens": r.json()["usage"]["total_tokens"]},
+                    retries=0,
+                )
+                async with httpx.AsyncClient(transport=transport, timeout=30) as c:
+
+                    async def worker():
+                        for _ in range(10):
+                            r = await c.post(provider.url, json={"tokens": 200})
+                            statuses.append(r.status_code)
+
+                    await asyncio.gather(*(worker() for _ in range(4)))
+
+            await asyncio.gather(*(host(b) for b in budgets))
+            await asyncio.sleep(0.2)  # the last ends land
+            assert len(statuses) == 80
+            assert await budgets[0].in_flight() == 0
+            assert await budgets[1].waiting() == 0
+
+        run(main())
+        assert provider.refusals() <= 2, provider.log
+    finally:
+        provider.close()

@@ -1,4 +1,5 @@
-//! One quota across a fleet: GCRA with its state in Redis (cargo feature `redis`).
+//! One quota across a fleet: GCRA with its state in Redis (cargo feature `redis`); and
+//! [`RedisBudget`], a [`Budget`](crate::budget::Budget) for every client of one Redis.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), paceline::redis::RedisLimitError> {

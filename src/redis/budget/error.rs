@@ -16,8 +16,7 @@ use crate::budget::{BudgetError, BuildError};
 /// use paceline::budget::BudgetError;
 /// use paceline::redis::RedisBudgetError;
 /// match budget.try_acquire(&[("tokens", 100)]).await {
-///     Ok(turn) => { /* call */ # drop(turn);
-///     }
+///     Ok(turn) => drop(turn), // call, then settle
 ///     Err(RedisBudgetError::Budget(BudgetError::WouldWait)) => { /* not now */ }
 ///     Err(RedisBudgetError::Unavailable(e)) => eprintln!("Redis is down: {e}"),
 ///     Err(other) => eprintln!("{other}"),

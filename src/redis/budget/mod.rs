@@ -465,8 +465,7 @@ impl RedisBudget {
     /// # async fn run(budget: paceline::redis::RedisBudget) {
     /// use std::time::Duration;
     /// match budget.acquire_within(&[("tokens", 500)], Duration::from_secs(2)).await {
-    ///     Ok(turn) => { /* call */ # drop(turn);
-    ///     }
+    ///     Ok(turn) => drop(turn), // call, then settle
     ///     Err(e) => eprintln!("not within 2 s: {e}"),
     /// }
     /// # }
