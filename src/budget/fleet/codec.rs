@@ -87,7 +87,7 @@ fn base64(bytes: &[u8], out: &mut Vec<u8>) {
 
 /// The bytes `text` holds in base64, or `None` where it is not base64.
 fn unbase64(text: &[u8]) -> Option<Vec<u8>> {
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return None;
     }
     let value = |c: u8| ALPHABET.iter().position(|&a| a == c).map(|v| v as u32);
@@ -121,7 +121,7 @@ pub(super) fn decode(value: &[u8], dims: usize, room: usize, log: usize) -> Opti
     }
     let generation: u64 = digits.parse().ok()?;
     let body = unbase64(&rest[end + 1..])?;
-    if body.len() % 8 != 0 {
+    if !body.len().is_multiple_of(8) {
         return None;
     }
     let words: Vec<u64> = body
