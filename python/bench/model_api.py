@@ -14,6 +14,8 @@ refused call (429) waits its ``retry-after`` and is sent again, in every contend
   counts the API's fields announce (``Budget.follow``, what the httpx transports do);
 * the same budget in a file shared by 4 processes (``Budget.shared``), each sending a
   quarter of the calls from a quarter of the tasks;
+* the same budget in Redis shared by 4 processes (``paceline.redis.RedisBudget``, a
+  ``redis-server`` of its own on loopback; skipped where none is installed);
 * aiolimiter on requests only (deaf to tokens and concurrency);
 * a token pre-counting limiter that never settles: aiolimiter for requests, aiolimiter
   for tokens charged the estimate, and a semaphore for the calls in flight;
@@ -31,6 +33,9 @@ import random
 import sys
 import time
 import multiprocessing
+import shutil
+import socket
+import subprocess
 import tempfile
 from typing import Awaitable, Callable, Dict, List, Optional
 
@@ -59,7 +64,8 @@ def budget_job(
 ) -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
     """A paceline.Budget at ``scale`` times the API's limits; with ``follow``, steered by
     the limits and counts the API's fields announce (``Budget.follow``, as the httpx
-    transports do); with ``path``, the budget of that file (``Budget.shared``)."""
+    transports do); with ``path``, the budget of that file (``Budget.shared``), or, for a
+    ``redis://`` URL, the budget of that Redis (``paceline.redis.RedisBudget``)."""
     rates = dict(
         requests=paceline.Rate(scale * LIMITS.requests, per=LIMITS.window),
         tokens=paceline.Rate(scale * LIMITS.tokens, per=LIMITS.window),
@@ -67,6 +73,12 @@ def budget_job(
     )
     if path is None:
         budget = paceline.Budget(**rates)
+    elif path.startswith("redis://"):
+        from redis.asyncio import Redis
+        from paceline.redis import RedisBudget
+
+        url, name = path.rsplit("#", 1)
+        budget = RedisBudget(Redis.from_url(url), name, **rates)
     else:
         budget = paceline.Budget.shared(path, on_mismatch="adopt", **rates)
 
@@ -147,6 +159,7 @@ CONTENDERS = [
     ("paceline.Budget", budget_job),
     ("paceline.Budget at 2x, following", lambda: budget_job(scale=2, follow=True)),
     ("paceline.Budget.shared, 4 processes", "processes"),
+    ("paceline.redis.RedisBudget, 4 processes", "redis"),
     ("aiolimiter (requests only)", aiolimiter_requests),
     ("pre-counting, never settled", precounting),
     ("semaphore + per-second", semaphore_per_second),
@@ -170,9 +183,12 @@ async def run(url: str, make, tasks: int, prompts: List[int]) -> Dict[str, float
     async with httpx.AsyncClient(timeout=60.0) as client:
         await client.post(f"{url}/reset")
         t0 = time.monotonic()
-        if make == "processes":
+        if make in ("processes", "redis"):
             # Each process gets a quarter of the tasks (at least one) and of the calls.
-            path = os.path.join(tempfile.mkdtemp(), "budget")
+            if make == "processes":
+                path = os.path.join(tempfile.mkdtemp(), "budget")
+            else:
+                path = f"{REDIS['url']}#model-api-{tasks}-{time.monotonic_ns()}"
             # Spawned: a fork inside the running event loop would inherit it.
             ctx = multiprocessing.get_context("spawn")
             ready, go = ctx.Semaphore(0), ctx.Event()
@@ -236,8 +252,34 @@ async def calls(url: str, job, tasks: int, prompts: List[int], reset: bool) -> N
         await asyncio.gather(*(worker() for _ in range(tasks)))
 
 
+# The Redis of the RedisBudget row: a server of its own, started by ``main``.
+REDIS: Dict[str, str] = {}
+
+
+def start_redis() -> Optional[subprocess.Popen]:
+    if shutil.which("redis-server") is None:
+        CONTENDERS[:] = [c for c in CONTENDERS if c[1] != "redis"]
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            break
+        except OSError:
+            time.sleep(0.01)
+    REDIS["url"] = f"redis://127.0.0.1:{port}/0"
+    return proc
+
+
 async def main(calls: int) -> None:
     url, server = start(LIMITS)
+    redis_server = start_redis()
     rng = random.Random(3)
     prompts = [rng.randint(50, 150) for _ in range(calls)]
     print(
@@ -260,6 +302,8 @@ async def main(calls: int) -> None:
                 )
     finally:
         server.terminate()
+        if redis_server is not None:
+            redis_server.terminate()
 
 
 if __name__ == "__main__":

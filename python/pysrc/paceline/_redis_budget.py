@@ -43,6 +43,9 @@ _MAX_CONFLICTS = 200
 _END_RETRY = 0.2
 _END_RETRY_MAX = 2.0
 
+# How long an epochs' read serves the other waiters of its event loop.
+_EPOCHS_FRESH = 0.0005
+
 
 def _int(value: Any) -> int:
     return 0 if value is None else int(value)
@@ -209,6 +212,14 @@ class RedisBudget(_AsyncWire):
         )
         # Ends under way, kept alive until they land.
         self._ends: "set[asyncio.Task]" = set()
+        # One transaction at a time per event loop (``_transact``).
+        self._locks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = (
+            weakref.WeakKeyDictionary()
+        )
+        # The epochs' read shared by the waiters of each event loop (``_epochs``).
+        self._epoch_reads: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list]" = (
+            weakref.WeakKeyDictionary()
+        )
         self._wire()
 
     def __repr__(self) -> str:
@@ -253,7 +264,20 @@ class RedisBudget(_AsyncWire):
     ) -> Tuple[Any, Tuple[int, int]]:
         """``decide(value, secs, micros, owner) -> (result, write)`` on a fresh read, the
         write sent where it needs one; again from a new read where another client wrote
-        first. The result and the epochs read."""
+        first. The result and the epochs read. The tasks of one event loop take their
+        turns at it one at a time: they would only overtake each other's writes (a
+        hundred tasks arriving at once would each read and write up to a hundred
+        times)."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            lock = self._locks[loop] = asyncio.Lock()
+        async with lock:
+            return await self._transact_now(decide)
+
+    async def _transact_now(
+        self, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
+    ) -> Tuple[Any, Tuple[int, int]]:
         k1, k2 = self._keys
         for conflict in range(_MAX_CONFLICTS):
             value, secs, micros, head, queue = await self._call(
@@ -281,8 +305,29 @@ class RedisBudget(_AsyncWire):
         )
 
     async def _epochs(self) -> Tuple[int, int]:
-        head, queue = await self._call(("HMGET", self._keys[1], "head", "queue"))
-        return _int(head), _int(queue)
+        """The two epochs. The waiters of one event loop share their reads: one read in
+        flight at a time, its answer good for ``_EPOCHS_FRESH`` (so a loop with hundreds
+        of waiters reads them at most about every millisecond, not once per waiter)."""
+        loop = asyncio.get_running_loop()
+        shared = self._epoch_reads.get(loop)
+        if shared is None:
+            shared = self._epoch_reads[loop] = [None, None, 0.0]  # read, answer, when
+        read, answer, when = shared
+        if answer is not None and time.monotonic() - when < _EPOCHS_FRESH:
+            return answer
+        if read is None:
+            read = shared[0] = loop.create_task(self._read_epochs(shared))
+            # Retrieved by its waiters; if every one was cancelled, by no one.
+            read.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(read)
+
+    async def _read_epochs(self, shared: list) -> Tuple[int, int]:
+        try:
+            head, queue = await self._call(("HMGET", self._keys[1], "head", "queue"))
+            shared[1], shared[2] = (_int(head), _int(queue)), time.monotonic()
+            return shared[1]
+        finally:
+            shared[0] = None
 
     def _hold(self) -> None:
         self._me()

@@ -452,7 +452,6 @@ impl FleetRules {
                 (generation, s)
             }
         };
-        let before_leases = s.leases.clone();
         let before = s.state.roll();
         let body_before = codec::encode(0, &s);
         let leases = s.leases.clone();
@@ -461,21 +460,21 @@ impl FleetRules {
         };
         let (outcome, steered) = self.apply(&mut s.state, now, me, &alive, op);
         // Leases: the owner's renewed when a third of it has passed (or it holds nothing
-        // yet), the others' kept while they have callers and have not lapsed.
+        // yet), the others' kept while they have callers and have not lapsed; in place,
+        // so that a decision that changes nothing writes nothing.
         let lease = LEASE.as_nanos() as u64;
-        s.leases.retain(|&(o, until)| {
-            o != me && until > now && s.state.callers.iter().any(|c| c.owner == o)
-        });
-        let mine = before_leases
-            .iter()
-            .find(|&&(o, _)| o == me)
-            .map(|&(_, u)| u);
-        if s.state.callers.iter().any(|c| c.owner == me) {
-            let until = match mine {
-                Some(until) if until.saturating_sub(now) > lease * 2 / 3 => until,
-                _ => now.saturating_add(lease),
-            };
-            s.leases.push((me, until));
+        let holds = |s: &State, o: u64| s.callers.iter().any(|c| c.owner == o);
+        let mine = holds(&s.state, me);
+        let state = &s.state;
+        s.leases
+            .retain(|&(o, until)| holds(state, o) && (o == me || until > now));
+        match s.leases.iter_mut().find(|(o, _)| *o == me) {
+            Some((_, until)) if until.saturating_sub(now) <= lease * 2 / 3 => {
+                *until = now.saturating_add(lease);
+            }
+            Some(_) => {}
+            None if mine => s.leases.push((me, now.saturating_add(lease))),
+            None => {}
         }
         let body_after = codec::encode(0, &s);
         let write = (body_after != body_before).then(|| {

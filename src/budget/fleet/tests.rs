@@ -409,3 +409,34 @@ fn random_clients_keep_the_cap_and_the_queue_in_order() {
         }
     });
 }
+
+#[test]
+fn an_ask_that_changes_nothing_writes_nothing() {
+    let r = rules(Some(1));
+    let mut redis = Redis::default();
+    let cells = r.cells(&[]).unwrap();
+    let arrive = FleetOp::Arrive {
+        cells: &cells,
+        deadline: None,
+    };
+    // Two owners on record, each with a lease: the order of the leases is kept.
+    redis.run(&r, T0, 1, arrive);
+    let w = ticket(redis.run(&r, T0, 2, arrive));
+    let w1 = ticket(redis.run(&r, T0, 1, arrive));
+    let again = |ticket| FleetOp::AskAgain {
+        ticket,
+        cells: &cells,
+        deadline: None,
+    };
+    redis.run(&r, T0 + 60 * MS, 2, again(w));
+    for (owner, ticket) in [(2, w), (1, w1), (2, w)] {
+        let d = r
+            .decide(redis.value.as_deref(), T0 + 70 * MS, owner, again(ticket))
+            .unwrap();
+        assert!(matches!(d.outcome, FleetOutcome::Waiting { .. }));
+        assert_eq!(
+            d.write, None,
+            "owner {owner} asking again changed the value"
+        );
+    }
+}

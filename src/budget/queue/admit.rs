@@ -35,6 +35,9 @@ use crate::budget::{BudgetError, Ready};
 #[cfg_attr(not(feature = "shared"), allow(unreachable_pub))]
 pub const ABANDONED: Duration = Duration::from_secs(10);
 
+/// How often a waiter's asks renew its `seen` (far within [`ABANDONED`]).
+const SEEN_EVERY: Duration = Duration::from_secs(1);
+
 /// How often callers are checked for processes that are gone.
 const REAP_EVERY: Duration = Duration::from_millis(50);
 
@@ -123,7 +126,11 @@ impl State {
         let Some(i) = self.callers.iter().position(|c| c.ticket == ticket) else {
             return self.arrive(ask);
         };
-        self.callers[i].seen = ask.now;
+        // Shown to be there, at most every `SEEN_EVERY`: an ask that changes nothing else
+        // then leaves the state as it was (a tier in Redis writes nothing for it).
+        if ask.now.saturating_sub(self.callers[i].seen) >= SEEN_EVERY.as_nanos() as u64 {
+            self.callers[i].seen = ask.now;
+        }
         let mut ahead = self.waiting_ahead(ticket);
         if ahead > 0 || self.free(ask.cap) == 0 {
             // Someone ahead, or no permit: perhaps held by callers that are gone.

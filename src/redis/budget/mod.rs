@@ -97,7 +97,18 @@ struct Inner {
     renewing: AtomicBool,
     /// The driver's clock for waiters' cadence.
     origin: Instant,
+    /// This client's transactions, one at a time: they would only overtake each other's
+    /// writes (a hundred tasks arriving at once would each read and write up to a
+    /// hundred times).
+    turns: tokio::sync::Mutex<()>,
+    /// The latest epochs read and when: the waiters of this client share reads made
+    /// within [`EPOCHS_FRESH`] of each other.
+    epochs: std::sync::Mutex<Option<(Instant, (u64, u64))>>,
 }
+
+/// How long an epochs' read serves this client's other waiters: a client with hundreds
+/// of waiters reads them about every half millisecond at most, not once per waiter.
+const EPOCHS_FRESH: Duration = Duration::from_micros(500);
 
 /// Builds a [`RedisBudget`]: its rates, by name, and its in-flight cap.
 ///
@@ -239,6 +250,8 @@ impl RedisBudgetBuilder {
                 held: AtomicUsize::new(0),
                 renewing: AtomicBool::new(false),
                 origin: Instant::now(),
+                epochs: std::sync::Mutex::new(None),
+                turns: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -289,12 +302,18 @@ impl Inner {
     }
 
     async fn epochs(&self) -> Result<(u64, u64), RedisBudgetError> {
+        let fresh = *self.epochs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, epochs)) = fresh.filter(|(at, _)| at.elapsed() < EPOCHS_FRESH) {
+            return Ok(epochs);
+        }
         let mut conn = self.conn.clone();
         let mut cmd = redis::cmd("HMGET");
         cmd.arg(&self.keys[1]).arg("head").arg("queue");
         let call = cmd.query_async::<(Option<u64>, Option<u64>)>(&mut conn);
         let (head, queue) = within(self.timeout, call).await.map_err(Inner::failed)?;
-        Ok((head.unwrap_or(0), queue.unwrap_or(0)))
+        let epochs = (head.unwrap_or(0), queue.unwrap_or(0));
+        *self.epochs.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), epochs));
+        Ok(epochs)
     }
 
     /// Decides the operation `op` makes at the time read, writing the value where the
@@ -306,6 +325,7 @@ impl Inner {
         mut op: impl FnMut(u64) -> FleetOp<'a>,
         mut seen: impl FnMut(&FleetOutcome),
     ) -> Result<(FleetOutcome, Read), RedisBudgetError> {
+        let _turn = self.turns.lock().await;
         for conflict in 0..MAX_CONFLICTS {
             let read = self.read().await?;
             let stored = (!read.value.is_empty()).then_some(&read.value[..]);
