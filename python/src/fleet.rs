@@ -402,6 +402,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "FLEET_RENEW_EVERY",
         paceline::budget::fleet::RENEW_EVERY.as_secs_f64(),
     )?;
+    m.add("FLEET_LEASE", paceline::budget::fleet::LEASE.as_secs_f64())?;
     m.add_function(wrap_pyfunction!(new_fleet_budget, m)?)?;
     Ok(())
 }

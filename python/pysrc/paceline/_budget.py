@@ -50,6 +50,10 @@ def _fields(status: object, headers: Any) -> List[Tuple[str, bytes]]:
         raise ValueError(f"status must be an HTTP status from 100 to 599, got {status}")
     if isinstance(headers, Mapping):
         headers = headers.items()
+    elif isinstance(headers, (str, bytes)) or not isinstance(headers, Iterable):
+        raise TypeError(
+            f"headers must be (name, value) pairs or a mapping, got {type(headers).__name__}"
+        )
     fields = []
     for pair in headers:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:

@@ -268,6 +268,7 @@ def new_shared_budget(
 BUDGET_READ_SCRIPT: str
 BUDGET_WRITE_SCRIPT: str
 FLEET_RENEW_EVERY: float
+FLEET_LEASE: float
 
 class FleetForeign(Exception): ...
 

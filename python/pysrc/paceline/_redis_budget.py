@@ -13,6 +13,7 @@ of the same prefix, name and rates shares the budget.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import time
@@ -21,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._args import _timeout
 from ._budget import Rate, _checked, _costs, _fields, _seconds
+from ._paceline import FLEET_LEASE as _LEASE
 from ._paceline import FLEET_RENEW_EVERY, FleetForeign, new_fleet_budget
 from ._redis_core import (
     RedisLimitError,
@@ -35,6 +37,8 @@ from ._redis_core import (
 )
 from ._redis_wire import BUDGET_READ_SHA, BUDGET_WRITE_SHA, _AsyncWire
 
+_log = logging.getLogger("paceline")
+
 # Writes overtaken by another client's, in a row, before a call gives up.
 _MAX_CONFLICTS = 200
 
@@ -45,6 +49,11 @@ _END_RETRY_MAX = 2.0
 
 # How long an epochs' read serves the other waiters of its event loop.
 _EPOCHS_FRESH = 0.0005
+
+
+class _Contended(RedisLimitError):
+    """Other clients kept writing the budget first: nothing was done. A waiter asks again
+    (its place is kept); other calls raise it."""
 
 
 def _int(value: Any) -> int:
@@ -300,7 +309,7 @@ class RedisBudget(_AsyncWire):
             if conflict >= 8:
                 # Many clients at once: let the others through.
                 await asyncio.sleep(0.0001 * (conflict % 8 + 1))
-        raise RedisLimitError(
+        raise _Contended(
             "other clients kept writing the budget first; nothing was done (try again)"
         )
 
@@ -350,12 +359,14 @@ class RedisBudget(_AsyncWire):
             except Exception:  # noqa: BLE001 - tried again next round; a lease outlasts three
                 pass
 
-    def _end_soon(self, ticket: int, cells: List[int], actual: Optional[list]) -> "asyncio.Future[None]":
+    def _end_soon(
+        self, ticket: int, cells: List[int], actual: Optional[list], turn: bool = True
+    ) -> "asyncio.Future[None]":
         """Sends the end of caller ``ticket`` now, trying again until it lands (module
         docs); the future of its first tries, within the timeout."""
         loop = asyncio.get_running_loop()
         landed: "asyncio.Future[None]" = loop.create_future()
-        task = loop.create_task(self._end(ticket, cells, actual, landed))
+        task = loop.create_task(self._end(ticket, cells, actual, landed, turn))
         self._ends.add(task)
         task.add_done_callback(self._ends.discard)
         first = asyncio.ensure_future(self._first_tries(landed))
@@ -372,15 +383,29 @@ class RedisBudget(_AsyncWire):
             ) from None
 
     async def _end(
-        self, ticket: int, cells: List[int], actual: Optional[list], landed: "asyncio.Future[None]"
+        self,
+        ticket: int,
+        cells: List[int],
+        actual: Optional[list],
+        landed: "asyncio.Future[None]",
+        turn: bool,
     ) -> None:
         pause = _END_RETRY
         try:
             while True:
                 try:
-                    await self._transact(
+                    found, _ = await self._transact(
                         lambda v, s, m, o: self._core.end(v, s, m, o, ticket, cells, actual)
                     )
+                    if not found and turn:
+                        _log.warning(
+                            "paceline: a turn of the fleet budget %r had already been ended "
+                            "for it (its client could not renew its lease for %s s: an "
+                            "event loop blocked, a process stopped, Redis out of reach; or "
+                            "Redis lost the budget): the cap did not count it meanwhile",
+                            self._name,
+                            _LEASE,
+                        )
                     break
                 except (RedisUnavailable, RedisLimitError) as e:
                     if isinstance(e, RedisRejected):
@@ -415,9 +440,13 @@ class RedisBudget(_AsyncWire):
         self._hold()
         try:
             while True:
-                _, (head, queue) = await self._transact(
-                    lambda v, s, m, o: (None, waiter.decide(v, s, m, o))
-                )
+                try:
+                    _, (head, queue) = await self._transact(
+                        lambda v, s, m, o: (None, waiter.decide(v, s, m, o))
+                    )
+                except _Contended:
+                    await asyncio.sleep(0.001)
+                    continue
                 ticket = waiter.answer(head, queue, time.monotonic_ns())
                 if ticket is not None:
                     return FleetTurn(self, ticket, cells)
@@ -432,7 +461,7 @@ class RedisBudget(_AsyncWire):
             if ticket is None:
                 self._release()
             else:
-                self._end_soon(ticket, cells, None)
+                self._end_soon(ticket, cells, None, turn=False)
             raise
 
     async def try_acquire(self, **costs: int) -> Optional[FleetTurn]:
@@ -452,7 +481,7 @@ class RedisBudget(_AsyncWire):
             ticket, _ = await self._transact(decide)
         except BaseException:
             if seen:
-                self._end_soon(seen[-1], cells, None)
+                self._end_soon(seen[-1], cells, None, turn=False)
             else:
                 self._release()
             raise

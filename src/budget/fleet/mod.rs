@@ -52,6 +52,11 @@
 //! cap) is refused with [`FleetError::Mismatch`], never overwritten; so is a value this
 //! format does not describe ([`FleetError::Corrupt`]).
 //!
+//! **A budget lost** (a Redis restart, a `FLUSHALL`, the keys deleted) is made again
+//! whole at the next call. Turns of the lost budget still running are not counted by the
+//! new one (for as long as they run, up to the cap more may be in flight), and their ends
+//! end nothing in it: its tickets start at a random number.
+//!
 //! **Expiry.** The value expires once every dimension is whole again and a lease has run
 //! out with no owner renewing it: an idle budget leaves nothing behind, and a budget
 //! reborn then starts whole, as the expired one would have been.
@@ -413,12 +418,17 @@ impl FleetRules {
         self.cap
     }
 
-    /// A fresh state: every dimension whole, no one on record.
+    /// A fresh state: every dimension whole, no one on record. Its tickets start at a
+    /// random number: a budget lost and made again (a Redis restart, a `FLUSHALL`) never
+    /// gives a caller a ticket that a turn of the lost one still holds, whose end would
+    /// then end the new caller's turn.
     fn fresh(&self) -> Stored {
         let params: Vec<_> = self.quotas.iter().map(|q| *q.params()).collect();
+        let mut state = State::fresh(Ledger::with_capacity(&params, FLEET_LOG), MAX_CALLERS);
+        state.next_ticket = new_owner() >> 2;
         Stored {
             fingerprint: self.fingerprint,
-            state: State::fresh(Ledger::with_capacity(&params, FLEET_LOG), MAX_CALLERS),
+            state,
             leases: Vec::new(),
         }
     }

@@ -440,3 +440,30 @@ fn an_ask_that_changes_nothing_writes_nothing() {
         );
     }
 }
+
+#[test]
+fn a_turn_of_a_lost_budget_ends_nothing_in_the_one_made_again() {
+    let r = rules(Some(1));
+    let mut redis = Redis::default();
+    let cells = r.cells(&[]).unwrap();
+    let old = ticket(redis.run(&r, T0, 1, FleetOp::TryNow { cells: &cells }));
+    // Redis restarts: the budget is made again, and the same client takes the permit.
+    redis.value = None;
+    let new = ticket(redis.run(&r, T0 + MS, 1, FleetOp::TryNow { cells: &cells }));
+    assert_ne!(old, new);
+    let end_old = FleetOp::End {
+        ticket: old,
+        charged: &cells,
+        actual: None,
+    };
+    assert_eq!(
+        redis.run(&r, T0 + 2 * MS, 1, end_old),
+        FleetOutcome::Ended(false)
+    );
+    let other = redis.run(&r, T0 + 2 * MS, 2, FleetOp::TryNow { cells: &cells });
+    assert_eq!(
+        other,
+        FleetOutcome::Refused(BudgetError::WouldWait),
+        "the cap holds"
+    );
+}

@@ -509,9 +509,18 @@ impl RedisBudget {
         let mut guard = Leaving::new(inner, &cells);
         let mut wait = FleetWait::new(max);
         loop {
-            let (outcome, read) = inner
+            let step = inner
                 .transact(|now| wait.op(&cells, now), |o| guard.saw(o))
-                .await?;
+                .await;
+            let (outcome, read) = match step {
+                // Overtaken again and again by other clients' writes: its place (if it
+                // has one) is kept; it asks again.
+                Err(RedisBudgetError::Contended) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                step => step?,
+            };
             guard.saw(&outcome);
             match wait.answer(outcome, read.epochs, read.now, inner.local()) {
                 FleetNext::Admitted { ticket } => {
