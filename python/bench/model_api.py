@@ -24,7 +24,8 @@ refused call (429) waits its ``retry-after`` and is sent again, in every contend
 
 For each, the binding dimension's (tokens') achieved share of what the API allowed over
 the run (a full bucket plus the rate for the run's length) and the share of calls
-refused. ``python python/bench/model_api.py [calls]``
+refused. ``python python/bench/model_api.py [calls] [contender...]``: with names, only the
+contenders whose names contain one of them (``paceline``: paceline's rows alone).
 """
 
 import asyncio
@@ -307,4 +308,6 @@ async def main(calls: int) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        CONTENDERS[:] = [c for c in CONTENDERS if any(w in c[0] for w in sys.argv[2:])]
     asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 150))

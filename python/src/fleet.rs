@@ -385,6 +385,11 @@ impl FleetWaiter {
         }
     }
 
+    /// Whether its next ask is urgent (it was the head or the next in line).
+    fn urgent(&self) -> bool {
+        self.state().wait.urgent()
+    }
+
     /// Its cells.
     fn cells(&self) -> Vec<u32> {
         self.cells.clone()

@@ -317,3 +317,33 @@ fn the_server_going_away_fails_calls_within_the_timeout_and_its_return_serves_ag
         assert!(served.is_some(), "served again once the server is back");
     });
 }
+
+#[test]
+fn the_turns_of_a_budget_lost_to_a_flushall_end_nothing_in_the_one_made_again() {
+    let server = Server::start();
+    let url = server.url();
+    runtime().block_on(async {
+        let b = budget(&url, "lost", &[], Some(2)).await;
+        let old = [b.acquire(&[]).await.unwrap(), b.acquire(&[]).await.unwrap()];
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        let new = [b.acquire(&[]).await.unwrap(), b.acquire(&[]).await.unwrap()];
+        for turn in old {
+            turn.settle(&[]).await.unwrap();
+        }
+        assert_eq!(
+            b.in_flight().await.unwrap(),
+            2,
+            "the new turns are still counted"
+        );
+        assert!(matches!(
+            b.try_acquire(&[]).await,
+            Err(RedisBudgetError::Budget(BudgetError::WouldWait))
+        ));
+        drop(new);
+    });
+}

@@ -153,7 +153,80 @@ class _FleetAcquiring:
             await self._budget._ended(turn.release())
 
 
-class RedisBudget(_AsyncWire):
+class _FleetCommon:
+    """What the asyncio and the thread forms of the fleet budget share: the rules, the
+    keys, the client's owner id, the callers it holds, and reading a read's reply."""
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        in_flight: Optional[int],
+        prefix: str,
+        timeout: float,
+        rates: Dict[str, Rate],
+    ) -> None:
+        in_flight = _checked(rates, in_flight)
+        self._name = _key(name)
+        self._core = new_fleet_budget(
+            [(n, r.count, r.per, r.burst) for n, r in rates.items()], in_flight
+        )
+        self._client = client
+        self._timeout = _call_timeout(timeout)
+        self._prefix = _prefix(prefix)
+        base = f"{self._prefix}:{{{self._name}}}"
+        self._keys = (f"{base}:budget", f"{base}:epochs")
+        self._owner, self._pid = _owner(), os.getpid()
+        # Callers of this client on record (waiters and turns): its lease is renewed
+        # while there are any.
+        self._held = 0
+
+    def __repr__(self) -> str:
+        rates = ", ".join(f"{n}={r!r}" for n, r in self.rates.items())
+        return (
+            f"{type(self).__name__}({self._name!r}, {rates}, in_flight={self._core.cap()}, "
+            f"prefix={self._prefix!r})"
+        )
+
+    @property
+    def rates(self) -> Dict[str, Rate]:
+        """The dimensions and their rates."""
+        return {
+            name: Rate(burst, per=interval * burst / 1e9, burst=burst)
+            for name, interval, burst in self._core.rates()
+        }
+
+    @property
+    def name(self) -> str:
+        """The budget's name in Redis."""
+        return self._name
+
+    def _forked(self) -> None:
+        """A forked child's reset of what the parent's threads or loops held."""
+
+    def _me(self) -> int:
+        # A forked child is a client of its own.
+        if os.getpid() != self._pid:
+            self._owner, self._pid = _owner(), os.getpid()
+            self._held = 0
+            self._forked()
+        return self._owner
+
+    def _decided(
+        self, reply: Any, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
+    ) -> Tuple[Any, Any, Tuple[int, int]]:
+        """The decision on a read's reply: ``(result, write, epochs)``."""
+        value, secs, micros, head, queue = reply
+        if isinstance(value, str):
+            value = value.encode("ascii", "replace")
+        try:
+            result, write = decide(value or None, int(secs), int(micros), self._me())
+        except FleetForeign as e:
+            raise RedisRejected(f"{e} ({self._keys[0]}); it is left as it is") from None
+        return result, write, (_int(head), _int(queue))
+
+
+class RedisBudget(_FleetCommon, _AsyncWire):
     """Rates by name and a cap on calls in flight, as ``paceline.Budget``, for every
     process and host that uses the same Redis, ``prefix``, ``name`` and rates, on a
     redis-py asyncio client (``redis.asyncio.Redis``)::
@@ -202,27 +275,15 @@ class RedisBudget(_AsyncWire):
                 "RedisBudget takes a redis-py asyncio client (redis.asyncio.Redis), got "
                 f"{type(client).__name__}"
             )
-        in_flight = _checked(rates, in_flight)
-        self._name = _key(name)
-        self._core = new_fleet_budget(
-            [(n, r.count, r.per, r.burst) for n, r in rates.items()], in_flight
-        )
-        self._client = client
-        self._timeout = _call_timeout(timeout)
-        self._prefix = _prefix(prefix)
-        base = f"{self._prefix}:{{{self._name}}}"
-        self._keys = (f"{base}:budget", f"{base}:epochs")
-        self._owner, self._pid = _owner(), os.getpid()
-        # Callers of this client on record (waiters and turns): its lease is renewed
-        # while there are any, by one task per event loop.
-        self._held = 0
+        super().__init__(client, name, in_flight, prefix, timeout, rates)
+        # The task that renews the lease while this client holds callers, per loop.
         self._renewers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task]" = (
             weakref.WeakKeyDictionary()
         )
         # Ends under way, kept alive until they land.
         self._ends: "set[asyncio.Task]" = set()
         # One transaction at a time per event loop (``_transact``).
-        self._locks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = (
+        self._locks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple]" = (
             weakref.WeakKeyDictionary()
         )
         # The epochs' read shared by the waiters of each event loop (``_epochs``).
@@ -231,33 +292,10 @@ class RedisBudget(_AsyncWire):
         )
         self._wire()
 
-    def __repr__(self) -> str:
-        rates = ", ".join(f"{n}={r!r}" for n, r in self.rates.items())
-        return (
-            f"RedisBudget({self._name!r}, {rates}, in_flight={self._core.cap()}, "
-            f"prefix={self._prefix!r})"
-        )
-
-    @property
-    def rates(self) -> Dict[str, Rate]:
-        """The dimensions and their rates."""
-        return {
-            name: Rate(burst, per=interval * burst / 1e9, burst=burst)
-            for name, interval, burst in self._core.rates()
-        }
-
-    @property
-    def name(self) -> str:
-        """The budget's name in Redis."""
-        return self._name
-
-    def _me(self) -> int:
-        # A forked child is a client of its own.
-        if os.getpid() != self._pid:
-            self._owner, self._pid = _owner(), os.getpid()
-            self._held = 0
-            self._renewers = weakref.WeakKeyDictionary()
-        return self._owner
+    def _forked(self) -> None:
+        self._renewers = weakref.WeakKeyDictionary()
+        self._locks = weakref.WeakKeyDictionary()
+        self._epoch_reads = weakref.WeakKeyDictionary()
 
     async def _call(self, args: tuple) -> Any:
         try:
@@ -269,43 +307,44 @@ class RedisBudget(_AsyncWire):
             raise RedisUnavailable(f"Redis unreachable or too slow: {_describe(e)}") from e
 
     async def _transact(
-        self, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
+        self,
+        decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]],
+        urgent: bool = False,
     ) -> Tuple[Any, Tuple[int, int]]:
         """``decide(value, secs, micros, owner) -> (result, write)`` on a fresh read, the
         write sent where it needs one; again from a new read where another client wrote
         first. The result and the epochs read. The tasks of one event loop take their
         turns at it one at a time: they would only overtake each other's writes (a
         hundred tasks arriving at once would each read and write up to a hundred
-        times)."""
+        times). An ``urgent`` one (the head's ask, an end) waits behind at most one other:
+        the others queue on a lock of their own first."""
         loop = asyncio.get_running_loop()
-        lock = self._locks.get(loop)
-        if lock is None:
-            lock = self._locks[loop] = asyncio.Lock()
-        async with lock:
-            return await self._transact_now(decide)
+        locks = self._locks.get(loop)
+        if locks is None:
+            locks = self._locks[loop] = (asyncio.Lock(), asyncio.Lock())
+        turns, queue = locks
+        if urgent:
+            async with turns:
+                return await self._transact_now(decide)
+        async with queue:
+            async with turns:
+                return await self._transact_now(decide)
 
     async def _transact_now(
         self, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
     ) -> Tuple[Any, Tuple[int, int]]:
         k1, k2 = self._keys
         for conflict in range(_MAX_CONFLICTS):
-            value, secs, micros, head, queue = await self._call(
-                ("EVALSHA", BUDGET_READ_SHA, 2, k1, k2)
-            )
-            if isinstance(value, str):
-                value = value.encode("ascii", "replace")
-            try:
-                result, write = decide(value or None, int(secs), int(micros), self._me())
-            except FleetForeign as e:
-                raise RedisRejected(f"{e} ({k1}); it is left as it is") from None
+            reply = await self._call(("EVALSHA", BUDGET_READ_SHA, 2, k1, k2))
+            result, write, epochs = self._decided(reply, decide)
             if write is None:
-                return result, (_int(head), _int(queue))
+                return result, epochs
             expect, new, ttl_ms, moved_head, moved_queue = write
             written = await self._call(
                 ("EVALSHA", BUDGET_WRITE_SHA, 2, k1, k2, expect, new, ttl_ms, moved_head, moved_queue)
             )
             if int(written) == 1:
-                return result, (_int(head), _int(queue))
+                return result, epochs
             if conflict >= 8:
                 # Many clients at once: let the others through.
                 await asyncio.sleep(0.0001 * (conflict % 8 + 1))
@@ -395,7 +434,8 @@ class RedisBudget(_AsyncWire):
             while True:
                 try:
                     found, _ = await self._transact(
-                        lambda v, s, m, o: self._core.end(v, s, m, o, ticket, cells, actual)
+                        lambda v, s, m, o: self._core.end(v, s, m, o, ticket, cells, actual),
+                        urgent=True,
                     )
                     if not found and turn:
                         _log.warning(
@@ -442,7 +482,7 @@ class RedisBudget(_AsyncWire):
             while True:
                 try:
                     _, (head, queue) = await self._transact(
-                        lambda v, s, m, o: (None, waiter.decide(v, s, m, o))
+                        lambda v, s, m, o: (None, waiter.decide(v, s, m, o)), waiter.urgent()
                     )
                 except _Contended:
                     await asyncio.sleep(0.001)
@@ -526,7 +566,8 @@ class RedisBudget(_AsyncWire):
         max_hold = _seconds("max_hold", max_hold)
         fields = _fields(status, headers)
         result, _ = await self._transact(
-            lambda v, s, m, o: self._core.follow(v, s, m, o, status, fields, max_hold)
+            lambda v, s, m, o: self._core.follow(v, s, m, o, status, fields, max_hold),
+            urgent=True,
         )
         return result
 

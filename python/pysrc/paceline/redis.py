@@ -68,6 +68,7 @@ from ._redis_core import (
     _Turn,
 )
 from ._redis_budget import FleetTurn, RedisBudget
+from ._redis_budget_sync import SyncFleetTurn, SyncRedisBudget
 from ._redis_sync import SyncRedisLimiter
 from ._redis_wire import _AsyncWire
 
@@ -75,6 +76,8 @@ __all__ = [
     "RedisLimiter",
     "RedisBudget",
     "FleetTurn",
+    "SyncRedisBudget",
+    "SyncFleetTurn",
     "SyncRedisLimiter",
     "RedisLimitError",
     "RedisUnavailable",

@@ -70,6 +70,8 @@ pub struct FleetWait {
     deadline: Option<u64>,
     /// The ticket, once on record.
     ticket: Option<u64>,
+    /// Waiters ahead of it at its last answer.
+    ahead: Option<usize>,
     plan: Option<Plan>,
 }
 
@@ -126,8 +128,27 @@ impl FleetWait {
             max: max.map(crate::wait::duration_nanos),
             deadline: None,
             ticket: None,
+            ahead: None,
             plan: None,
         }
+    }
+
+    /// Whether its next ask is urgent: it was the head or the next in line at its last
+    /// answer, so the queue waits for it. A driver that makes its client's asks one at a
+    /// time lets these go first (arrivals and refreshes of waiters further back can
+    /// wait).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use paceline::budget::fleet::{FleetOutcome, FleetWait};
+    /// let mut wait = FleetWait::new(None);
+    /// assert!(!wait.urgent()); // an arrival
+    /// wait.answer(FleetOutcome::Waiting { ticket: 3, ahead: 1, at: None }, (0, 0), 0, 0);
+    /// assert!(wait.urgent());
+    /// ```
+    pub fn urgent(&self) -> bool {
+        self.ahead.is_some_and(|a| a <= 1)
     }
 
     /// The operation to decide at server time `now`: arriving, or asking again.
@@ -188,6 +209,7 @@ impl FleetWait {
             }
         };
         self.ticket = Some(ticket);
+        self.ahead = Some(ahead);
         let to_local = |t: u64| local.saturating_add(t.saturating_sub(now));
         let every = match ahead {
             0 | 1 => BASE,

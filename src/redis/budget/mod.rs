@@ -27,6 +27,11 @@ use crate::upstream::DimensionSignal;
 pub use error::{RedisBudgetError, RedisSettleError};
 pub use turn::RedisTurn;
 
+/// How long an end waits between its tries while Redis cannot answer, at first and at
+/// most.
+const END_RETRY: Duration = Duration::from_millis(200);
+const END_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// Writes refused because another client wrote first, in a row, before a call gives up
 /// with [`RedisBudgetError::Contended`].
 const MAX_CONFLICTS: u32 = 200;
@@ -101,6 +106,9 @@ struct Inner {
     /// writes (a hundred tasks arriving at once would each read and write up to a
     /// hundred times).
     turns: tokio::sync::Mutex<()>,
+    /// Where the transactions that are not urgent queue first, so that an urgent one
+    /// (the head's ask, an end) waits behind at most one of them (`transact`).
+    queue: tokio::sync::Mutex<()>,
     /// The latest epochs read and when: the waiters of this client share reads made
     /// within [`EPOCHS_FRESH`] of each other.
     epochs: std::sync::Mutex<Option<(Instant, (u64, u64))>>,
@@ -252,6 +260,7 @@ impl RedisBudgetBuilder {
                 origin: Instant::now(),
                 epochs: std::sync::Mutex::new(None),
                 turns: tokio::sync::Mutex::new(()),
+                queue: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -322,9 +331,14 @@ impl Inner {
     /// write is under way then knows what to give back).
     async fn transact<'a>(
         &self,
+        urgent: bool,
         mut op: impl FnMut(u64) -> FleetOp<'a>,
         mut seen: impl FnMut(&FleetOutcome),
     ) -> Result<(FleetOutcome, Read), RedisBudgetError> {
+        let _queued = match urgent {
+            true => None,
+            false => Some(self.queue.lock().await),
+        };
         let _turn = self.turns.lock().await;
         for conflict in 0..MAX_CONFLICTS {
             let read = self.read().await?;
@@ -367,21 +381,31 @@ impl Inner {
             charged,
             actual,
         };
-        self.transact(op, |_| {}).await.map(drop)
+        self.transact(true, op, |_| {}).await.map(drop)
     }
 
-    /// Ends caller `ticket` in the background, trying again while Redis cannot answer
-    /// (a dropped turn or waiter); past the tries its lease ends it.
+    /// Ends caller `ticket` in the background (a dropped turn or waiter), trying again
+    /// until Redis takes it or refuses it: while this client holds other callers its
+    /// lease stays renewed, so an end given up would keep a permit for as long as it
+    /// runs. Without a runtime to run on, its lease ends it once this client holds
+    /// nothing more.
     fn end_later(self: &Arc<Inner>, ticket: u64, charged: Box<[u32]>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.release();
             return;
         };
         let inner = Arc::clone(self);
         runtime.spawn(async move {
-            for _ in 0..5 {
+            let mut pause = END_RETRY;
+            loop {
                 match inner.end(ticket, &charged, None).await {
-                    Ok(()) => break,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    Ok(()) | Err(RedisBudgetError::Rejected(_) | RedisBudgetError::Foreign(_)) => {
+                        break
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(END_RETRY_MAX);
+                    }
                 }
             }
             inner.release();
@@ -414,7 +438,7 @@ impl Inner {
                     }
                 }
                 // A failure is tried again next round; the lease outlasts three.
-                let _ = inner.transact(|_| FleetOp::Renew, |_| {}).await;
+                let _ = inner.transact(false, |_| FleetOp::Renew, |_| {}).await;
             }
         });
     }
@@ -449,7 +473,11 @@ impl RedisBudget {
         inner.hold();
         let mut guard = Leaving::new(inner, &cells);
         let (outcome, _) = inner
-            .transact(|_| FleetOp::TryNow { cells: &cells }, |o| guard.saw(o))
+            .transact(
+                false,
+                |_| FleetOp::TryNow { cells: &cells },
+                |o| guard.saw(o),
+            )
             .await?;
         guard.outcome(outcome, cells)
     }
@@ -509,8 +537,9 @@ impl RedisBudget {
         let mut guard = Leaving::new(inner, &cells);
         let mut wait = FleetWait::new(max);
         loop {
+            let urgent = wait.urgent();
             let step = inner
-                .transact(|now| wait.op(&cells, now), |o| guard.saw(o))
+                .transact(urgent, |now| wait.op(&cells, now), |o| guard.saw(o))
                 .await;
             let (outcome, read) = match step {
                 // Overtaken again and again by other clients' writes: its place (if it
@@ -600,7 +629,11 @@ impl RedisBudget {
     }
 
     async fn look(&self) -> Result<FleetOutcome, RedisBudgetError> {
-        Ok(self.inner.transact(|_| FleetOp::Look, |_| {}).await?.0)
+        Ok(self
+            .inner
+            .transact(false, |_| FleetOp::Look, |_| {})
+            .await?
+            .0)
     }
 
     /// Steers the budget by what a response said, for every client: as
@@ -628,7 +661,7 @@ impl RedisBudget {
         max_hold: Duration,
     ) -> Result<usize, RedisBudgetError> {
         let op = |_| FleetOp::Follow { signal, max_hold };
-        match self.inner.transact(op, |_| {}).await?.0 {
+        match self.inner.transact(true, op, |_| {}).await?.0 {
             FleetOutcome::Followed(n) => Ok(n),
             _ => unreachable!("a follow is answered by a count"),
         }
@@ -649,7 +682,7 @@ impl RedisBudget {
     /// ```
     pub async fn hold_for(&self, duration: Duration) -> Result<(), RedisBudgetError> {
         let op = |_| FleetOp::Hold { duration };
-        self.inner.transact(op, |_| {}).await.map(drop)
+        self.inner.transact(true, op, |_| {}).await.map(drop)
     }
 
     /// The dimensions, sorted by name, with their quotas.
