@@ -214,8 +214,8 @@ class _FleetCommon:
 
     def _decided(
         self, reply: Any, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
-    ) -> Tuple[Any, Any, Tuple[int, int]]:
-        """The decision on a read's reply: ``(result, write, epochs)``."""
+    ) -> Tuple[Any, Any, Tuple[int, int, int]]:
+        """The decision on a read's reply: ``(result, write, (head, queue, read at))``."""
         value, secs, micros, head, queue = reply
         if isinstance(value, str):
             value = value.encode("ascii", "replace")
@@ -223,7 +223,9 @@ class _FleetCommon:
             result, write = decide(value or None, int(secs), int(micros), self._me())
         except FleetForeign as e:
             raise RedisRejected(f"{e} ({self._keys[0]}); it is left as it is") from None
-        return result, write, (_int(head), _int(queue))
+        # The local time of the read: the server's time was read then (half a round trip
+        # before, at most), so a waiter's instants are reckoned from it.
+        return result, write, (_int(head), _int(queue), time.monotonic_ns())
 
 
 class RedisBudget(_FleetCommon, _AsyncWire):
@@ -310,7 +312,7 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         self,
         decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]],
         urgent: bool = False,
-    ) -> Tuple[Any, Tuple[int, int]]:
+    ) -> Tuple[Any, Tuple[int, int, int]]:
         """``decide(value, secs, micros, owner) -> (result, write)`` on a fresh read, the
         write sent where it needs one; again from a new read where another client wrote
         first. The result and the epochs read. The tasks of one event loop take their
@@ -332,7 +334,7 @@ class RedisBudget(_FleetCommon, _AsyncWire):
 
     async def _transact_now(
         self, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
-    ) -> Tuple[Any, Tuple[int, int]]:
+    ) -> Tuple[Any, Tuple[int, int, int]]:
         k1, k2 = self._keys
         for conflict in range(_MAX_CONFLICTS):
             reply = await self._call(("EVALSHA", BUDGET_READ_SHA, 2, k1, k2))
@@ -481,13 +483,13 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         try:
             while True:
                 try:
-                    _, (head, queue) = await self._transact(
+                    _, (head, queue, read_at) = await self._transact(
                         lambda v, s, m, o: (None, waiter.decide(v, s, m, o)), waiter.urgent()
                     )
                 except _Contended:
                     await asyncio.sleep(0.001)
                     continue
-                ticket = waiter.answer(head, queue, time.monotonic_ns())
+                ticket = waiter.answer(head, queue, read_at)
                 if ticket is not None:
                     return FleetTurn(self, ticket, cells)
                 again = waiter.look(None, time.monotonic_ns())

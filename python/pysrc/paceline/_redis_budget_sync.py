@@ -158,7 +158,7 @@ class SyncRedisBudget(_FleetCommon):
         self,
         decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]],
         urgent: bool = False,
-    ) -> Tuple[Any, Tuple[int, int]]:
+    ) -> Tuple[Any, Tuple[int, int, int]]:
         """As ``RedisBudget._transact``: this client's threads one at a time, an urgent
         one behind at most one other."""
         if urgent:
@@ -169,7 +169,7 @@ class SyncRedisBudget(_FleetCommon):
 
     def _transact_now(
         self, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
-    ) -> Tuple[Any, Tuple[int, int]]:
+    ) -> Tuple[Any, Tuple[int, int, int]]:
         k1, k2 = self._keys
         for _ in range(_MAX_CONFLICTS):
             reply = self._call(("EVALSHA", BUDGET_READ_SHA, 2, k1, k2))
@@ -279,13 +279,13 @@ class SyncRedisBudget(_FleetCommon):
         try:
             while True:
                 try:
-                    _, (head, queue) = self._transact(
+                    _, (head, queue, read_at) = self._transact(
                         lambda v, s, m, o: (None, waiter.decide(v, s, m, o)), waiter.urgent()
                     )
                 except _Contended:
                     time.sleep(0.001)
                     continue
-                ticket = waiter.answer(head, queue, time.monotonic_ns())
+                ticket = waiter.answer(head, queue, read_at)
                 if ticket is not None:
                     return SyncFleetTurn(self, ticket, cells)
                 again = waiter.look(None, time.monotonic_ns())

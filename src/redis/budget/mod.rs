@@ -271,6 +271,9 @@ struct Read {
     value: Vec<u8>,
     now: u64,
     epochs: (u64, u64),
+    /// This client's clock when the answer came (the server read its time half a round
+    /// trip before, at most): a waiter's instants are reckoned from it.
+    local: u64,
 }
 
 impl Inner {
@@ -307,6 +310,7 @@ impl Inner {
             value,
             now,
             epochs: (head, queue),
+            local: self.local(),
         })
     }
 
@@ -551,7 +555,7 @@ impl RedisBudget {
                 step => step?,
             };
             guard.saw(&outcome);
-            match wait.answer(outcome, read.epochs, read.now, inner.local()) {
+            match wait.answer(outcome, read.epochs, read.now, read.local) {
                 FleetNext::Admitted { ticket } => {
                     return guard.outcome(FleetOutcome::Admitted { ticket }, cells);
                 }
