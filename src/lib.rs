@@ -40,7 +40,8 @@
 //!   ```
 //! * **Several processes on one host** share one quota through a file they all map:
 //!   `shared::SharedLimiter` (feature `shared`).
-//! * **A fleet** shares one quota through Redis: `redis::RedisLimiter` (feature `redis`).
+//! * **A fleet** shares one quota through Redis: `redis::RedisLimiter` (feature `redis`),
+//!   and one budget: `redis::RedisBudget`.
 //! * **A runtime or framework** implements [`clock::Clock`] over its own timer, or drives
 //!   waiters with [`Limiter::next_waiter_due_in`] and [`Limiter::wake_due_waiters`]; tests
 //!   use [`ManualClock`](clock::ManualClock).
@@ -55,7 +56,8 @@
 //! | `tower` | `http::RateLimitLayer`: 429, `Retry-After`, the IETF `RateLimit` fields |
 //! | `axum`, `tonic` | the layer's peer address from axum's or tonic's connection info |
 //! | `reqwest` | `http::client::PaceMiddleware`: client pacing for reqwest |
-//! | `redis`, `redis-cluster` | `redis::RedisLimiter`: one quota across a fleet |
+//! | `redis`, `redis-cluster` | `redis::RedisLimiter`, `redis::RedisBudget`: one quota or budget across a fleet |
+//! | `redis-scripts` | `redis_scripts`, `budget::fleet`: the fleet's scripts and decisions for another Redis client |
 //! | `shared` | `shared::SharedLimiter`, `SharedKeyedLimiter`: one quota across the processes of one host |
 //!
 //! Without `std`, paceline is `no_std` and allocates nothing: [`Quota`],

@@ -35,6 +35,11 @@ limiter with the same prefix and quota share their keys. In short:
   key, or an unreadable one, raises ``RedisRejected``; a full server (``maxmemory``)
   raises ``RedisOutOfMemory``. Nothing is admitted either way.
 - A Redis restart loses the state: every key starts again with a full burst.
+
+``RedisBudget`` (asyncio) and ``SyncRedisBudget`` (threads) are ``paceline.Budget`` for the
+whole fleet: rates by name and a cap on calls in flight in one first-come-first-served
+queue kept in Redis, the cost settled after the call (docs/FLEET.md, "A budget for the
+fleet").
 """
 
 
