@@ -543,6 +543,12 @@ mod signal;
 #[cfg(not(loom))]
 pub use signal::dimension_signal;
 
+#[cfg(feature = "redis-scripts")]
+#[path = "fuzz_fleet.rs"]
+mod fleet;
+#[cfg(feature = "redis-scripts")]
+pub use fleet::fleet_value;
+
 #[cfg(test)]
 mod tests {
     /// xorshift: reproducible inputs without a dependency.
@@ -574,6 +580,10 @@ mod tests {
         #[cfg(all(feature = "shared", unix))]
         for data in inputs(0x2545_f491_4f6c_dd1d, 300, 96) {
             super::shared_file(&data);
+        }
+        #[cfg(feature = "redis-scripts")]
+        for data in inputs(0x6a09_e667_f3bc_c908, 2_000, 200) {
+            super::fleet_value(&data);
         }
     }
 }
