@@ -14,8 +14,9 @@
 //! * the head and the first [`HEAD_WATCHERS`] behind it: whenever the head's epoch moves
 //!   (a permit returned, a settle, the rates steered);
 //! * anyone: at its deadline, and every [`REFRESH`] (up to four, far back) to show it is
-//!   still there (a waiter silent for ten seconds loses its place); the head and the waiter behind it every [`ASK_FRONT`], since
-//!   what holds them up may belong to a client whose lease has lapsed.
+//!   still there (a waiter silent for ten seconds loses its place); the head and the
+//!   waiter behind it every [`ASK_FRONT`], since what holds them up may belong to a
+//!   client whose lease has lapsed.
 //!
 //! Instants of the budget are the server's; the cadence runs on the driver's own
 //! monotonic clock (`local`, nanoseconds from any origin), each server instant taken as
