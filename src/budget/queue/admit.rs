@@ -22,8 +22,9 @@
 //!
 //! **Cleared out** (`reap`, at most every [`REAP_EVERY`]): a caller whose owner is gone
 //! (a process that no longer exists, a client whose lease lapsed: `Ask::alive`; its turn
-//! stays charged at its estimate: spent is spent; its permit returns), and a waiter that has not asked for [`ABANDONED`] (a task whose event loop
-//! was closed under it, a thread stopped for that long): it loses its place.
+//! stays charged at its estimate: spent is spent; its permit returns), and a waiter that
+//! has not asked for [`ABANDONED`] (a task whose event loop was closed under it, a thread
+//! stopped for that long): it loses its place.
 
 use core::time::Duration;
 
