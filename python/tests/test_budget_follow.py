@@ -302,3 +302,32 @@ def test_an_announced_limit_below_the_configured_rate_paces_the_dimension():
     time.sleep(b.wait_time(tokens=1) + 0.005)
     b.try_acquire(tokens=1).release()
     assert b.wait_time(tokens=1) <= 1.0 / RATE + 0.005
+
+
+def test_a_response_read_already_by_the_transport_below_is_settled_at_once():
+    """A transport that answers from memory (httpx.MockTransport, a cache, a test double)
+    hands back a response already read and closed: its turn is settled then, not left
+    open for a body that will never be closed through the transport."""
+
+    def handler(request):
+        return httpx.Response(200, json={"usage": {"total_tokens": 7}})
+
+    b = paceline.Budget(tokens=paceline.Rate(100), in_flight=1)
+    transport = paceline.httpx.AsyncTransport(
+        budget=b,
+        transport=httpx.MockTransport(handler),
+        cost=lambda request: {"tokens": 10},
+        settle_from=lambda r: {"tokens": r.json()["usage"]["total_tokens"]},
+        retries=0,
+    )
+
+    async def main():
+        async with httpx.AsyncClient(transport=transport, timeout=3) as client:
+            for _ in range(3):
+                r = await client.post("http://provider.test/v1", json={})
+                assert r.status_code == 200
+                assert b.in_flight == 0, "the permit came back"
+
+    asyncio.run(main())
+    # Settled at 7, not kept at 10: three calls spent 21 tokens of 100.
+    assert b.remaining("tokens") >= 79

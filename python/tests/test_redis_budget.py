@@ -377,3 +377,35 @@ def test_the_httpx_transport_books_follows_and_settles_on_a_fleet_budget(fresh):
         assert provider.refusals() <= 2, provider.log
     finally:
         provider.close()
+
+
+def test_waiters_left_when_asyncio_run_ends_are_out_of_the_queue_when_it_returns(fresh):
+    """asyncio.run cancels the tasks still waiting when its main returns: they give their
+    places up before the loop closes, so the process (and every other client) is not
+    held up behind them."""
+    rates = dict(requests=paceline.Rate(1, per=60.0))
+
+    async def main():
+        b = budget_of(client(fresh), "run-end", **rates)
+        await b.acquire()
+        for _ in range(3):
+            asyncio.ensure_future(b.acquire())
+        await asyncio.sleep(0.3)
+        assert await b.waiting() == 3
+        # Returns with the waiters still pending.
+
+    run(main())
+
+    async def after():
+        b = budget_of(client(fresh), "run-end", **rates)
+        assert await b.waiting() == 0
+
+    run(after())
+
+
+def test_a_name_that_would_split_the_keys_over_cluster_slots_is_refused(fresh):
+    r = client(fresh)
+    for name in ("}x", "a}b", "x}"):
+        with pytest.raises(ValueError, match="}"):
+            pr.RedisBudget(r, name, in_flight=1)
+    pr.RedisBudget(r, "a{b", in_flight=1)  # one hash tag still: "{a{b}"

@@ -347,3 +347,22 @@ fn the_turns_of_a_budget_lost_to_a_flushall_end_nothing_in_the_one_made_again() 
         drop(new);
     });
 }
+
+#[test]
+fn a_name_that_would_split_the_keys_over_cluster_slots_is_refused() {
+    let server = Server::start();
+    runtime().block_on(async {
+        for name in ["", "}x", "a}b"] {
+            let built = RedisBudget::builder()
+                .in_flight(1)
+                .connect(&server.url(), name)
+                .await;
+            assert!(matches!(built, Err(RedisBudgetError::BadName)), "{name:?}");
+        }
+        let one_tag = RedisBudget::builder()
+            .in_flight(1)
+            .connect(&server.url(), "a{b")
+            .await;
+        assert!(one_tag.is_ok());
+    });
+}

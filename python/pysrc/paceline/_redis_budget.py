@@ -168,6 +168,10 @@ class _FleetCommon:
     ) -> None:
         in_flight = _checked(rates, in_flight)
         self._name = _key(name)
+        if "}" in self._name:
+            # The name is the keys' hash tag: a "}" would end it early, and put the
+            # budget's two keys on different slots of a cluster.
+            raise ValueError(f"a budget's name must not hold '}}', got {name!r}")
         self._core = new_fleet_budget(
             [(n, r.count, r.per, r.burst) for n, r in rates.items()], in_flight
         )
@@ -404,24 +408,29 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         self, ticket: int, cells: List[int], actual: Optional[list], turn: bool = True
     ) -> "asyncio.Future[None]":
         """Sends the end of caller ``ticket`` now, trying again until it lands (module
-        docs); the future of its first tries, within the timeout."""
+        docs); a future done when it has landed, or failed with ``RedisUnavailable`` once a
+        try could not reach Redis (the end goes on trying)."""
         loop = asyncio.get_running_loop()
         landed: "asyncio.Future[None]" = loop.create_future()
-        task = loop.create_task(self._end(ticket, cells, actual, landed, turn))
+        missed: "asyncio.Future[BaseException]" = loop.create_future()
+        task = loop.create_task(self._end(ticket, cells, actual, landed, missed, turn))
         self._ends.add(task)
         task.add_done_callback(self._ends.discard)
-        first = asyncio.ensure_future(self._first_tries(landed))
+        first = asyncio.ensure_future(self._first_tries(landed, missed))
         # An end nobody awaits: its failure is the end's own, still trying.
         first.add_done_callback(lambda f: f.cancelled() or f.exception())
         return first
 
-    async def _first_tries(self, landed: "asyncio.Future[None]") -> None:
-        try:
-            await asyncio.wait_for(asyncio.shield(landed), timeout=max(self._timeout * 4, 1.0))
-        except asyncio.TimeoutError:
+    async def _first_tries(
+        self, landed: "asyncio.Future[None]", missed: "asyncio.Future[BaseException]"
+    ) -> None:
+        # Queued behind other ends of this client is not a failure: only a try that
+        # could not reach Redis is.
+        await asyncio.wait((landed, missed), return_when=asyncio.FIRST_COMPLETED)
+        if not landed.done():
             raise RedisUnavailable(
                 "Redis unreachable or too slow: the turn's end is sent again until it lands"
-            ) from None
+            ) from missed.result()
 
     async def _end(
         self,
@@ -429,6 +438,7 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         cells: List[int],
         actual: Optional[list],
         landed: "asyncio.Future[None]",
+        missed: "asyncio.Future[BaseException]",
         turn: bool,
     ) -> None:
         pause = _END_RETRY
@@ -452,6 +462,8 @@ class RedisBudget(_FleetCommon, _AsyncWire):
                 except (RedisUnavailable, RedisLimitError) as e:
                     if isinstance(e, RedisRejected):
                         break  # Redis answered: it will not take it
+                    if not missed.done():
+                        missed.set_result(e)
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, _END_RETRY_MAX)
         finally:
@@ -503,7 +515,13 @@ class RedisBudget(_FleetCommon, _AsyncWire):
             if ticket is None:
                 self._release()
             else:
-                self._end_soon(ticket, cells, None, turn=False)
+                # Given up before the task ends, as a rule: an event loop that is ending
+                # (asyncio.run cancelling what is left) would not run an end sent after.
+                leaving = self._end_soon(ticket, cells, None, turn=False)
+                try:
+                    await asyncio.wait((leaving,), timeout=self._timeout * 4)
+                except BaseException:  # noqa: BLE001 - cancelled again: it goes on alone
+                    pass
             raise
 
     async def try_acquire(self, **costs: int) -> Optional[FleetTurn]:
@@ -523,7 +541,11 @@ class RedisBudget(_FleetCommon, _AsyncWire):
             ticket, _ = await self._transact(decide)
         except BaseException:
             if seen:
-                self._end_soon(seen[-1], cells, None, turn=False)
+                leaving = self._end_soon(seen[-1], cells, None, turn=False)
+                try:
+                    await asyncio.wait((leaving,), timeout=self._timeout * 4)
+                except BaseException:  # noqa: BLE001 - cancelled again: it goes on alone
+                    pass
             else:
                 self._release()
             raise

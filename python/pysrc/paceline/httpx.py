@@ -231,6 +231,11 @@ def _after(options: "_Options", request, response, turn: Optional[Turn], retry: 
     if retry or not booking.settles(response.status_code):
         turn.release()
         return
+    if response.is_closed:
+        # Read already (a transport that answers from memory: httpx.MockTransport, a
+        # cache, a test double): no body will be closed through us, so settle now.
+        booking.settle(turn, response)
+        return
     response.stream = wrap(response.stream, _Body(booking, turn, request, response))
 
 

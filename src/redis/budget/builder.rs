@@ -99,7 +99,8 @@ impl RedisBudgetBuilder {
     /// # Errors
     ///
     /// [`RedisBudgetError::Build`] for rates no budget takes (see
-    /// [`FleetRules::new`](crate::budget::fleet::FleetRules::new)) or an empty name;
+    /// [`FleetRules::new`](crate::budget::fleet::FleetRules::new));
+    /// [`RedisBudgetError::BadName`] for a name that cannot be its keys' hash tag;
     /// [`RedisBudgetError::Connect`] for a bad URL or a server that does not answer as
     /// Redis or does not run scripts.
     ///
@@ -108,8 +109,10 @@ impl RedisBudgetBuilder {
     /// See [`RedisBudget`].
     pub async fn connect(self, url: &str, name: &str) -> Result<RedisBudget, RedisBudgetError> {
         let rules = FleetRules::new(self.rates, self.in_flight)?;
-        if name.is_empty() || name.len() > crate::redis::MAX_KEY_LEN {
-            return Err(RedisBudgetError::Build(BuildError::EmptyName));
+        // The name is the keys' hash tag: a '}' would end it early, and put the
+        // budget's two keys on different slots of a cluster.
+        if name.is_empty() || name.len() > crate::redis::MAX_KEY_LEN || name.contains('}') {
+            return Err(RedisBudgetError::BadName);
         }
         let conn = crate::redis::conn::node(url)
             .await

@@ -28,7 +28,7 @@ pub enum RedisBudgetError {
     /// The budget's own answer: a cost it cannot take, a turn not within a deadline,
     /// not now ([`BudgetError::WouldWait`]).
     Budget(BudgetError),
-    /// The rates or the name cannot make a budget.
+    /// The rates cannot make a budget.
     Build(BuildError),
     /// The budget records [`MAX_CALLERS`] callers already (turns and waiters).
     Full,
@@ -43,6 +43,9 @@ pub enum RedisBudgetError {
     Foreign(FleetError),
     /// Connecting failed: a bad URL, a server that is not Redis or does not run scripts.
     Connect(redis::RedisError),
+    /// The budget's name is empty, longer than [`MAX_KEY_LEN`](crate::redis::MAX_KEY_LEN)
+    /// bytes, or holds a `}` (the name is its keys' hash tag).
+    BadName,
     /// So many clients wrote the budget at once that this call's writes kept being
     /// overtaken; nothing was done.
     Contended,
@@ -61,6 +64,11 @@ impl fmt::Display for RedisBudgetError {
             RedisBudgetError::Rejected(e) => write!(f, "Redis refused the budget's call: {e}"),
             RedisBudgetError::Foreign(e) => e.fmt(f),
             RedisBudgetError::Connect(e) => write!(f, "cannot use Redis: {e}"),
+            RedisBudgetError::BadName => write!(
+                f,
+                "a budget's name is 1 to {} bytes without '}}'",
+                crate::redis::MAX_KEY_LEN
+            ),
             RedisBudgetError::Contended => f.write_str(
                 "other clients kept writing the budget first; nothing was done (try again)",
             ),
@@ -77,7 +85,9 @@ impl core::error::Error for RedisBudgetError {
             RedisBudgetError::Budget(e) => Some(e),
             RedisBudgetError::Build(e) => Some(e),
             RedisBudgetError::Foreign(e) => Some(e),
-            RedisBudgetError::Full | RedisBudgetError::Contended => None,
+            RedisBudgetError::Full | RedisBudgetError::Contended | RedisBudgetError::BadName => {
+                None
+            }
         }
     }
 }
