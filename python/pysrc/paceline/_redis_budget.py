@@ -73,8 +73,7 @@ class FleetTurn:
     awaitable that completes once Redis has it (awaiting is optional: an end not awaited
     still lands; ``async with`` waits for it at the end of the block). While Redis cannot
     answer the end is sent again until it lands; ``await`` raises
-    ``RedisUnavailable`` if it has not landed within the budget's ``timeout`` (it goes on
-    trying)."""
+    ``RedisUnavailable`` once a try could not reach Redis (it goes on trying)."""
 
     __slots__ = ("_budget", "_ticket", "_cells", "_ending")
 
