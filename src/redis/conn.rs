@@ -47,6 +47,25 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// Loads `scripts` into the server's script cache (on every master of a cluster, where
+/// `SCRIPT LOAD` goes to all of them), within [`CONNECT_TIMEOUT`]: a server that cannot
+/// run them is refused when the limiter or budget is built, with its reason, not on
+/// every later call.
+pub(super) async fn load_scripts(conn: &Conn, scripts: &[&str]) -> redis::RedisResult<()> {
+    let mut conn = conn.clone();
+    let load = async {
+        for script in scripts {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(*script)
+                .query_async::<redis::Value>(&mut conn)
+                .await?;
+        }
+        Ok(())
+    };
+    super::limiter::within(CONNECT_TIMEOUT, load).await
+}
+
 /// A connection to one server at `url`, reconnecting in the background, that has
 /// answered a `PING`. No response timeout of its own: each call has its caller's (one
 /// timer per call, not two).

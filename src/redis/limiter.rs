@@ -164,20 +164,8 @@ impl RedisLimiter {
         within(CONNECT_TIMEOUT, ping)
             .await
             .map_err(RedisLimitError::Connect)?;
-        // Every decision is a script: load both now (on every master of a cluster, where
-        // `SCRIPT LOAD` goes to all of them), so a server that cannot run them is refused
-        // here with its reason, not on every later call.
-        let load = async {
-            for script in [DECIDE, REFUND] {
-                redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(script)
-                    .query_async::<redis::Value>(&mut conn)
-                    .await?;
-            }
-            Ok(())
-        };
-        within(CONNECT_TIMEOUT, load)
+        // Every decision is a script: both are loaded now.
+        super::conn::load_scripts(&conn, &[DECIDE, REFUND])
             .await
             .map_err(RedisLimitError::NoScripts)?;
         Ok(RedisLimiter {

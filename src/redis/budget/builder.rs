@@ -117,18 +117,7 @@ impl RedisBudgetBuilder {
         let conn = crate::redis::conn::node(url)
             .await
             .map_err(RedisBudgetError::Connect)?;
-        let mut probe = conn.clone();
-        let load = async {
-            for script in [BUDGET_READ, BUDGET_WRITE] {
-                redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(script)
-                    .query_async::<redis::Value>(&mut probe)
-                    .await?;
-            }
-            Ok(())
-        };
-        within(CONNECT_TIMEOUT, load)
+        crate::redis::conn::load_scripts(&conn, &[BUDGET_READ, BUDGET_WRITE])
             .await
             .map_err(RedisBudgetError::Connect)?;
         let base = format!("{}:{{{name}}}", self.prefix);

@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use super::conn::Conn;
-use super::limiter::{within, CONNECT_TIMEOUT};
+use super::limiter::within;
 use super::policy::Failure;
 use super::RedisDenied;
 use crate::budget::fleet::{
