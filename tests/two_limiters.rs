@@ -1,11 +1,12 @@
-//! `Limiter::check_n_with`: a caller's cells from a booking limiter and an execution
-//! limiter in one step decides as the three steps it stands for (a look at the other,
-//! this one's check, the other's check), on one clock.
+//! `Limiter::check_n_with` and `KeyedLimiter::check_key_n_with`: a caller's cells from a
+//! booking limiter and an execution limiter in one step decides as the three steps it
+//! stands for (a look at the other, this one's check, the other's check), on one clock.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use paceline::clock::ManualClock;
-use paceline::{Denied, Limiter, Quota};
+use paceline::{Denied, KeyedLimiter, Limiter, Quota, TextKey};
 use proptest::prelude::*;
 
 fn outcome(checked: Result<(), Denied>) -> &'static str {
@@ -66,5 +67,149 @@ proptest! {
             prop_assert_eq!(fused.remaining(), model.remaining());
             prop_assert_eq!(fused_exec.remaining(), model_exec.remaining());
         }
+    }
+}
+
+/// The three steps for a key, on keyed limiters.
+fn stepwise_key(
+    booked: &KeyedLimiter<TextKey, ManualClock>,
+    exec: &KeyedLimiter<TextKey, ManualClock>,
+    key: &TextKey,
+    n: u32,
+) -> Result<(), Denied> {
+    if !exec.peek_key_n(key, n)?.is_zero() {
+        return Err(exec.check_key_n(key, n).unwrap_err());
+    }
+    booked.check_key_n(key, n)?;
+    exec.check_key_n(key, n)
+}
+
+#[derive(Debug, Clone)]
+enum KeyStep {
+    Both(u8, u32),
+    LateRun(u8, u32),
+    Advance(u64),
+}
+
+proptest! {
+    #[test]
+    fn one_step_decides_as_the_three_it_stands_for_each_key(
+        steps in prop::collection::vec(prop_oneof![
+            4 => (0..4u8, 0..7u32).prop_map(|(k, n)| KeyStep::Both(k, n)),
+            1 => (0..4u8, 1..4u32).prop_map(|(k, n)| KeyStep::LateRun(k, n)),
+            1 => (0..300u64).prop_map(KeyStep::Advance),
+        ], 1..60),
+        exec_burst in 3..7u32,
+        lane in any::<bool>(),
+    ) {
+        let clock = ManualClock::new();
+        let quota = |burst| Quota::try_new(1, Duration::from_millis(100)).unwrap().with_burst(burst);
+        let make = |burst| KeyedLimiter::<TextKey, _>::with_clock(quota(burst), clock.clone());
+        // The execution limiter a lane of the booking one (one hash for both) or a
+        // limiter of its own (a hash each).
+        let fused = make(5);
+        let fused_exec = if lane {
+            let exec = fused.execution_lane();
+            exec.set_quota(quota(exec_burst));
+            exec
+        } else {
+            make(exec_burst)
+        };
+        let (model, model_exec) = (make(5), make(exec_burst));
+        for step in &steps {
+            match *step {
+                KeyStep::Both(k, n) => {
+                    let text = format!("client-{k}");
+                    prop_assert_eq!(
+                        outcome(fused.check_text_n_with(&text, &fused_exec, n)),
+                        outcome(stepwise_key(&model, &model_exec, &TextKey::new(&text), n)),
+                        "{:?}", step
+                    );
+                }
+                KeyStep::LateRun(k, n) => {
+                    let key = TextKey::new(&format!("client-{k}"));
+                    prop_assert_eq!(
+                        outcome(fused_exec.check_key_n(&key, n)),
+                        outcome(model_exec.check_key_n(&key, n))
+                    );
+                }
+                KeyStep::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+            }
+            for k in 0..4u8 {
+                let key = TextKey::new(&format!("client-{k}"));
+                prop_assert_eq!(fused.remaining_key(&key), model.remaining_key(&key));
+                prop_assert_eq!(fused_exec.remaining_key(&key), model_exec.remaining_key(&key));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_new_key_the_other_table_has_no_room_for_spends_nothing_and_says_so() {
+    let clock = ManualClock::new();
+    let booked = KeyedLimiter::<u32, _>::with_clock(Quota::per_hour(1), clock.clone());
+    let running = booked.execution_lane();
+    running.set_max_keys(1);
+    // Fill the execution limiter's table until it refuses a new key as full.
+    let full = (0u32..)
+        .find(|k| running.check_key(k).is_err_and(|e| e.is_table_full()))
+        .unwrap();
+    let refused = booked.check_key_n_with(&full, &running, 1).unwrap_err();
+    assert!(matches!(refused, Denied::NotUntil(e) if e.is_table_full()));
+    assert_eq!(
+        booked.remaining_key(&full),
+        1,
+        "nothing spent where the other had no room"
+    );
+}
+
+#[test]
+fn a_limiter_paired_with_itself_spends_twice_and_never_hangs() {
+    let limiter = KeyedLimiter::<u32>::new(Quota::per_hour(4));
+    assert!(limiter.check_key_n_with(&1, &limiter, 1).is_ok()); // a new key: stepwise
+    assert!(limiter.check_key_n_with(&1, &limiter, 1).is_ok()); // stored: together
+    assert_eq!(limiter.remaining_key(&1), 0);
+    assert!(limiter.check_key_n_with(&1, &limiter, 1).is_err());
+}
+
+/// Two limiters paired both ways round by threads that also store new keys (each store
+/// takes a shard's write lock): the pairs' read locks are taken in one order, so no two
+/// threads wait on each other for ever (taken in each call's own order, this hung within
+/// a second).
+#[test]
+fn limiters_paired_both_ways_round_while_keys_are_stored_never_deadlock() {
+    let a = Arc::new(KeyedLimiter::<u32>::new(Quota::per_second(1_000_000)));
+    let b = Arc::new(a.execution_lane());
+    let c = Arc::new(KeyedLimiter::<u32>::new(Quota::per_second(1_000_000)));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let (done, finished) = std::sync::mpsc::channel();
+    for t in 0..8u32 {
+        let (a, b, c, done) = (Arc::clone(&a), Arc::clone(&b), Arc::clone(&c), done.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u32;
+            while Instant::now() < deadline {
+                // Every other key new (the write locks), the others stored (both reads).
+                let key = if i.is_multiple_of(2) {
+                    1_000 + t * 1_000_000 + i
+                } else {
+                    i % 4
+                };
+                let (one, other) = match t % 4 {
+                    0 => (&a, &b),
+                    1 => (&b, &a),
+                    2 => (&a, &c),
+                    _ => (&c, &a),
+                };
+                let _ = one.check_key_n_with(&key, other, 1);
+                i += 1;
+            }
+            done.send(i).unwrap();
+        });
+    }
+    for _ in 0..8 {
+        let checks = finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("threads pairing two limiters deadlocked");
+        assert!(checks > 0);
     }
 }

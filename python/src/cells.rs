@@ -16,8 +16,6 @@ use pyo3::prelude::*;
 pub(crate) trait Cell: Send + Sync + 'static {
     /// What names a key: `()` for a direct cell, the key's text (`str`) for a keyed one.
     type Key: ?Sized;
-    /// Whether only this process takes the cell (`Pair::exec_behind`).
-    const PRIVATE: bool = false;
     /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
     /// booking may wait for another process (a shared key's bucket).
     fn reserve(
@@ -29,29 +27,18 @@ pub(crate) trait Cell: Send + Sync + 'static {
     ) -> Result<Held, Denied>;
     /// How long until `n` cells would be admitted (zero: now); spends nothing.
     fn wait_time(&self, key: &Self::Key, n: u32) -> Duration;
-    /// Whether `n` cells would be admitted now; spends nothing.
-    fn fits(&self, key: &Self::Key, n: u32) -> bool {
-        self.wait_time(key, n).is_zero()
-    }
     /// Takes `n` cells now, or nothing (the GIL is released if storing a new key may wait
     /// for another process).
     fn take(&self, py: Python<'_>, key: &Self::Key, n: u32) -> Took;
     /// Takes `n` cells from this cell and from `exec`, its execution cell, together, or
-    /// none (`Pair::take_now`): where the cell can, in one step that reads the clock and
-    /// finds the key once.
-    fn take_with(&self, py: Python<'_>, exec: &Self, key: &Self::Key, n: u32) -> Option<Took> {
-        let _ = (py, exec, key, n);
-        None
-    }
+    /// none (`Pair::take_now`): in one step that looks at `exec` first, reads the clock
+    /// once and, where it can, finds the key once.
+    fn take_with(&self, py: Python<'_>, exec: &Self, key: &Self::Key, n: u32) -> Took;
     fn remaining(&self, key: &Self::Key) -> u32;
     fn quota(&self) -> Quota;
     fn set_quota(&self, quota: Quota) -> PyResult<()>;
     /// Holds every cell (of `key`) back for `d`, booked turns included.
     fn hold(&self, py: Python<'_>, key: &Self::Key, d: Duration);
-    /// Whether `key` is stored or could be (false: a check would find the table full).
-    fn has_room(&self, _key: &Self::Key) -> bool {
-        true
-    }
     /// The longest hold it keeps (a shared file's outlive their process), if bounded.
     fn max_hold(&self) -> Option<Duration> {
         None
@@ -66,7 +53,6 @@ pub(crate) trait Cell: Send + Sync + 'static {
 
 impl Cell for Limiter {
     type Key = ();
-    const PRIVATE: bool = true;
 
     fn reserve(
         self: &Arc<Self>,
@@ -88,8 +74,8 @@ impl Cell for Limiter {
         self.check_n(n).into()
     }
 
-    fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Option<Took> {
-        Some(self.check_n_with(exec, n).into())
+    fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Took {
+        self.check_n_with(exec, n).into()
     }
 
     fn remaining(&self, (): &()) -> u32 {
@@ -112,7 +98,6 @@ impl Cell for Limiter {
 
 impl Cell for KeyedLimiter<TextKey> {
     type Key = str;
-    const PRIVATE: bool = true;
 
     fn reserve(
         self: &Arc<Self>,
@@ -135,8 +120,8 @@ impl Cell for KeyedLimiter<TextKey> {
         self.check_text_n(key, n).into()
     }
 
-    fn has_room(&self, key: &str) -> bool {
-        self.has_room_for(&TextKey::new(key))
+    fn take_with(&self, _: Python<'_>, exec: &Self, key: &str, n: u32) -> Took {
+        self.check_text_n_with(key, exec, n).into()
     }
 
     fn remaining(&self, key: &str) -> u32 {
@@ -180,8 +165,8 @@ impl Cell for SharedLimiter {
         self.check_n(n).into()
     }
 
-    fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Option<Took> {
-        Some(self.check_n_with(exec, n).into())
+    fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Took {
+        self.check_n_with(exec, n).into()
     }
 
     fn remaining(&self, (): &()) -> u32 {
@@ -240,12 +225,12 @@ impl Cell for SharedKeyedLimiter {
         }
     }
 
-    fn take_with(&self, py: Python<'_>, exec: &Self, key: &str, n: u32) -> Option<Took> {
+    fn take_with(&self, py: Python<'_>, exec: &Self, key: &str, n: u32) -> Took {
         // As `take`: the GIL let go only to store a new key.
-        Some(match self.check_key_n_with_if_stored(key, exec, n) {
+        match self.check_key_n_with_if_stored(key, exec, n) {
             Some(checked) => checked.into(),
             None => py.detach(|| self.check_key_n_with(key, exec, n)).into(),
-        })
+        }
     }
 
     fn remaining(&self, key: &str) -> u32 {
@@ -262,10 +247,6 @@ impl Cell for SharedKeyedLimiter {
 
     fn hold(&self, py: Python<'_>, key: &str, d: Duration) {
         py.detach(|| self.hold_key_for(key, d));
-    }
-
-    fn has_room(&self, key: &str) -> bool {
-        self.has_room_for(key)
     }
 
     fn max_hold(&self) -> Option<Duration> {

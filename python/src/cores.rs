@@ -1,7 +1,6 @@
 //! The limiters Python holds (`Core`, `KeyedCore`, `SharedCore`, `SharedKeyedCore`),
 //! with the methods they share, and their constructors.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::args::{count, quota, text};
@@ -299,7 +298,6 @@ pub(crate) fn new_core(count: u32, per: f64, burst: u32, execution_bound: bool) 
             booked: Arc::new(Limiter::new(quota)),
             exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
             stats: Stats::default(),
-            exec_behind: AtomicU64::new(0),
         },
         Slow::new(),
     ))
@@ -315,22 +313,17 @@ pub(crate) fn new_keyed_core(
     max_keys: Option<usize>,
 ) -> PyResult<KeyedCore> {
     let quota = quota(count, per, burst)?;
-    let make = || {
-        let limiter = KeyedLimiter::new(quota);
-        if let Some(max) = max_keys {
-            limiter.set_max_keys(max);
-        }
-        Arc::new(limiter)
-    };
-    // With a key bound, the two cells' tables may fill apart (each hashes its keys to
-    // shards of its own), so a take must always look whether the execution cell's table
-    // has room: it starts, and stays, counted as behind (`Pair::exec_behind`).
+    let booked = KeyedLimiter::new(quota);
+    if let Some(max) = max_keys {
+        booked.set_max_keys(max);
+    }
+    // A lane: each key hashed once for both cells, and found in the same shard of each.
+    let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
     Ok(KeyedCore(
         Pair {
-            booked: make(),
-            exec: execution_bound.then(make),
+            booked: Arc::new(booked),
+            exec,
             stats: Stats::default(),
-            exec_behind: AtomicU64::new(max_keys.is_some().into()),
         },
         Slow::new(),
     ))
@@ -363,7 +356,6 @@ pub(crate) fn new_shared_core(
             booked: Arc::new(booked),
             exec,
             stats: Stats::default(),
-            exec_behind: AtomicU64::new(0),
         },
         Slow::new(),
     ))
@@ -395,7 +387,6 @@ pub(crate) fn new_shared_keyed_core(
             booked: Arc::new(booked),
             exec,
             stats: Stats::default(),
-            exec_behind: AtomicU64::new(0),
         },
         Slow::new(),
     ))

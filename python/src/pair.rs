@@ -18,18 +18,6 @@ pub(crate) struct Pair<L: Cell> {
     pub(crate) booked: Arc<L>,
     pub(crate) exec: Option<Arc<L>>,
     pub(crate) stats: Stats,
-    /// Whether the execution cell may have less room than the booking cell (nonzero),
-    /// so that [`Pair::take_now`] must look at it before taking the booking cell's cells
-    /// (a refusal there would leave them spent), for an in-process keyed cell (the others
-    /// take both cells in one step that looks: [`Cell::take_with`]). `take_now` takes the
-    /// same cells from both, one after the other, so while only it takes them the
-    /// execution cell has room whenever the booking cell has, for every key (a key bound
-    /// is another matter, see `new_keyed_core`). Counts up after the execution cell is
-    /// taken otherwise (a waiter's run, which may come late) or refuses, and never comes
-    /// back down: a look is for one key, so once a run has taken an execution cell, every
-    /// take looks. Relaxed: a hint about the cells, publishing nothing; a caller racing a
-    /// run is the case the strict side of `take_now` already covers.
-    pub(crate) exec_behind: AtomicU64,
 }
 
 /// Counts of this limiter object's calls (`stats()`): the Rust crate's `metrics` counters
@@ -135,54 +123,15 @@ impl<L: Cell> Pair<L> {
     /// `n` over the burst raises `ValueError`, checked only once it was not admitted
     /// (admitted, it fitted the burst): the admission reads the quota once.
     pub(crate) fn take_now(&self, py: Python<'_>, key: &L::Key, n: u32) -> PyResult<Took> {
-        // One step where the cell can (all but an in-process keyed cell): it looks at the
-        // execution cell (a load, cheaper than the clock reading it saves).
-        if let Some(took) = self
-            .exec
-            .as_ref()
-            .and_then(|exec| self.booked.take_with(py, exec, key, n))
-        {
-            if took != Took::Yes {
-                check_n(n, self.burst())?;
-            }
-            return Ok(took);
-        }
-        let behind = self.exec_behind.load(Ordering::Relaxed);
-        let look = !L::PRIVATE || behind != 0;
-        if let Some(exec) = self.exec.as_ref().filter(|exec| look && !exec.fits(key, n)) {
-            check_n(n, self.burst())?;
-            // Not now; a new key with no room to store it (in either cell: each keeps its
-            // own table) is told so.
-            return Ok(if self.booked.has_room(key) && exec.has_room(key) {
-                Took::No
-            } else {
-                Took::TableFull
-            });
-        }
-        let took = self.booked.take(py, key, n);
-        if took != Took::Yes {
-            check_n(n, self.burst())?;
-            return Ok(took);
-        }
-        let Some(exec) = &self.exec else {
-            return Ok(Took::Yes);
+        // Both cells in one step that looks at the execution cell first.
+        let took = match &self.exec {
+            Some(exec) => self.booked.take_with(py, exec, key, n),
+            None => self.booked.take(py, key, n),
         };
-        // A racing caller may have taken the room, and then these cells stay spent (the
-        // strict side).
-        let took = exec.take(py, key, n);
         if took != Took::Yes {
-            self.exec_taken();
+            check_n(n, self.burst())?;
         }
         Ok(took)
-    }
-
-    /// The execution cell was taken other than by [`Pair::take_now`], or refused it: it
-    /// may have less room than the booking cell from now on. Called after the take, so
-    /// that a look before it cannot clear what it says.
-    fn exec_taken(&self) {
-        if L::PRIVATE {
-            self.exec_behind.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// Seconds until `n` cells would be admitted (0.0: now); spends nothing.
@@ -252,9 +201,7 @@ impl<L: Cell> Pair<L> {
         let Some(exec) = &self.exec else {
             return Ok(None);
         };
-        let held = exec.reserve(py, key, n, Duration::MAX);
-        self.exec_taken();
-        let held = match held {
+        let held = match exec.reserve(py, key, n, Duration::MAX) {
             Ok(held) => held,
             Err(Denied::NotUntil(e)) if e.is_table_full() => {
                 return Err(NoRoom::new_err(e.wait_time().as_secs_f64()))
@@ -312,9 +259,7 @@ impl<L: Cell> Pair<L> {
         block(py, booked)?;
         if let Some(exec) = &self.exec {
             let run = loop {
-                let held = exec.reserve(py, key, n, Duration::MAX);
-                self.exec_taken();
-                match held {
+                match exec.reserve(py, key, n, Duration::MAX) {
                     Ok(held) => {
                         self.realign(py, key, n, &held);
                         break held;

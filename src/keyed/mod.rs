@@ -36,6 +36,7 @@ use store::{KeyRef, Store};
 
 mod admission;
 mod members;
+mod paired;
 mod store;
 mod text_key;
 mod waiting;

@@ -125,7 +125,9 @@ pub(super) struct Store<K> {
     /// `64 - log2(shards.len())`: the hash's top bits select the shard.
     shift: u32,
     hasher: DefaultHashBuilder,
-    /// Most keys per shard; `usize::MAX` when unbounded.
+    /// Stores of one family (a store and its lanes, [`Store::lane`]) share the hasher and
+    /// the shard count, so that a key's hash serves each and picks the same shard in each.
+    family: u64,
     /// Most keys per shard; `usize::MAX` when unbounded. Relaxed: a setting, read on the
     /// new-key path only; a check that reads the old bound decides as it would have.
     shard_cap: AtomicUsize,
@@ -133,6 +135,15 @@ pub(super) struct Store<K> {
 
 impl<K: Hash + Eq + Clone> Store<K> {
     pub(super) fn new() -> Store<K> {
+        let (shards, slots) = Store::<K>::layout();
+        // Relaxed: a name for the family, unique by the count alone; it publishes nothing.
+        static FAMILIES: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+        let family = FAMILIES.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        Store::empty(shards, slots, DefaultHashBuilder::default(), family)
+    }
+
+    /// The shard count and reader slots per shard for this machine.
+    fn layout() -> (usize, usize) {
         let cores = std::thread::available_parallelism()
             .map_or(4, usize::from)
             .next_power_of_two();
@@ -143,14 +154,27 @@ impl<K: Hash + Eq + Clone> Store<K> {
         // spare slots keep the running readers off the shared count (module docs).
         let slots = (cores * 4).min(16).max(cores).min(32);
         let shards = (cores / 2).clamp(2, 64);
+        (shards, slots)
+    }
+
+    fn empty(shards: usize, slots: usize, hasher: DefaultHashBuilder, family: u64) -> Store<K> {
         Store {
             shards: (0..shards)
                 .map(|_| CachePadded::new(ReadMostly::new(Shard::new(), slots)))
                 .collect(),
             shift: 64 - shards.trailing_zeros(),
-            hasher: DefaultHashBuilder::default(),
+            hasher,
+            family,
             shard_cap: AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// An empty store of this one's family (see the field) and key bound.
+    pub(super) fn lane(&self) -> Store<K> {
+        let (_, slots) = Store::<K>::layout();
+        let lane = Store::empty(self.shards.len(), slots, self.hasher, self.family);
+        lane.shard_cap.store(self.shard_cap(), Ordering::Relaxed);
+        lane
     }
 
     /// Bounds the stored keys to about `max` (rounded up to a multiple of the shard count).
@@ -229,6 +253,45 @@ impl<K: Hash + Eq + Clone> Store<K> {
         let shard = self.shard(hash).read();
         let (_, cell) = shard.table.find(hash, |(k, _)| key.is(k))?;
         Some(f(cell, now().max(shard.forgotten_to)))
+    }
+
+    /// Runs `f` on `key`'s cell here and on its cell in `other`, and the time now, if the
+    /// key is stored in both; never stores it. The key is hashed once where `other` is of
+    /// this store's family.
+    ///
+    /// Both shards' read locks are held together, taken in the order of their addresses:
+    /// a reader waits only for a writer, and a writer holds no other lock while it waits,
+    /// so callers pairing two stores either way round never wait on each other in a cycle.
+    /// A shard paired with itself is read once (a second read could wait for a writer
+    /// that waits for the first).
+    pub(super) fn with_stored_pair<Q: KeyRef<K> + ?Sized, R>(
+        &self,
+        other: &Store<K>,
+        key: &Q,
+        now: impl Fn() -> u64,
+        f: impl FnOnce(&TatWord, &TatWord, u64) -> R,
+    ) -> Option<R> {
+        let hash = self.hasher.hash_one(key);
+        let other_hash = if other.family == self.family {
+            hash
+        } else {
+            other.hasher.hash_one(key)
+        };
+        let (mine, theirs) = (self.shard(hash), other.shard(other_hash));
+        if core::ptr::eq(mine, theirs) {
+            let shard = mine.read();
+            let (_, word) = shard.table.find(hash, |(k, _)| key.is(k))?;
+            return Some(f(word, word, now()));
+        }
+        let (first, second) = if (mine as *const _) < (theirs as *const _) {
+            (mine.read(), theirs.read())
+        } else {
+            let theirs = theirs.read();
+            (mine.read(), theirs)
+        };
+        let (_, word) = first.table.find(hash, |(k, _)| key.is(k))?;
+        let (_, their_word) = second.table.find(other_hash, |(k, _)| key.is(k))?;
+        Some(f(word, their_word, now()))
     }
 
     /// For a key that is not stored: the TAT it would be stored with at `now` (its shard's
