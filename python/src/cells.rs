@@ -16,6 +16,8 @@ use pyo3::prelude::*;
 pub(crate) trait Cell: Send + Sync + 'static {
     /// What names a key: `()` for a direct cell, the key's text (`str`) for a keyed one.
     type Key: ?Sized;
+    /// Whether this is a direct cell (one cell, key `()`), not a keyed one.
+    const DIRECT: bool;
     /// Books `n` cells within `max` (owning the limiter and key); the GIL is let go where
     /// booking may wait for another process (a shared key's bucket).
     fn reserve(
@@ -53,6 +55,7 @@ pub(crate) trait Cell: Send + Sync + 'static {
 
 impl Cell for Limiter {
     type Key = ();
+    const DIRECT: bool = true;
 
     fn reserve(
         self: &Arc<Self>,
@@ -98,6 +101,7 @@ impl Cell for Limiter {
 
 impl Cell for KeyedLimiter<TextKey> {
     type Key = str;
+    const DIRECT: bool = false;
 
     fn reserve(
         self: &Arc<Self>,
@@ -144,6 +148,7 @@ impl Cell for KeyedLimiter<TextKey> {
 
 impl Cell for SharedLimiter {
     type Key = ();
+    const DIRECT: bool = true;
 
     fn reserve(
         self: &Arc<Self>,
@@ -198,6 +203,7 @@ impl Cell for SharedLimiter {
 impl Cell for SharedKeyedLimiter {
     // Bytes: every process, in any language, finds the same key in the same slot.
     type Key = str;
+    const DIRECT: bool = false;
 
     fn reserve(
         self: &Arc<Self>,

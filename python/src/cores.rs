@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::args::{count, quota, text};
 use crate::cells::{took_object, Took};
-use crate::pair::{Pair, Stats};
+use crate::pair::Pair;
 use crate::ready::{ready, Slow};
 use crate::shared::{open_options, shared_error};
 use crate::wait::Ticket;
@@ -294,11 +294,10 @@ impl SharedKeyedCore {
 pub(crate) fn new_core(count: u32, per: f64, burst: u32, execution_bound: bool) -> PyResult<Core> {
     let quota = quota(count, per, burst)?;
     Ok(Core(
-        Pair {
-            booked: Arc::new(Limiter::new(quota)),
-            exec: execution_bound.then(|| Arc::new(Limiter::new(quota))),
-            stats: Stats::default(),
-        },
+        Pair::new(
+            Arc::new(Limiter::new(quota)),
+            execution_bound.then(|| Arc::new(Limiter::new(quota))),
+        ),
         Slow::new(),
     ))
 }
@@ -319,14 +318,7 @@ pub(crate) fn new_keyed_core(
     }
     // A lane: each key hashed once for both cells, and found in the same shard of each.
     let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
-    Ok(KeyedCore(
-        Pair {
-            booked: Arc::new(booked),
-            exec,
-            stats: Stats::default(),
-        },
-        Slow::new(),
-    ))
+    Ok(KeyedCore(Pair::new(Arc::new(booked), exec), Slow::new()))
 }
 
 /// Opens (or makes) the shared file at `path`; the execution cell is the file's second
@@ -351,14 +343,7 @@ pub(crate) fn new_shared_core(
         .detach(|| SharedLimiter::open_with(&path, quota, options))
         .map_err(shared_error)?;
     let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
-    Ok(SharedCore(
-        Pair {
-            booked: Arc::new(booked),
-            exec,
-            stats: Stats::default(),
-        },
-        Slow::new(),
-    ))
+    Ok(SharedCore(Pair::new(Arc::new(booked), exec), Slow::new()))
 }
 
 #[pyfunction]
@@ -383,11 +368,7 @@ pub(crate) fn new_shared_keyed_core(
         .map_err(shared_error)?;
     let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
     Ok(SharedKeyedCore(
-        Pair {
-            booked: Arc::new(booked),
-            exec,
-            stats: Stats::default(),
-        },
+        Pair::new(Arc::new(booked), exec),
         Slow::new(),
     ))
 }

@@ -18,6 +18,23 @@ pub(crate) struct Pair<L: Cell> {
     pub(crate) booked: Arc<L>,
     pub(crate) exec: Option<Arc<L>>,
     pub(crate) stats: Stats,
+    /// Where this object's last realignment of a direct cell held its booking cell to
+    /// (ns on [`elapsed`]'s scale), so that the late waiters of one stall, resuming one
+    /// after another, hold it once per [`SLACK`] rather than once each ([`Pair::realign`]).
+    /// Relaxed: a hint between this object's own realignments; a race holds once more or
+    /// once less than it might, and the next late waiter puts either right.
+    held_to: AtomicU64,
+}
+
+/// How far behind the execution cell may fall before the booking cell is held for it
+/// ([`Pair::realign`]): a few of an event loop's timer ticks.
+const SLACK: Duration = Duration::from_millis(5);
+
+/// Nanoseconds since this process first asked.
+fn elapsed() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Counts of this limiter object's calls (`stats()`): the Rust crate's `metrics` counters
@@ -78,6 +95,11 @@ impl Stats {
     }
 }
 
+/// `d` in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Adds `by` to `counter`, attached to the interpreter (see [`Stats`]).
 #[inline]
 fn add(_attached: Python<'_>, counter: &AtomicU64, by: u64) {
@@ -91,6 +113,15 @@ fn add(_attached: Python<'_>, counter: &AtomicU64, by: u64) {
 }
 
 impl<L: Cell> Pair<L> {
+    pub(crate) fn new(booked: Arc<L>, exec: Option<Arc<L>>) -> Pair<L> {
+        Pair {
+            booked,
+            exec,
+            stats: Stats::default(),
+            held_to: AtomicU64::new(0),
+        }
+    }
+
     pub(crate) fn burst(&self) -> u32 {
         self.booked.quota().burst()
     }
@@ -220,19 +251,35 @@ impl<L: Cell> Pair<L> {
     /// them all waiting for execution cells, with nothing left to space them when they
     /// resume together.
     ///
-    /// Only a wait of a whole interval or more counts: a waiter a moment late (timer
-    /// jitter) waits that moment, and holding the booking cell for it would push every
-    /// later turn back by each such moment, for good.
+    /// Only a wait of a whole interval, and of [`SLACK`], or more counts: a waiter a
+    /// moment late (timer jitter) waits that moment, and holding the booking cell for it
+    /// would push every later turn back by each such moment, for good. An event loop
+    /// resumes waiters in rounds of its timer's resolution (about a millisecond), so at
+    /// 10 000/s every round's waiters but the first wait an interval or more for their
+    /// execution cells; holding for each of them drifted 20 000 tasks from 2.0 s to
+    /// 3.3 s, where nothing was late but the rounds. A direct cell is also held again
+    /// only once the execution cell is [`SLACK`] further behind than the last hold left
+    /// it: a hold moves every turn booked (it costs the length of the queue), and the late
+    /// waiters of one stall each find the execution cell one interval further behind. A
+    /// keyed cell's holds are its key's alone, and made for each.
     fn realign(&self, py: Python<'_>, key: &L::Key, n: u32, held: &Held) {
-        if held.ready_in() < self.booked.quota().emission_interval() {
+        if held.ready_in() < self.booked.quota().emission_interval().max(SLACK) {
             return;
         }
-        if let Some(exec) = &self.exec {
-            let next = exec.wait_time(key, n);
-            if !next.is_zero() && next != Duration::MAX {
-                self.booked.hold(py, key, next);
-            }
+        let Some(exec) = &self.exec else { return };
+        let next = exec.wait_time(key, n);
+        if next.is_zero() || next == Duration::MAX {
+            return;
         }
+        if L::DIRECT {
+            let until = elapsed().saturating_add(nanos(next));
+            let held_to = self.held_to.load(Ordering::Relaxed);
+            if until < held_to.saturating_add(nanos(SLACK)) {
+                return;
+            }
+            self.held_to.fetch_max(until, Ordering::Relaxed);
+        }
+        self.booked.hold(py, key, next);
     }
 
     /// Blocks the calling thread (GIL released) for a booked turn, then the execution
