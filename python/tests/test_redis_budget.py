@@ -68,6 +68,69 @@ def test_processes_share_the_cap_and_each_caller_gets_its_turn(fresh):
     assert most == 2
 
 
+# The Rust example `fleet_budget`, built (CI builds every example with every feature and
+# names it here): a Rust client of the same budget as the Python ones.
+RUST_CLIENT = os.environ.get("PACELINE_RUST_FLEET_CLIENT")
+
+
+@pytest.mark.skipif(
+    not RUST_CLIENT, reason="PACELINE_RUST_FLEET_CLIENT names the Rust example's binary"
+)
+def test_a_rust_client_and_python_clients_share_one_budget(fresh):
+    # The example's budget: 40 requests a second, bursts of 4, 2 calls in flight; each
+    # turn held 30 ms; `start end` printed per turn, in seconds since the epoch.
+    # The Python clients start their turns once every interpreter is up (START), the
+    # Rust client is started then (it is up at once).
+    start_at = time.time() + 3.0
+    body = f"""
+    START = {start_at!r}
+    """ + """
+    async def main():
+        r = redis.asyncio.Redis.from_url(URL)
+        rate = paceline.Rate(40, per=1.0, burst=4)
+        b = pr.RedisBudget(r, "mixed", in_flight=2, requests=rate, timeout=5.0)
+        await asyncio.sleep(max(0.0, START - time.time()))
+        async def one():
+            async with b.acquire():
+                start = time.time()
+                await asyncio.sleep(0.03)
+                print(start, time.time(), flush=True)
+        await asyncio.gather(*(one() for _ in range(8)))
+    """
+    pythons = [child(fresh, body) for _ in range(2)]
+    time.sleep(max(0.0, start_at - time.time()))
+    rust = subprocess.Popen(
+        [RUST_CLIENT, fresh.url, "mixed", "8", "4", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    spans = {}
+    for name, p in [("rust", rust), ("python", pythons[0]), ("python", pythons[1])]:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        spans.setdefault(name, []).extend(
+            tuple(map(float, line.split())) for line in out.split("\n") if line
+        )
+    assert (len(spans["rust"]), len(spans["python"])) == (8, 16)
+    every = spans["rust"] + spans["python"]
+    # One cap for both languages: at no instant more than two turns running (each span
+    # printed inside its turn).
+    events = sorted([(s, 1) for s, _ in every] + [(e, -1) for _, e in every])
+    running, most = 0, 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    assert most <= 2
+    # The clients ran at the same time, the Rust one's turns among the Python ones'.
+    assert min(s for s, _ in spans["rust"]) < max(e for _, e in spans["python"])
+    assert min(s for s, _ in spans["python"]) < max(e for _, e in spans["rust"])
+    # One rate for both: 24 turns at 40/s from a burst of 4 take 0.475 s or more (a
+    # budget of its own per language would let the 16 Python turns go in 0.3 s).
+    starts = sorted(s for s, _ in every)
+    assert starts[-1] - starts[0] >= (24 - 4) / 40 - 0.02, starts
+
+
 def test_processes_together_keep_to_the_rates(fresh):
     body = """
     async def main():
