@@ -164,12 +164,68 @@ fn a_new_key_the_other_table_has_no_room_for_spends_nothing_and_says_so() {
 }
 
 #[test]
-fn a_limiter_paired_with_itself_spends_twice_and_never_hangs() {
-    let limiter = KeyedLimiter::<u32>::new(Quota::per_hour(4));
-    assert!(limiter.check_key_n_with(&1, &limiter, 1).is_ok()); // a new key: stepwise
-    assert!(limiter.check_key_n_with(&1, &limiter, 1).is_ok()); // stored: together
+fn a_limiter_paired_with_itself_takes_twice_the_cells_or_none() {
+    let limiter = KeyedLimiter::<u32>::new(Quota::per_hour(8));
+    assert!(limiter.check_key_n_with(&1, &limiter, 1).is_ok()); // a new key
+    assert!(limiter.check_key_n_with(&1, &limiter, 1).is_ok()); // stored
+    assert_eq!(limiter.remaining_key(&1), 4);
+    // 5 fit once but not twice: refused, and nothing spent (it spent 5 and then refused).
+    assert!(limiter.check_key_n_with(&1, &limiter, 5).is_err());
+    assert_eq!(limiter.remaining_key(&1), 4);
+    assert!(limiter.check_key_n_with(&1, &limiter, 2).is_ok());
     assert_eq!(limiter.remaining_key(&1), 0);
-    assert!(limiter.check_key_n_with(&1, &limiter, 1).is_err());
+    assert!(matches!(
+        limiter.check_key_n_with(&2, &limiter, 5),
+        Err(Denied::InsufficientCapacity(_))
+    ));
+    assert_eq!(limiter.remaining_key(&2), 8);
+}
+
+/// A clock that steps back when told (the `Clock` contract allows it).
+#[derive(Clone, Default)]
+struct StepClock(Arc<std::sync::atomic::AtomicU64>);
+
+impl StepClock {
+    fn set(&self, secs: u64) {
+        self.0
+            .store(secs * 1_000_000_000, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl paceline::clock::Clock for StepClock {
+    fn now(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn wake_at(&self, _at: u64, waker: std::task::Waker) {
+        waker.wake()
+    }
+}
+
+/// The key stored in the execution limiter only, whose shard forgot keys at 10 s; the
+/// clock then reads 9 s. The look must be at the time the take reads: at the shard's
+/// forgetting time it found room that the take refused, with this limiter's cell spent.
+#[test]
+fn a_clock_that_stepped_back_behind_a_sweep_spends_nothing_on_a_refusal() {
+    let clock = StepClock::default();
+    let quota = Quota::per_second(1).with_burst(2);
+    let booked = KeyedLimiter::<u32, _>::with_clock(quota, clock.clone());
+    let running = booked.execution_lane();
+    clock.set(5);
+    for old in 100..120 {
+        running.check_key(&old).unwrap(); // replenished, and forgotten, by 10 s
+    }
+    clock.set(9);
+    running.check_key_n(&1, 2).unwrap(); // spent until 11 s
+    clock.set(10);
+    running.retain_recent(); // forgets the old keys: every shard forgot up to 10 s
+    clock.set(9);
+    assert!(booked.check_key_n_with(&1, &running, 1).is_err());
+    assert_eq!(
+        booked.remaining_key(&1),
+        2,
+        "refused by the other, yet spent here"
+    );
 }
 
 /// Two limiters paired both ways round by threads that also store new keys (each store

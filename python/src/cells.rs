@@ -41,6 +41,10 @@ pub(crate) trait Cell: Send + Sync + 'static {
     fn set_quota(&self, quota: Quota) -> PyResult<()>;
     /// Holds every cell (of `key`) back for `d`, booked turns included.
     fn hold(&self, py: Python<'_>, key: &Self::Key, d: Duration);
+    /// Whether `key` is stored or could be (false: a check would find the table full).
+    fn has_room(&self, _key: &Self::Key) -> bool {
+        true
+    }
     /// The longest hold it keeps (a shared file's outlive their process), if bounded.
     fn max_hold(&self) -> Option<Duration> {
         None
@@ -126,6 +130,10 @@ impl Cell for KeyedLimiter<TextKey> {
 
     fn take_with(&self, _: Python<'_>, exec: &Self, key: &str, n: u32) -> Took {
         self.check_text_n_with(key, exec, n).into()
+    }
+
+    fn has_room(&self, key: &str) -> bool {
+        self.has_room_for(&TextKey::new(key))
     }
 
     fn remaining(&self, key: &str) -> u32 {
@@ -241,6 +249,10 @@ impl Cell for SharedKeyedLimiter {
 
     fn remaining(&self, key: &str) -> u32 {
         self.remaining_key(key)
+    }
+
+    fn has_room(&self, key: &str) -> bool {
+        self.has_room_for(key)
     }
 
     fn quota(&self) -> Quota {

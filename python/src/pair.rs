@@ -159,8 +159,17 @@ impl<L: Cell> Pair<L> {
             Some(exec) => self.booked.take_with(py, exec, key, n),
             None => self.booked.take(py, key, n),
         };
-        if took != Took::Yes {
-            check_n(n, self.burst())?;
+        if took == Took::Yes {
+            return Ok(took);
+        }
+        check_n(n, self.burst())?;
+        // The execution cell's table had no room for a key the booking cell refuses
+        // anyway, stored there with its cells spent: a refusal, not a full table.
+        if took == Took::TableFull
+            && self.booked.has_room(key)
+            && !self.booked.wait_time(key, n).is_zero()
+        {
+            return Ok(Took::No);
         }
         Ok(took)
     }

@@ -44,13 +44,14 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// (hashed once where `other` is this one's [`execution_lane`](Self::execution_lane))
     /// and the clock read once, this limiter's, so give it limiters that read one clock;
     /// otherwise it is `other.peek_key_n`, `self.check_key_n` and `other.check_key_n`, in
-    /// that order.
+    /// that order. A limiter paired with itself takes `2n` cells of the key, or none.
     ///
     /// # Errors
     ///
     /// [`Denied::NotUntil`] with the wait of the limiter that had no room (or whose table
     /// had none for a new key: [`NotUntil::is_table_full`]);
-    /// [`Denied::InsufficientCapacity`] when `n` exceeds either burst.
+    /// [`Denied::InsufficientCapacity`] when `n` exceeds either burst (`2n` the burst of
+    /// a limiter paired with itself).
     ///
     /// # Examples
     ///
@@ -85,6 +86,10 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         if n == 0 {
             return Ok(());
         }
+        if core::ptr::eq(self, other) {
+            // Both takes from one cell: together or none means 2n cells at once.
+            return self.check_n_by(key, mine, n.saturating_mul(2));
+        }
         // In the order of the steps this stands for, errors included: `other`'s look
         // first. Each cost is within its burst, so its room does not underflow.
         let other_cost = error::cost(&theirs, n)?;
@@ -112,21 +117,21 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             return checked;
         }
         // A key new to either: the three steps, each storing the key as it would alone.
-        // The look at a key `other` has not stored is at what it would store: its
-        // forgetting time, or no room (the table full).
-        let look = match other.with_stored_word(key, |word, now| {
-            gcra::admit_in_room(word.tat(), now, other_cost, other_room)
-        }) {
+        // The look is at the time a take reads (not at the shard's forgetting time, which
+        // a clock that stepped back is behind: the look would find room that the take
+        // then refuses); at a key `other` has not stored, it is at what it would store:
+        // its forgetting time, or no room (the table full).
+        let now = other.now();
+        let look = match other.store.with_stored_word(
+            key,
+            || now,
+            |word, _| gcra::admit_in_room(word.tat(), now, other_cost, other_room),
+        ) {
             Some(looked) => looked.map_err(refused),
-            None => {
-                let now = other.now();
-                match other.store.vacancy(key, now) {
-                    Ok(tat) => {
-                        gcra::admit_in_room(tat, now, other_cost, other_room).map_err(refused)
-                    }
-                    Err(wait) => Err(NotUntil::no_room(wait).into()),
-                }
-            }
+            None => match other.store.vacancy(key, now) {
+                Ok(tat) => gcra::admit_in_room(tat, now, other_cost, other_room).map_err(refused),
+                Err(wait) => Err(NotUntil::no_room(wait).into()),
+            },
         };
         look?;
         self.check_n_by(key, mine, n)?;

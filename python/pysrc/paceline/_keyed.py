@@ -113,7 +113,9 @@ class KeyedLimiter:
         """Takes ``n`` cells of ``key`` now if they fit and nobody waits ahead: True, or
         a false value: False, or ``TABLE_FULL`` when ``key`` is new and the limiter has no
         room to store it (``max_keys`` reached, or a shared table full of limited keys):
-        the key spent nothing."""
+        the key spent nothing. With the execution bound, an in-process limiter keeps the
+        execution cells in a table of their own, which may have no room for a key the
+        booking table holds: ``TABLE_FULL`` too, unless the key's quota is spent (False)."""
         return self._core.try_acquire(key, n)
 
     def remaining(self, key: str) -> int:
