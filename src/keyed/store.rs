@@ -257,13 +257,9 @@ impl<K: Hash + Eq + Clone> Store<K> {
 
     /// Runs `f` on `key`'s cell here and on its cell in `other`, and the time now, if the
     /// key is stored in both; never stores it. The key is hashed once where `other` is of
-    /// this store's family.
-    ///
-    /// Both shards' read locks are held together, taken in the order of their addresses:
-    /// a reader waits only for a writer, and a writer holds no other lock while it waits,
-    /// so callers pairing two stores either way round never wait on each other in a cycle.
-    /// A shard paired with itself is read once (a second read could wait for a writer
-    /// that waits for the first).
+    /// this store's family. Both shards are read-locked at once, in an order that never
+    /// deadlocks with callers pairing the stores the other way round
+    /// ([`ReadMostly::read_both`]).
     pub(super) fn with_stored_pair<Q: KeyRef<K> + ?Sized, R>(
         &self,
         other: &Store<K>,
@@ -277,21 +273,11 @@ impl<K: Hash + Eq + Clone> Store<K> {
         } else {
             other.hasher.hash_one(key)
         };
-        let (mine, theirs) = (self.shard(hash), other.shard(other_hash));
-        if core::ptr::eq(mine, theirs) {
-            let shard = mine.read();
-            let (_, word) = shard.table.find(hash, |(k, _)| key.is(k))?;
-            return Some(f(word, word, now()));
-        }
-        let (first, second) = if (mine as *const _) < (theirs as *const _) {
-            (mine.read(), theirs.read())
-        } else {
-            let theirs = theirs.read();
-            (mine.read(), theirs)
-        };
-        let (_, word) = first.table.find(hash, |(k, _)| key.is(k))?;
-        let (_, their_word) = second.table.find(other_hash, |(k, _)| key.is(k))?;
-        Some(f(word, their_word, now()))
+        ReadMostly::read_both(self.shard(hash), other.shard(other_hash), |mine, theirs| {
+            let (_, word) = mine.table.find(hash, |(k, _)| key.is(k))?;
+            let (_, their_word) = theirs.table.find(other_hash, |(k, _)| key.is(k))?;
+            Some(f(word, their_word, now()))
+        })
     }
 
     /// For a key that is not stored: the TAT it would be stored with at `now` (its shard's

@@ -202,6 +202,33 @@ impl<T> ReadMostly<T> {
         self.read_slow(start)
     }
 
+    /// Runs `f` with `a`'s value and `b`'s, both read-locked at once. The locks are
+    /// taken in the order of their addresses: a reader waits only for a writer, and a
+    /// writer holds no other lock while it waits, so threads reading two locks each, in
+    /// either order, never wait on each other in a cycle (taken in the callers' own
+    /// order, a reader holding `a` could wait for `b`'s writer, which waits for a reader
+    /// holding `b` that waits for `a`'s writer, which waits for the first). One lock
+    /// given twice is read once: a second read could wait for a writer that waits for
+    /// the first.
+    pub(crate) fn read_both<R>(
+        a: &ReadMostly<T>,
+        b: &ReadMostly<T>,
+        f: impl FnOnce(&T, &T) -> R,
+    ) -> R {
+        if core::ptr::eq(a, b) {
+            let value = a.read();
+            return f(&value, &value);
+        }
+        let (a, b) = if (a as *const ReadMostly<T>) < (b as *const ReadMostly<T>) {
+            let a = a.read();
+            (a, b.read())
+        } else {
+            let b = b.read();
+            (a.read(), b)
+        };
+        f(&a, &b)
+    }
+
     /// [`ReadMostly::read`] when the hinted slot was taken or a writer is waiting.
     #[cold]
     fn read_slow(&self, start: usize) -> ReadGuard<'_, T> {
