@@ -131,6 +131,12 @@ pub(crate) fn count(n: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
         .map_err(|_| PyValueError::new_err(format!("n must be between 0 and {MAX_COUNT}, got {n}")))
 }
 
+/// An optional argument as it was given, an explicit `None` included (`Some(None)`), for
+/// `#[pyo3(from_py_with = given)]`: only an omitted one takes the signature's default.
+pub(crate) fn given<'py>(arg: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(Some(arg.clone()))
+}
+
 /// A keyed call's key: a `str`, or the Python layer's `TypeError`.
 pub(crate) fn text<'a, 'py>(key: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyString>> {
     key.cast::<PyString>()

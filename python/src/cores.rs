@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::args::{count, quota, text};
+use crate::args::{count, given, quota, text};
 use crate::cells::{took_object, Took};
 use crate::pair::Pair;
 use crate::ready::{ready, Slow};
@@ -51,8 +51,12 @@ macro_rules! core_methods {
 
             /// `Limiter.try_acquire` itself: `n` checked here as the Python layer does.
             #[pyo3(signature = (n=None))]
-            fn try_acquire(&self, py: Python<'_>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-                Ok(self.0.try_acquire(py, &(), count(n)?)? == Took::Yes)
+            fn try_acquire(
+                &self,
+                py: Python<'_>,
+                #[pyo3(from_py_with = given)] n: Option<Bound<'_, PyAny>>,
+            ) -> PyResult<bool> {
+                Ok(self.0.try_acquire(py, &(), count(n.as_ref())?)? == Took::Yes)
             }
 
             /// `Limiter.acquire` itself: `Ready` when the cells are taken now (nobody
@@ -62,9 +66,10 @@ macro_rules! core_methods {
             fn acquire<'py>(
                 &self,
                 py: Python<'py>,
-                n: Option<&Bound<'py, PyAny>>,
+                #[pyo3(from_py_with = given)] n: Option<Bound<'py, PyAny>>,
                 timeout: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<Bound<'py, PyAny>> {
+                let n = n.as_ref();
                 if timeout.is_none_or(|t| t.is_none()) {
                     if let Ok(count) = count(n) {
                         if let Ok(true) = self.0.acquire_now(py, &(), count) {
@@ -151,10 +156,10 @@ macro_rules! core_methods {
                 &self,
                 py: Python<'_>,
                 key: &Bound<'_, PyAny>,
-                n: Option<&Bound<'_, PyAny>>,
+                #[pyo3(from_py_with = given)] n: Option<Bound<'_, PyAny>>,
             ) -> PyResult<Py<PyAny>> {
                 let key = text(key)?;
-                let n = count(n)?;
+                let n = count(n.as_ref())?;
                 let took = self.0.try_acquire(py, key.to_str()?, n)?;
                 took_object(py, took)
             }
@@ -165,9 +170,10 @@ macro_rules! core_methods {
                 &self,
                 py: Python<'py>,
                 key: &Bound<'py, PyAny>,
-                n: Option<&Bound<'py, PyAny>>,
+                #[pyo3(from_py_with = given)] n: Option<Bound<'py, PyAny>>,
                 timeout: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<Bound<'py, PyAny>> {
+                let n = n.as_ref();
                 if timeout.is_none_or(|t| t.is_none()) {
                     if let (Ok(text), Ok(count)) = (text(key), count(n)) {
                         if let Ok(text) = text.to_str() {

@@ -482,6 +482,7 @@ def test_bad_arguments_to_acquire_raise_when_awaited_and_change_nothing():
     for bad, error, what in [
         ((True,), TypeError, "n must be an int, got bool"),
         (("1",), TypeError, "n must be an int, got str"),
+        ((None,), TypeError, "n must be an int, got NoneType"),
         ((-1,), ValueError, "n must be between 0 and 4294967295, got -1"),
         ((1, "soon"), TypeError, "timeout"),
     ]:
@@ -496,6 +497,11 @@ def test_bad_arguments_to_acquire_raise_when_awaited_and_change_nothing():
         limiter.try_acquire(True)
     with pytest.raises(ValueError, match="n must be between 0 and 4294967295, got -1"):
         keyed.try_acquire("k", -1)
+    # None is not "the default": an omitted n is 1, a None a mistake.
+    with pytest.raises(TypeError, match="n must be an int, got NoneType"):
+        limiter.try_acquire(None)
+    with pytest.raises(TypeError, match="n must be an int, got NoneType"):
+        keyed.try_acquire("k", None)
     assert limiter.remaining() == 3 and keyed.remaining("k") == 3, "nothing was spent"
     assert len(keyed) == 0, "no key was stored"
     assert limiter.stats()["admitted"] == 0 and limiter.stats()["refused"] == 0
