@@ -179,6 +179,18 @@ fn a_limiter_paired_with_itself_takes_twice_the_cells_or_none() {
         Err(Denied::InsufficientCapacity(_))
     ));
     assert_eq!(limiter.remaining_key(&2), 8);
+    // 2n past u32::MAX is over any burst (saturated, it was u32::MAX cells, admitted).
+    let huge = KeyedLimiter::<u32, _>::with_clock(
+        Quota::per_second(u32::MAX).with_burst(u32::MAX),
+        ManualClock::new(),
+    );
+    for n in [1 << 31, u32::MAX] {
+        assert!(matches!(
+            huge.check_key_n_with(&1, &huge, n),
+            Err(Denied::InsufficientCapacity(_))
+        ));
+    }
+    assert_eq!(huge.remaining_key(&1), u32::MAX);
 }
 
 /// A clock that steps back when told (the `Clock` contract allows it).
@@ -200,6 +212,47 @@ impl paceline::clock::Clock for StepClock {
     fn wake_at(&self, _at: u64, waker: std::task::Waker) {
         waker.wake()
     }
+}
+
+/// A clock that, once told to, steps back a nanosecond after every reading.
+#[derive(Clone, Default)]
+struct BackClock(Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicBool)>);
+
+impl paceline::clock::Clock for BackClock {
+    fn now(&self) -> u64 {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.0 .1.load(SeqCst) {
+            self.0 .0.fetch_sub(1, SeqCst)
+        } else {
+            self.0 .0.load(SeqCst)
+        }
+    }
+
+    fn wake_at(&self, _at: u64, waker: std::task::Waker) {
+        waker.wake()
+    }
+}
+
+/// A key new to this limiter takes the three steps; read at one time, they agree (at a
+/// reading each, a clock stepping back made the look find room at the other's TAT that
+/// its take, two readings earlier, refused, with this limiter's cell spent).
+#[test]
+fn the_three_steps_read_the_clock_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let clock = BackClock::default();
+    let booked = KeyedLimiter::<u32, _>::with_clock(Quota::per_second(1), clock.clone());
+    let running = booked.execution_lane();
+    running.check_key(&1).unwrap(); // its TAT: 1 s
+    clock.0 .0.store(1_000_000_000, SeqCst); // exactly replenished there
+    clock.0 .1.store(true, SeqCst);
+    let checked = booked.check_key_n_with(&1, &running, 1);
+    clock.0 .1.store(false, SeqCst);
+    clock.0 .0.store(1_000_000_000, SeqCst);
+    let spent = 1 - booked.remaining_key(&1);
+    assert!(
+        checked.is_ok() || spent == 0,
+        "refused, yet spent here: {checked:?}"
+    );
 }
 
 /// The key stored in the execution limiter only, whose shard forgot keys at 10 s; the

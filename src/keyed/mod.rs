@@ -336,11 +336,25 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         params: Params,
         n: u32,
     ) -> Result<(), Denied> {
+        self.check_n_by_at(key, params, n, || self.now())
+    }
+
+    /// [`KeyedLimiter::check_n_by`] at the time `now` reads.
+    fn check_n_by_at<Q: KeyRef<K> + ?Sized>(
+        &self,
+        key: &Q,
+        params: Params,
+        n: u32,
+        now: impl Fn() -> u64,
+    ) -> Result<(), Denied> {
         let cost = error::cost(&params, n)?;
         if cost == 0 {
             return Ok(());
         }
-        match self.with_word(key, |cell, now| cell.acquire(now, cost, params.tau())) {
+        let checked = self
+            .store
+            .with_word(key, now, |cell, now| cell.acquire(now, cost, params.tau()));
+        match checked {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(wait)) => Err(NotUntil::from_nanos(wait).into()),
             Err(wait) => Err(NotUntil::no_room(wait).into()),

@@ -8,7 +8,7 @@ use super::store::KeyRef;
 use super::text_key::TextKeyRef;
 use super::{KeyedLimiter, TextKey};
 use crate::clock::Clock;
-use crate::error::{self, Denied, NotUntil};
+use crate::error::{self, Denied, InsufficientCapacity, NotUntil};
 use crate::gcra::{self, Params};
 
 impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
@@ -40,18 +40,19 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     /// both have room now; a caller racing on `other` may take its room between the look
     /// and the take, and then this limiter's cells stay spent (the strict side: never
     /// more through) and the answer is `other`'s refusal. Each limiter's own quota for
-    /// the key decides for it. For a key stored in both, the key is found in both at once
-    /// (hashed once where `other` is this one's [`execution_lane`](Self::execution_lane))
-    /// and the clock read once, this limiter's, so give it limiters that read one clock;
-    /// otherwise it is `other.peek_key_n`, `self.check_key_n` and `other.check_key_n`, in
-    /// that order. A limiter paired with itself takes `2n` cells of the key, or none.
+    /// the key decides for it. The clock is read once, this limiter's, so give it
+    /// limiters that read one clock. For a key stored in both, the key is found in both
+    /// at once (hashed once where `other` is this one's
+    /// [`execution_lane`](Self::execution_lane)); otherwise it is `other.peek_key_n`,
+    /// `self.check_key_n` and `other.check_key_n`, in that order, at that one reading. A
+    /// limiter paired with itself takes `2n` cells of the key, or none.
     ///
     /// # Errors
     ///
     /// [`Denied::NotUntil`] with the wait of the limiter that had no room (or whose table
     /// had none for a new key: [`NotUntil::is_table_full`]);
     /// [`Denied::InsufficientCapacity`] when `n` exceeds either burst (`2n` the burst of
-    /// a limiter paired with itself).
+    /// a limiter paired with itself; its count is `u32::MAX` where `2n` is past it).
     ///
     /// # Examples
     ///
@@ -87,8 +88,12 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             return Ok(());
         }
         if core::ptr::eq(self, other) {
-            // Both takes from one cell: together or none means 2n cells at once.
-            return self.check_n_by(key, mine, n.saturating_mul(2));
+            // Both takes from one cell: together or none means 2n cells at once (past
+            // `u32::MAX`, over any burst).
+            let Some(both) = n.checked_mul(2) else {
+                return Err(InsufficientCapacity::new(u32::MAX, mine.burst()).into());
+            };
+            return self.check_n_by(key, mine, both);
         }
         // In the order of the steps this stands for, errors included: `other`'s look
         // first. Each cost is within its burst, so its room does not underflow.
@@ -116,12 +121,13 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         if let Some(checked) = together {
             return checked;
         }
-        // A key new to either: the three steps, each storing the key as it would alone.
-        // The look is at the time a take reads (not at the shard's forgetting time, which
-        // a clock that stepped back is behind: the look would find room that the take
-        // then refuses); at a key `other` has not stored, it is at what it would store:
-        // its forgetting time, or no room (the table full).
-        let now = other.now();
+        // A key new to either: the three steps, each storing the key as it would alone,
+        // all at one reading of the clock (a clock may step back between two readings,
+        // and the look would then find room that the take refuses). The look is at the
+        // time a take reads (not at the shard's forgetting time, which a clock that
+        // stepped back is behind); at a key `other` has not stored, at what it would
+        // store: its forgetting time, or no room (the table full).
+        let now = self.now();
         let look = match other.store.with_stored_word(
             key,
             || now,
@@ -134,8 +140,8 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             },
         };
         look?;
-        self.check_n_by(key, mine, n)?;
-        other.check_n_by(key, theirs, n)
+        self.check_n_by_at(key, mine, n, || now)?;
+        other.check_n_by_at(key, theirs, n, || now)
     }
 }
 
