@@ -364,26 +364,38 @@ def test_a_full_table_is_its_own_outcome_never_a_spent_quota(tmp_path):
 def test_a_stored_key_whose_quota_is_spent_is_refused_not_table_full():
     # The execution cells live in a table of their own, which fills apart from the
     # booking table: here a stall keeps "c" limited there after the booking table has
-    # forgotten it. A key booked since (its booking cell spent) then finds no room in the
-    # execution table; its try_acquire is refused by its spent quota all the same.
-    async def main():
-        keyed = paceline.KeyedLimiter(1, 1.0, 1, max_keys=2)  # one key per shard here
+    # room again. A key booked since (its booking cell spent) then finds no room in the
+    # execution table; its try_acquire is refused by its spent quota all the same. The
+    # state rests on the loop's timing, so a loaded machine may miss it: up to three
+    # tries, and the answer is checked whenever it is reached.
+    async def once(unit):
+        keyed = paceline.KeyedLimiter(1, unit, 1, max_keys=2)  # one key per shard here
         assert keyed.try_acquire("c") is True
         a = next(k for k in (f"a{i}" for i in range(1000)) if keyed.try_acquire(k) is paceline.TABLE_FULL)
         t0 = time.monotonic()
-        second = asyncio.create_task(keyed.acquire("c"))  # its turn at 1 s
-        await asyncio.sleep(0.9)
-        time.sleep(max(0.0, t0 + 1.5 - time.monotonic()))  # the loop stalls past it
-        await second  # "c"'s execution cell taken late: limited until 2.5 s
-        await asyncio.sleep(max(0.0, t0 + 2.2 - time.monotonic()))
+        second = asyncio.create_task(keyed.acquire("c"))  # its turn at 1 unit
+        await asyncio.sleep(0.9 * unit)
+        time.sleep(max(0.0, t0 + 1.5 * unit - time.monotonic()))  # the loop stalls past it
+        await second  # "c"'s execution cell taken late: limited until 2.5 units
+        await asyncio.sleep(max(0.0, t0 + 2.2 * unit - time.monotonic()))
         waiter = asyncio.create_task(keyed.acquire(a))  # books "a", waits for room
-        await asyncio.sleep(0.05)
-        assert not waiter.done() and keyed.remaining(a) == 0
+        await asyncio.sleep(0.05 * unit)
+        if waiter.done() or keyed.remaining(a) != 0:
+            await waiter
+            return None  # the state was missed
         took = keyed.try_acquire(a)
         await waiter
         return took
 
-    assert asyncio.run(main()) is False
+    results = []
+    for unit in (1.0, 2.0, 3.0):
+        took = asyncio.run(once(unit))
+        if took is not None:
+            results.append(took)
+            break
+    if not results:
+        pytest.skip("the loop's timing never reached the state on this machine")
+    assert results == [False]
 
 
 def test_holds_are_bounded_and_reset_ends_them(tmp_path):
