@@ -265,8 +265,8 @@ impl<L: Cell> Pair<L> {
     /// would push every later turn back by each such moment, for good. An event loop
     /// resumes waiters in rounds of its timer's resolution (about a millisecond), so at
     /// 10 000/s every round's waiters but the first wait an interval or more for their
-    /// execution cells; holding for each of them drifted 20 000 tasks from 2.0 s to
-    /// 3.3 s, where nothing was late but the rounds. A direct cell is also held again
+    /// execution cells; holding for each of them would drift 20 000 tasks from 2.0 s
+    /// to 3.3 s, where nothing is late but the rounds. A direct cell is also held again
     /// only once the execution cell is [`SLACK`] further behind than the last hold left
     /// it: a hold moves every turn booked (it costs the length of the queue), and the late
     /// waiters of one stall each find the execution cell one interval further behind. A
