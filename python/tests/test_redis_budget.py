@@ -47,6 +47,16 @@ def once_per_run(server):
         pytest.skip("waits out a lease: run against redis-server only")
 
 
+def most_at_once(spans):
+    """The most of the ``(start, end)`` spans that overlap at any instant."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running, most = 0, 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
 def test_processes_share_the_cap_and_each_caller_gets_its_turn(fresh):
     body = """
     async def main():
@@ -67,12 +77,7 @@ def test_processes_share_the_cap_and_each_caller_gets_its_turn(fresh):
         spans += [tuple(map(float, line.split())) for line in out.split("\n") if line]
     assert len(spans) == 24
     # CLOCK_MONOTONIC is the host's: at no instant were more than two turns running.
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    running, most = 0, 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    assert most == 2
+    assert most_at_once(spans) == 2
 
 
 # The Rust example `fleet_budget`, built (CI builds every example with every feature and
@@ -123,12 +128,7 @@ def test_a_rust_client_and_python_clients_share_one_budget(fresh):
     every = spans["rust"] + spans["python"]
     # One cap for both languages: at no instant more than two turns running (each span
     # printed inside its turn).
-    events = sorted([(s, 1) for s, _ in every] + [(e, -1) for _, e in every])
-    running, most = 0, 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    assert most <= 2
+    assert most_at_once(every) <= 2
     # The clients ran at the same time, the Rust one's turns among the Python ones'.
     assert min(s for s, _ in spans["rust"]) < max(e for _, e in spans["python"])
     assert min(s for s, _ in spans["python"]) < max(e for _, e in spans["rust"])
