@@ -269,7 +269,10 @@ impl KeySource {
         self
     }
 
-    /// A header's value (an API key, a token); a request without it has no key.
+    /// A header's value (an API key, a token); a request without it has no key. Any
+    /// value is a key of its own, bytes that are not ASCII included: UTF-8 reads as its
+    /// text, other bytes as a `\u{2}` followed by each byte as the character of that
+    /// number, so no two different values share a bucket.
     ///
     /// # Examples
     ///
@@ -321,7 +324,7 @@ impl KeySource {
     /// IPv6 prefix and read behind trusted proxies only, as the layer reads them; text
     /// comes as the request sent it, whatever its length (the layer's own table stores a
     /// long key as a digest seeded per process, which other processes could not
-    /// recompute).
+    /// recompute), and a header value that is not UTF-8 as [`KeySource::header`] says.
     ///
     /// # Examples
     ///
@@ -334,10 +337,7 @@ impl KeySource {
     /// ```
     pub fn key_of(&self, head: &Head<'_>) -> Option<ClientKey> {
         match &self.kind {
-            Kind::Header(name) => {
-                let value = head.headers().get(name)?.to_str().ok()?;
-                Some(ClientKey::Text(value.into()))
-            }
+            Kind::Header(name) => Some(ClientKey::Text(header_text(head.headers().get(name)?))),
             Kind::Custom(f) => f(head),
             Kind::Peer { .. } | Kind::Global => self.key(head).ok(),
         }
@@ -369,9 +369,8 @@ impl KeySource {
         match &self.kind {
             Kind::Global => Ok(ClientKey::Global),
             Kind::Header(name) => {
-                let value = head.headers().get(name).and_then(|v| v.to_str().ok());
-                let value = value.ok_or(Missing::FromClient)?;
-                Ok(ClientKey::Text(value.into()).bounded())
+                let value = head.headers().get(name).ok_or(Missing::FromClient)?;
+                Ok(ClientKey::Text(header_text(value)).bounded())
             }
             Kind::Custom(f) => f(head).map(ClientKey::bounded).ok_or(Missing::FromClient),
             Kind::Peer {
@@ -389,6 +388,22 @@ impl KeySource {
                 Ok(ClientKey::Ip(group(client, *ipv6_prefix)))
             }
         }
+    }
+}
+
+/// A header's value as a key, whatever bytes the client sent: its text when the bytes are
+/// UTF-8 (visible ASCII, as nearly every client sends, or `tenant-é`), else every byte as
+/// the character of that number after a `\u{2}`, which no header value holds. So two
+/// values are one key only when their bytes are equal: a client that sends the header has
+/// a key of its own, never the keyless bucket or another client's.
+fn header_text(value: &http::HeaderValue) -> Box<str> {
+    let bytes = value.as_bytes();
+    match core::str::from_utf8(bytes) {
+        Ok(text) => text.into(),
+        Err(_) => core::iter::once('\u{2}')
+            .chain(bytes.iter().map(|&b| char::from(b)))
+            .collect::<String>()
+            .into(),
     }
 }
 
@@ -438,6 +453,18 @@ mod tests {
     use super::*;
     use core::net::Ipv4Addr;
 
+    /// The bytes a header value may hold (`HeaderValue::from_bytes`), weighted towards
+    /// the ones that are not ASCII.
+    fn header_byte() -> impl proptest::strategy::Strategy<Value = u8> {
+        proptest::prop_oneof![
+            proptest::prelude::Just(b'\t'),
+            0x20u8..0x7f,
+            0x80u8..=0xff,
+            proptest::prelude::Just(0xc3u8),
+            proptest::prelude::Just(0xa9u8),
+        ]
+    }
+
     proptest::proptest! {
         /// The peer's key is the same whether `key` reads it inline (no trusted proxy) or
         /// out of line behind proxies that do not include the peer: the canonical
@@ -467,6 +494,29 @@ mod tests {
             let expected = Ok(ClientKey::Ip(group(canonical(peer), prefix)));
             proptest::prop_assert_eq!(&direct, &expected);
             proptest::prop_assert_eq!(&proxied, &expected);
+        }
+    
+        /// Any bytes a client can send in a header are a key, and two values are one key
+        /// only when their bytes are equal: a byte that is not ASCII neither makes the
+        /// request keyless nor lets one client drain another's bucket. Both paths (the
+        /// layer's own table and `key_of`) agree.
+        #[test]
+        fn every_header_value_is_a_key_of_its_own(
+            a in proptest::collection::vec(header_byte(), 0..12),
+            b in proptest::collection::vec(header_byte(), 0..12),
+        ) {
+            let source = KeySource::header(http::HeaderName::from_static("x-api-key"));
+            let key = |bytes: &[u8]| {
+                let mut request = Request::new(());
+                let value = http::HeaderValue::from_bytes(bytes).unwrap();
+                request.headers_mut().insert("x-api-key", value);
+                let head = Head::of(&request);
+                let stored = source.key(&head);
+                proptest::prop_assert_eq!(stored.clone().ok(), source.key_of(&head));
+                stored.map_err(|_| proptest::test_runner::TestCaseError::fail("no key"))
+            };
+            let (ka, kb) = (key(&a)?, key(&b)?);
+            proptest::prop_assert_eq!(ka == kb, a == b);
         }
     }
 }

@@ -79,22 +79,28 @@ pub(super) fn head(
 /// A field's value as the http crate holds it. A server may pass bytes the crate refuses
 /// (control characters: uvicorn's h11 parser lets some through); dropping the field would
 /// drop a proxy's `X-Forwarded-For` with them, and make the client keyless. So each such
-/// byte reads as `?`, and the entries around it are read as they are.
+/// byte `b` is written as `0xFF` followed by `0x80 | b` (a DEL as `0xFF 0xA0`, a `0xFF` the
+/// client sent as `0xFF 0xFF`), and the entries around it are read as they are. The escape is one to one:
+/// a value the crate takes and that holds no `0xFF` is kept as it is, every other value
+/// comes out holding a `0xFF`, so two values that differ are two keys under
+/// `KeySource.header`, never one bucket.
 pub(super) fn field_value(value: Vec<u8>) -> http::HeaderValue {
-    match http::HeaderValue::from_bytes(&value) {
-        Ok(value) => value,
-        Err(_) => {
-            let clean: Vec<u8> = value
-                .into_iter()
-                .map(|b| {
-                    if (b < 0x20 && b != b'\t') || b == 0x7f {
-                        b'?'
-                    } else {
-                        b
-                    }
-                })
-                .collect();
-            http::HeaderValue::from_bytes(&clean).unwrap_or(http::HeaderValue::from_static(""))
+    if !value.contains(&0xff) {
+        if let Ok(value) = http::HeaderValue::from_bytes(&value) {
+            return value;
         }
     }
+    let mut escaped = Vec::with_capacity(value.len() + 8);
+    for b in value {
+        if b < 0x20 && b != b'\t' {
+            escaped.extend_from_slice(&[0xff, 0x80 | b]);
+        } else if b == 0x7f {
+            escaped.extend_from_slice(&[0xff, 0xa0]);
+        } else if b == 0xff {
+            escaped.extend_from_slice(&[0xff, 0xff]);
+        } else {
+            escaped.push(b);
+        }
+    }
+    http::HeaderValue::from_bytes(&escaped).unwrap_or(http::HeaderValue::from_static(""))
 }
