@@ -188,8 +188,28 @@ class RedisLimiter(_Base, _AsyncWire):
         n = self._n(n)
         if timeout is not None:
             timeout = _timeout(timeout)
+        wait, ahead, booking = await self._book(key, n, timeout)
+        if wait > 0:
+            try:
+                await asyncio.sleep(wait / 1e9)
+            except BaseException:
+                await self._give_back(*booking)  # type: ignore[misc]
+                raise
+        return ahead
+
+    async def _book(
+        self, key: str, n: int, timeout: Optional[float]
+    ) -> Tuple[int, int, Optional[Tuple[str, str]]]:
+        """Books ``n`` cells of ``key`` (checked already) whose turn comes within
+        ``timeout``, without waiting for it: ``(wait, ahead, booking)``, the wait and how
+        far the key's TAT is past the turn in nanoseconds, and what ``_give_back`` takes to
+        give the turn back before it comes (``None`` when nothing was booked in Redis: ``n``
+        is 0, or the failure policy decided, having waited any local turn already). Raises
+        ``_TooFar`` (nothing booked) or a ``RedisLimitError``. Redis failing to answer is
+        answered within the one call timeout: the refund of what the call may have booked
+        is sent in the background."""
         if n == 0:
-            return 0
+            return 0, 0, None
         booking = _booking_id()
         args = self._decide_args(key, self._interval * n, self._extra(timeout), booking)
         try:
@@ -199,22 +219,16 @@ class RedisLimiter(_Base, _AsyncWire):
             raise
         except Exception as e:
             # No answer (or an error answer): the call may have booked. Give it back.
-            await self._give_back(args[3], booking)
+            self._give_back_later(args[3], booking)
             answered = _answered(e)
             if answered is not None:
                 raise answered from e
             await self._acquire_on_failure(key, n, timeout, e)
-            return 0
+            return 0, 0, None
         if reply[0] != 1:
             raise self._too_far(int(reply[1]))
         wait = int(reply[2])
-        if wait > 0:
-            try:
-                await asyncio.sleep(wait / 1e9)
-            except BaseException:
-                await self._give_back(args[3], booking)
-                raise
-        return int(reply[1]) - wait
+        return wait, int(reply[1]) - wait, (args[3], booking)
 
     async def _wait(self, key: str, timeout: float, n: int = 1) -> Tuple[int, int]:
         """``n`` cells' booked turn within ``timeout``, as ``(wait, ahead)`` (see
@@ -247,10 +261,15 @@ class RedisLimiter(_Base, _AsyncWire):
         answer) and waits for it up to the call timeout, so that a cancelled task has
         given its turn back when it ends, as a rule; a second cancellation leaves the
         refund running on its own."""
+        await asyncio.wait((self._give_back_later(redis_key, booking),), timeout=self._timeout)
+
+    def _give_back_later(self, redis_key: str, booking: str) -> "asyncio.Task[None]":
+        """Sends the refund of ``booking`` in the background (retried while Redis cannot
+        answer), kept alive until it ends."""
         task = asyncio.ensure_future(self._refund(redis_key, booking))
         self._refunds.add(task)
         task.add_done_callback(self._refunds.discard)
-        await asyncio.wait((task,), timeout=self._timeout)
+        return task
 
     async def _refund(self, redis_key: str, booking: str) -> None:
         args = ("EVALSHA", _REFUND_SHA, 1, redis_key, booking, self._time)
