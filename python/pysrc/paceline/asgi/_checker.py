@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence
 
 from .._paceline import Admitted, Refused, new_asgi_core
-from ._limit import Limit, Scope, _is_async, _tier
+from ._limit import Limit, Scope, _is_async, _tier, storable
 
 _log = logging.getLogger("paceline.asgi")
 
@@ -132,7 +132,6 @@ class _Checker:
         on_missing_key: object,
         on_refusal: Optional[Callable[..., Any]],
         exempt: Optional[Callable[[Scope], bool]],
-        wait_buffer: int = 64 * 1024,
     ) -> None:
         if isinstance(limits, Limit):
             limits = [limits]
@@ -164,8 +163,6 @@ class _Checker:
                 missing=_missing(on_missing_key),
                 headers_on_success=bool(headers_on_success),
                 legacy_headers=bool(legacy_headers),
-                wait_up_to=None if wait_up_to is None else float(wait_up_to),
-                buffer=wait_buffer,
             )
         every = limits
         limits = [limit for limit in limits if limit.redis is None]
@@ -178,6 +175,7 @@ class _Checker:
             exempt is None,
         )
         self.legacy = bool(legacy_headers)
+        self.wait_up_to = self.options[2]
         self.exempt = exempt
         self.exempt_async = exempt is not None and _is_async(exempt)
         self.on_refusal = on_refusal
@@ -338,8 +336,8 @@ def _key(key: Any, tier: Optional[Callable[[str], Any]]) -> Optional[str]:
         # The Rust layer reads the client's quota from the key's prefix, which is always
         # there (empty: the limit's own), so the key's own text never reads as a quota.
         rate = tier(key)
-        return f"{'' if rate is None else _tier(rate)}\x1f{key}"
-    return key
+        return f"{'' if rate is None else _tier(rate)}\x1f{storable(key)}"
+    return storable(key)
 
 
 def _flag(value: Any) -> bool:

@@ -12,13 +12,14 @@ never passes more than its quota).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
-from ._listen import watching
+from ._limit import storable
 
 _log = logging.getLogger("paceline.asgi")
 
@@ -30,17 +31,20 @@ _MAX_TEXT_KEY = 64
 # The key that requests without one share (on_missing_key="shared"): it starts with a
 # NUL, which no header value, address or digest does.
 _KEYLESS = "\x00keyless"
-# How long to answer 503s before logging Redis's trouble again, per limit.
+# How long to answer 503s before logging Redis's trouble again, per limit (and, for a
+# value Redis answered as corrupt, per key: one bad key does not hide another).
 _LOG_EVERY = 60.0
+# The most keys whose trouble is remembered for that, per limit (then forgotten at once).
+_MAX_LOGGED = 1024
 
 
 def _bounded(key: str) -> str:
     """The key kept in Redis: the client's own, or a digest of it when it is long, or
-    empty (an empty header value is a key like any other, and Redis keys need a byte)."""
-    if not key or (
-        len(key) > _MAX_TEXT_KEY // 4 and len(key.encode("utf-8", "surrogatepass")) > _MAX_TEXT_KEY
-    ):
-        return "\x01" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    empty (an empty header value is a key like any other, and Redis keys need a byte), or
+    not UTF-8 (a key function's lone surrogate: ``storable``)."""
+    key = storable(key)
+    if not key or (len(key) > _MAX_TEXT_KEY // 4 and len(key.encode("utf-8")) > _MAX_TEXT_KEY):
+        return "\x01" + hashlib.sha256(key.encode("utf-8")).hexdigest()
     return key
 
 
@@ -110,7 +114,9 @@ class FleetLimit:
         self.q, w = _policy(self.interval, self.limiter.burst)
         self.policy = (b"ratelimit-policy", f"{field};q={self.q};w={w}".encode())
         self.field = field
-        self.logged_at = -_LOG_EVERY
+        # When Redis's trouble was last logged: under None for the whole store, under the
+        # key for a value Redis answered about one key.
+        self.logged: Dict[Optional[str], float] = {}
 
     async def applies(self, scope: Any) -> bool:
         if self.methods is not None and scope["method"] not in self.methods:
@@ -133,6 +139,22 @@ class FleetLimit:
             key = self.reader.key(scope["headers"], scope.get("client"))  # type: ignore[union-attr]
         return None if key is None else _bounded(key)
 
+    async def cost_of(self, scope: Any) -> int:
+        cost = self.cost
+        if callable(cost):
+            cost = cost(scope)
+            if hasattr(cost, "__await__"):
+                cost = await cost
+            if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= 0xFFFF_FFFF:
+                raise TypeError(
+                    f"a cost function must return an int from 0 to 4294967295, got {cost!r}"
+                )
+        return cost
+
+    def never(self, cost: int) -> bool:
+        """Whether ``cost`` cells are more than the burst: never admitted."""
+        return cost * self.interval > self.tau
+
     def state(self, ahead_ns: int) -> Tuple[bytes, bytes]:
         """The ``RateLimit`` item for a key whose TAT is ``ahead_ns`` past now."""
         remaining, t = self.counts(ahead_ns)
@@ -146,14 +168,37 @@ class FleetLimit:
         """The ``X-RateLimit-*`` fields for a TAT ``ahead_ns`` past now."""
         return _legacy(self.q, *self.counts(ahead_ns))
 
-    def trouble(self, e: BaseException) -> None:
+    def fields(self, ahead_ns: int, legacy: bool) -> List[Tuple[bytes, bytes]]:
+        """The fields of an admitted request whose key's TAT is ``ahead_ns`` past now."""
+        fields = [self.policy, self.state(ahead_ns)]
+        return fields + self.legacy(ahead_ns) if legacy else fields
+
+    def trouble(self, e: BaseException, key: str) -> None:
+        """Logs Redis's trouble, once a minute: per limit while Redis cannot answer, per
+        key for a value Redis answered about (a corrupt value under one key)."""
+        from .._redis_core import RedisRejected
+
+        about = key if isinstance(e, RedisRejected) else None
         now = time.monotonic()
-        if now - self.logged_at >= _LOG_EVERY:
-            self.logged_at = now
+        if now - self.logged.get(about, -math.inf) < _LOG_EVERY:
+            return
+        if len(self.logged) >= _MAX_LOGGED:
+            self.logged.clear()
+        self.logged[about] = now
+        if about is None:
             _log.error(
                 "paceline: the rate limit %r keeps its state in Redis, which failed "
                 "(answering 503 until it recovers; logged once a minute): %s",
                 self.name,
+                e,
+            )
+        else:
+            _log.error(
+                "paceline: the rate limit %r keeps its state in Redis, which answered "
+                "with an error for the key %r (answering 503 to its requests; logged once "
+                "a minute per key): %s",
+                self.name,
+                about,
                 e,
             )
 
@@ -179,9 +224,19 @@ class Answer:
         self.table_full = False
 
 
-def _unavailable(limit: FleetLimit) -> Answer:
-    """503 with ``Retry-After: 1`` and no ``RateLimit`` field: the client spent nothing."""
-    body = b"Service Unavailable: the rate limit store cannot be reached, retry in 1 s\n"
+def _unavailable(e: BaseException) -> Answer:
+    """503 with ``Retry-After: 1`` and no ``RateLimit`` field: the client spent nothing.
+    The body says which trouble: Redis out of reach (or too slow), or Redis answering
+    with an error (a value it holds that is not a limit's, say: logged)."""
+    from .._redis_core import RedisRejected
+
+    if isinstance(e, RedisRejected):
+        body = (
+            b"Service Unavailable: the rate limit store answered with an error for this "
+            b"client (logged), retry in 1 s\n"
+        )
+    else:
+        body = b"Service Unavailable: the rate limit store cannot be reached, retry in 1 s\n"
     headers = [
         (b"content-type", b"text/plain; charset=utf-8"),
         (b"retry-after", b"1"),
@@ -213,8 +268,26 @@ def _never(limit: FleetLimit, cost: int) -> Answer:
     return Answer(429, headers, body, limit.name, 0.0)
 
 
+#: One limit's part in a request: the limit, the request's key for it (``None``: the
+#: request has none, and ``on_missing_key`` is a status or ``"skip"``) and its cost.
+Ask = Tuple[FleetLimit, Optional[str], int]
+#: A turn booked in Redis, to give back while it has not come: ``(limiter, (redis key,
+#: booking id))``.
+Booked = Tuple[Any, Tuple[str, str]]
+
+
 class FleetLimits:
-    """The limits of one middleware that live in Redis."""
+    """The limits of one middleware that live in Redis.
+
+    A request's limits in Redis are asked after the ones the Rust layer decides. Without
+    wait mode each takes its cells at once, in order (``check``): one refusing may leave
+    the earlier ones spent, the strict side. In wait mode a request has one deadline,
+    ``wait_up_to`` from its arrival, across every limit: each limit's turn is read first,
+    spending nothing (``too_far``), and a request whose turn in any limit comes after
+    the deadline is refused at once, with the longest wait; otherwise every limit books
+    its turn within what is left of the deadline (``book``), and the request waits for
+    the latest, giving back every booking when one cannot be had or the client leaves.
+    """
 
     def __init__(
         self,
@@ -223,96 +296,163 @@ class FleetLimits:
         missing: Optional[str],
         headers_on_success: bool,
         legacy_headers: bool,
-        wait_up_to: Optional[float],
-        buffer: int,
     ) -> None:
         self.limits = [FleetLimit(limit) for limit in limits]
         self.missing = missing
         self.headers_on_success = headers_on_success
         self.legacy_headers = legacy_headers
-        self.wait_up_to = wait_up_to
-        self.buffer = buffer
 
-    async def check(
-        self, scope: Any, receive: Any
-    ) -> Tuple[Optional[Answer], List[Tuple[bytes, bytes]], List[Any], bool]:
-        """``(refusal, fields, kept, gone)``: the refusal to answer with (``None``: pass),
-        the fields to add to an admitted response, the messages read while waiting, and
-        whether the client went away meanwhile."""
-        fields: List[Tuple[bytes, bytes]] = []
-        kept: List[Any] = []
+    async def prepare(self, scope: Any) -> List[Ask]:
+        """Each limit that applies to the request, with its key and cost (the key and
+        cost functions are called here, once per request)."""
+        asks: List[Ask] = []
         for limit in self.limits:
             if not await limit.applies(scope):
                 continue
             key = await limit.key(scope)
+            if key is None and self.missing in (None, "shared"):
+                key = _KEYLESS
+            asks.append((limit, key, await limit.cost_of(scope)))
+        return asks
+
+    def _plan(self, asks: List[Ask]) -> Union[Answer, List[Tuple[FleetLimit, str, int]]]:
+        """The limits to ask, or the answer a request gets without asking Redis (a
+        missing key refused by status, a cost past the burst)."""
+        plan = []
+        for limit, key, cost in asks:
             if key is None:
                 if self.missing == "skip":
                     continue
-                if self.missing not in (None, "shared"):
-                    status = int(self.missing)  # type: ignore[arg-type]
-                    body = b"a rate-limit key is missing from the request\n"
-                    headers = [(b"content-type", b"text/plain; charset=utf-8")]
-                    return Answer(status, headers, body), fields, kept, False
-                key = _KEYLESS
-            cost = limit.cost
-            if callable(cost):
-                cost = cost(scope)
-                if hasattr(cost, "__await__"):
-                    cost = await cost
-                if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= 0xFFFF_FFFF:
-                    raise TypeError(
-                        f"a cost function must return an int from 0 to 4294967295, got {cost!r}"
-                    )
+                status = int(self.missing)  # type: ignore[arg-type]
+                body = b"a rate-limit key is missing from the request\n"
+                return Answer(status, [(b"content-type", b"text/plain; charset=utf-8")], body)
             if cost == 0:
                 continue
-            if cost * limit.interval > limit.tau:
-                return _never(limit, cost), fields, kept, False
+            if limit.never(cost):
+                return _never(limit, cost)
+            plan.append((limit, key, cost))
+        return plan
+
+    def _admitted(self, limit: FleetLimit, ahead: int, fields: List[Tuple[bytes, bytes]]) -> None:
+        if self.headers_on_success:
+            fields += limit.fields(ahead, self.legacy_headers)
+
+    async def check(self, asks: List[Ask]) -> Tuple[Optional[Answer], List[Tuple[bytes, bytes]]]:
+        """Without wait mode: ``(refusal, fields)``, the refusal to answer with
+        (``None``: pass) and the fields to add to an admitted response."""
+        from .._redis_core import RedisLimitError
+
+        fields: List[Tuple[bytes, bytes]] = []
+        plan = self._plan(asks)
+        if isinstance(plan, Answer):
+            return plan, fields
+        for limit, key, cost in plan:
             try:
-                if self.wait_up_to is None:
-                    wait, ahead = await limit.limiter._try(key, cost)
-                else:
-                    turn = limit.limiter._wait(key, self.wait_up_to, cost)
-                    waited, more = await watching(turn, receive, self.buffer)
-                    kept.extend(more)
-                    if waited is None:
-                        return None, fields, kept, True  # the client went away
-                    wait, ahead = waited
-            except Exception as e:  # noqa: BLE001 - Redis's trouble, answered with a 503
-                from ..redis import RedisLimitError
-
-                if not isinstance(e, RedisLimitError):
-                    raise
-                limit.trouble(e)
-                return _unavailable(limit), fields, kept, False
+                wait, ahead = await limit.limiter._try(key, cost)
+            except RedisLimitError as e:
+                limit.trouble(e, key)
+                return _unavailable(e), fields
             if wait > 0:
-                return _too_many(limit, wait, cost, self.legacy_headers), fields, kept, False
-            if self.headers_on_success:
-                fields.append(limit.policy)
-                fields.append(limit.state(ahead))
-                if self.legacy_headers:
-                    fields += limit.legacy(ahead)
-        return None, fields, kept, False
+                return _too_many(limit, wait, cost, self.legacy_headers), fields
+            self._admitted(limit, ahead, fields)
+        return None, fields
 
-    async def also_refusing(self, scope: Any, refused: Any) -> Any:
+    async def too_far(
+        self, asks: List[Ask], deadline: float
+    ) -> Tuple[Optional[Answer], Dict[int, BaseException]]:
+        """Wait mode, before anything is booked: reads every limit's turn (spending
+        nothing) and answers the refusal with the longest wait when some limit's turn
+        comes after ``deadline`` (``time.monotonic()``). Also gives, by position, the
+        limits whose Redis could not answer, whose failure policy then decides without a
+        second call (so an outage is answered within one call timeout)."""
+        from .._redis_core import RedisLimitError, RedisUnavailable
+
+        plan = self._plan(asks)
+        if isinstance(plan, Answer):
+            return plan, {}
+        replies = await asyncio.gather(
+            *(limit.limiter._read(key) for limit, key, _ in plan), return_exceptions=True
+        )
+        unreachable: Dict[int, BaseException] = {}
+        longest: Optional[Tuple[int, FleetLimit, int]] = None
+        left = deadline - time.monotonic()
+        for i, ((limit, key, cost), reply) in enumerate(zip(plan, replies)):
+            if isinstance(reply, RedisUnavailable):
+                unreachable[i] = reply  # its failure policy decides when it books
+                continue
+            if isinstance(reply, RedisLimitError):
+                limit.trouble(reply, key)
+                return _unavailable(reply), {}
+            if isinstance(reply, BaseException):
+                raise reply
+            wait = int(limit.limiter._wait_from(reply, cost) * 1e9)
+            if longest is None or wait > longest[0]:
+                longest = (wait, limit, cost)
+        if longest is not None and longest[0] > max(left, 0.0) * 1e9:
+            wait, limit, cost = longest
+            return _too_many(limit, wait, cost, self.legacy_headers), unreachable
+        return None, unreachable
+
+    async def book(
+        self, asks: List[Ask], deadline: float, unreachable: Dict[int, BaseException]
+    ) -> Tuple[Optional[Answer], List[Tuple[bytes, bytes]], List[Booked], float]:
+        """Wait mode: books every limit's turn within what is left of ``deadline``:
+        ``(refusal, fields, booked, instant)``, ``instant`` the latest turn
+        (``time.monotonic()``). A refusal has given back what was booked."""
+        from .._redis_core import RedisLimitError, _TooFar
+
+        fields: List[Tuple[bytes, bytes]] = []
+        booked: List[Booked] = []
+        instant = 0.0
+        plan = self._plan(asks)
+        if isinstance(plan, Answer):
+            return plan, fields, booked, instant
+        try:
+            for i, (limit, key, cost) in enumerate(plan):
+                left = max(deadline - time.monotonic(), 0.0)
+                limiter = limit.limiter
+                try:
+                    failed = unreachable.get(i)
+                    if failed is not None:
+                        await limiter._acquire_on_failure(key, cost, left, failed)
+                        wait, ahead, booking = 0, 0, None
+                    else:
+                        wait, ahead, booking = await limiter._book(key, cost, left)
+                except _TooFar as e:
+                    await self.give_back(booked)
+                    return _too_many(limit, e.wait_ns, cost, self.legacy_headers), fields, [], 0.0
+                except RedisLimitError as e:
+                    await self.give_back(booked)
+                    limit.trouble(e, key)
+                    return _unavailable(e), fields, [], 0.0
+                if booking is not None:
+                    booked.append((limiter, booking))
+                instant = max(instant, time.monotonic() + wait / 1e9)
+                self._admitted(limit, ahead, fields)
+        except BaseException:
+            await self.give_back(booked)
+            raise
+        return None, fields, booked, instant
+
+    @staticmethod
+    async def give_back(booked: List[Booked]) -> None:
+        """Gives back turns booked in Redis (those whose instant came stay spent)."""
+        if booked:
+            await asyncio.gather(*(limiter._give_back(*booking) for limiter, booking in booked))
+
+    async def also_refusing(self, refused: Any, asks: List[Ask]) -> Any:
         """A refusal of the layer's (``refused``), told the longest wait among every
         limit that applies, those in Redis included: each of those is read (nothing is
-        spent), and one that would refuse for longer sets ``Retry-After``; their fields
-        join the refusal's. A limit whose Redis cannot answer is left out."""
-        from ..redis import RedisLimitError
+        spent; its cost as the request's cost function gives it), and one that would
+        refuse for longer sets ``Retry-After``; their fields join the refusal's. A limit
+        whose Redis cannot answer is left out."""
+        from .._redis_core import RedisLimitError
 
         headers = list(refused.headers)
         longest, name = refused.wait, refused.limit
-        for limit in self.limits:
-            if not await limit.applies(scope):
+        for limit, key, cost in asks:
+            if key is None or cost == 0 or limit.never(cost):
                 continue
-            key = await limit.key(scope)
-            if key is None:
-                if self.missing != "shared" and self.missing is not None:
-                    continue
-                key = _KEYLESS
-            cost = limit.cost
-            if callable(cost):
-                continue  # a cost function is asked once, when the request is decided
             try:
                 reply = await limit.limiter._read(key)
             except RedisLimitError:

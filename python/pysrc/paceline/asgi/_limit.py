@@ -6,10 +6,12 @@ import, not at the first request."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
+import logging
 import math
 import os
-from typing import Any, Awaitable, Callable, Iterable, List, MutableMapping, Optional, Tuple, Union
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Tuple, Union
 
 from .._args import _capacity, _count, _gid, _path, _quota, _trusted, _uid
 from .._paceline import (
@@ -21,6 +23,8 @@ from .._paceline import (
 )
 
 Scope = MutableMapping[str, Any]
+
+_log = logging.getLogger("paceline.asgi")
 
 #: A rate: requests per ``per`` seconds (an int or a float), or text as the ``limits``
 #: package writes it (``"10/second"``, ``"100 per 2 hours"``, several joined by ``;``).
@@ -102,6 +106,20 @@ class KeySource:
         if not callable(fn):
             raise TypeError(f"KeySource.callable needs a function of the scope, got {fn!r}")
         return KeySource(("callable",), fn)
+
+
+def storable(key: str) -> str:
+    """A key as Rust and Redis can hold it: the key itself, unless it cannot be written
+    as UTF-8 (a key function's ``str`` holding a lone surrogate, as ``surrogateescape``
+    decoding makes), which is kept as a digest of its code points, as a long key is: a
+    key of its own, never an error."""
+    if key.isascii():
+        return key
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "\x01" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return key
 
 
 def _prefix(prefix: object) -> int:
@@ -371,6 +389,10 @@ class Limit:
         return specs
 
 
+#: The quota each limit kept in Redis was last made with in this process, by name.
+_redis_quotas: Dict[str, Tuple[int, float, int]] = {}
+
+
 def _fleet_limiter(limit: Limit, client: Any, timeout: float, on_failure: Any, max_keys: Any) -> Any:
     """The ``paceline.redis.RedisLimiter`` of a limit kept in Redis."""
     if limit.shared is not None:
@@ -388,6 +410,18 @@ def _fleet_limiter(limit: Limit, client: Any, timeout: float, on_failure: Any, m
     from ..redis import RedisLimiter
 
     count, per, burst, _ = limit._rates[0]
+    quota = (count, per, burst)
+    earlier = _redis_quotas.setdefault(limit.name, quota)
+    if earlier != quota:
+        _log.warning(
+            "paceline: two limits named %r are kept in Redis with different quotas (%d per "
+            "%g s, burst %d; then %d per %g s, burst %d): in Redis a limit's name is its "
+            "count, so they share one, each deciding by its own quota. Give them two names.",
+            limit.name,
+            *earlier,
+            *quota,
+        )
+        _redis_quotas[limit.name] = quota
     return RedisLimiter(
         client,
         count,

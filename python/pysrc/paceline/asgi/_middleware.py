@@ -4,6 +4,7 @@ the fields to add), answers the refusal, or waits the request's turn."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Awaitable, Callable, List, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ._checker import PASS, Admitted, Refused, _Checker, _NoAddress
@@ -163,7 +164,6 @@ class RateLimitMiddleware:
             on_missing_key=on_missing_key,
             on_refusal=on_refusal,
             exempt=exempt,
-            wait_buffer=wait_buffer,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -171,14 +171,16 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         checker = self._checker
+        arrived = time.monotonic() if checker.fleet is not None else 0.0
         outcome = await checker.acheck(scope) if checker.is_async else checker.check(scope)
         if outcome is None:
             await self.app(scope, receive, send)
             return
+        if checker.fleet is not None:
+            await self._with_fleet(scope, receive, send, outcome, arrived)
+            return
         kind = outcome.__class__
-        if outcome is PASS:
-            kind = Admitted
-        elif kind is not Admitted and kind is not Refused and kind is not _NoAddress:
+        if kind is not Admitted and kind is not Refused and kind is not _NoAddress:
             now = outcome.poll(_ignore)  # a turn that is due now is taken without a task
             if now is not None:
                 outcome = now
@@ -190,19 +192,97 @@ class RateLimitMiddleware:
             kind = outcome.__class__
         if kind is Admitted:
             fields = outcome.fields
-            if checker.fleet is not None:
-                # The limits kept in Redis, once the others admitted the request.
-                refusal, more, kept, gone = await checker.fleet.check(scope, receive)
-                receive = replaying(kept, receive)
-                if gone:
-                    return  # the client went away while it waited
-                if refusal is not None:
-                    await _refuse(checker, scope, receive, send, refusal)
-                    return
-                fields = tightest_legacy(fields + more) if checker.legacy else fields + more
             await self.app(scope, receive, _adding(send, fields) if fields else send)
             return
-        if kind is Refused and outcome.status == 429 and checker.fleet is not None:
-            # The limits kept in Redis may refuse for longer: the client is told the longest.
-            outcome = await checker.fleet.also_refusing(scope, outcome)
         await _refuse(checker, scope, receive, send, outcome)
+
+    async def _with_fleet(
+        self, scope: Scope, receive: Receive, send: Send, outcome: Any, arrived: float
+    ) -> None:
+        """``__call__`` when some limits are kept in Redis: the layer's limits and those
+        in Redis decided together, under one deadline in wait mode (``FleetLimits``)."""
+        checker = self._checker
+        fleet = checker.fleet
+        kind = outcome.__class__
+        if kind is _NoAddress:
+            await _refuse(checker, scope, receive, send, outcome)
+            return
+        asks = await fleet.prepare(scope)
+        if kind is Refused:
+            await self._refuse_longest(scope, receive, send, outcome, asks)
+            return
+        # The layer's turn, when it is one to wait for (not yet booked: first polled below).
+        waiting = None if outcome is PASS or kind is Admitted else outcome
+        if checker.wait_up_to is None:
+            refusal, more = await fleet.check(asks)
+            if refusal is not None:
+                await _refuse(checker, scope, receive, send, refusal)
+                return
+            await self._admit(scope, receive, send, outcome, more)
+            return
+        deadline = arrived + checker.wait_up_to
+        booked: list = []
+        try:
+            # Every limit in Redis read first: one whose turn comes after the deadline
+            # refuses the request before anything is booked, here or in Redis.
+            refusal, unreachable = await fleet.too_far(asks, deadline)
+            if refusal is None and waiting is not None:
+                now = waiting.poll(_ignore)  # books the layer's turn (taken, if due now)
+                if now is not None:
+                    waiting = None
+                    if now.__class__ is not Admitted:
+                        await self._refuse_longest(scope, receive, send, now, asks)
+                        return
+                    outcome = now
+            if refusal is None:
+                refusal, more, booked, instant = await fleet.book(asks, deadline, unreachable)
+        except BaseException:
+            if waiting is not None:
+                waiting.cancel()
+            raise
+        if refusal is not None:
+            if waiting is not None:
+                waiting.cancel()  # its turn given back (booked or taken: undone)
+            await _refuse(checker, scope, receive, send, refusal)
+            return
+        if waiting is not None or instant > time.monotonic():
+
+            async def turns() -> Any:
+                try:
+                    result = outcome if waiting is None else await _wait(waiting)
+                    if result.__class__ is Admitted or result is PASS:
+                        late = instant - time.monotonic()
+                        if late > 0:
+                            await asyncio.sleep(late)
+                    else:
+                        await fleet.give_back(booked)
+                    return result
+                except BaseException:
+                    await fleet.give_back(booked)
+                    raise
+
+            result, kept = await watching(turns(), receive, self._buffer)
+            if result is None:
+                return  # the client went away while it waited: every turn given back
+            receive = replaying(kept, receive)
+            if result.__class__ is not Admitted and result is not PASS:
+                await self._refuse_longest(scope, receive, send, result, asks)
+                return
+            outcome = result
+        await self._admit(scope, receive, send, outcome, more)
+
+    async def _admit(
+        self, scope: Scope, receive: Receive, send: Send, outcome: Any, more: list
+    ) -> None:
+        fields = outcome.fields + more
+        if self._checker.legacy:
+            fields = tightest_legacy(fields)
+        await self.app(scope, receive, _adding(send, fields) if fields else send)
+
+    async def _refuse_longest(
+        self, scope: Scope, receive: Receive, send: Send, refused: Any, asks: list
+    ) -> None:
+        """A refusal of the layer's, told the longest wait, those in Redis included."""
+        if refused.__class__ is Refused and refused.status == 429:
+            refused = await self._checker.fleet.also_refusing(refused, asks)
+        await _refuse(self._checker, scope, receive, send, refused)
