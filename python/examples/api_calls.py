@@ -18,7 +18,7 @@ async def fake_api(i: int) -> None:
 
 
 async def main() -> None:
-    limiter = paceline.Limiter(RATE, per=1.0, burst=1)  # never more than 100 in any second
+    limiter = paceline.Limiter(RATE, per=1.0, burst=1)  # one every 10 ms: 100/s, one at a time
     t0 = time.monotonic()
     starts = []
 

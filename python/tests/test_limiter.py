@@ -578,3 +578,36 @@ def test_a_keyed_try_acquire_the_execution_cell_refuses_spends_nothing_of_the_bo
         ticket = core.book("k", 2, None)
         assert ticket.ready_in() == 0.0, "the refusals spent nothing of the booking cell"
         ticket.cancel()
+
+
+def test_every_constructor_given_only_a_count_lets_that_many_through_at_once(tmp_path):
+    redis = pytest.importorskip("redis")
+    import redis.asyncio  # noqa: F401
+
+    import paceline.redis
+    from paceline.asgi import Limit
+
+    nowhere = "redis://127.0.0.1:9"  # never connected: the constructors make no call
+    made = {
+        "Limiter": paceline.Limiter(10),
+        "Limiter.per_second": paceline.Limiter.per_second(10),
+        "Limiter.shared": paceline.Limiter.shared(str(tmp_path / "one"), 10),
+        "KeyedLimiter": paceline.KeyedLimiter(10),
+        "KeyedLimiter.shared": paceline.KeyedLimiter.shared(str(tmp_path / "keys"), 10),
+        "Rate": paceline.Rate(10),
+        "RedisLimiter": paceline.redis.RedisLimiter(redis.asyncio.Redis.from_url(nowhere), 10),
+        "SyncRedisLimiter": paceline.redis.SyncRedisLimiter(
+            redis.Redis.from_url(nowhere, socket_timeout=1.0), 10
+        ),
+    }
+    assert {name: made[name].burst for name in made} == {name: 10 for name in made}
+    assert [burst for _, _, burst, _ in Limit("x", 10)._rates] == [10]
+    assert [burst for _, _, burst, _ in Limit("x", "10/second")._rates] == [10]
+    # A fresh one admits the whole count at once, then refills one cell per interval.
+    limiter = paceline.Limiter(10, per=3600.0)
+    assert [limiter.try_acquire() for _ in range(11)] == [True] * 10 + [False]
+    keyed = paceline.KeyedLimiter(3, per=3600.0)
+    assert [keyed.try_acquire("k") for _ in range(4)] == [True] * 3 + [False]
+    # set_quota follows the same rule.
+    limiter.set_quota(20, per=3600.0)
+    assert limiter.burst == 20

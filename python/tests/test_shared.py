@@ -198,9 +198,9 @@ def test_a_shared_limiter_pickles_as_its_path_and_quota(path):
 
 def test_another_quota_in_the_file_is_refused_adopted_or_replaced(path):
     paceline.Limiter.shared(path, 10)
-    with pytest.raises(ValueError, match=r"enforces 1 cell every 100ms, bursts of 1, not the 1 cell every 50ms.*on_mismatch=\"adopt\""):
+    with pytest.raises(ValueError, match=r"enforces 1 cell every 100ms, bursts of 10, not the 1 cell every 50ms, bursts of 20.*on_mismatch=\"adopt\""):
         paceline.Limiter.shared(path, 20)
-    assert paceline.Limiter.shared(path, 20, on_mismatch="adopt").burst == 1
+    assert paceline.Limiter.shared(path, 20, on_mismatch="adopt").burst == 10
     replaced = paceline.Limiter.shared(path, 20, burst=4, on_mismatch="replace")
     assert paceline.Limiter.shared(path, 20, burst=4).burst == 4 == replaced.burst
     with pytest.raises(ValueError, match="on_mismatch"):
@@ -419,7 +419,7 @@ def test_a_new_key_waiting_for_another_processs_claim_lets_other_threads_run(tmp
     import threading
 
     path = str(tmp_path / "keys")
-    limiter = paceline.KeyedLimiter.shared(path, 10, capacity=64)  # one bucket
+    limiter = paceline.KeyedLimiter.shared(path, 10, burst=1, capacity=64)  # one bucket
     assert limiter.try_acquire("stored")
     # A live process holds the bucket's lock and never lets go (a stopped worker): its
     # claim in the bucket's lock word, at offset 512 (its id, then the second it took it).

@@ -55,7 +55,7 @@ def test_another_users_planted_file_is_refused_and_a_trusted_one_opened(request)
     _as_nobody("import sys, paceline; paceline.Limiter.shared(sys.argv[1], 10)", str(theirs))
     with pytest.raises(PermissionError, match=r"another user owns it.*trust_user=65534"):
         paceline.Limiter.shared(str(theirs), 10)
-    assert paceline.Limiter.shared(str(theirs), 10, trust_user="nobody").burst == 1
+    assert paceline.Limiter.shared(str(theirs), 10, trust_user="nobody").burst == 10
     assert planted.stat().st_size == 0 and planted.stat().st_uid == 65534
     # The service's own file: nobody can neither open it nor take it over.
     ours = shm / "ours"

@@ -99,7 +99,12 @@ def _capacity(value: object) -> int:
 
 
 def _quota(rate: object, per: object, burst: object) -> Tuple[int, float, int]:
+    """A quota's ``(rate, per, burst)``, checked; ``burst`` ``None`` is the rate (the one
+    rule of every constructor given only a count: "10 per second" lets 10 through at
+    once, as in the Rust crate)."""
     rate = _count("rate", rate, 1)
+    if burst is None:
+        burst = rate
     if isinstance(per, bool) or not isinstance(per, (int, float)):
         raise TypeError(f"per must be a number of seconds, got {type(per).__name__}")
     per = float(per)

@@ -12,7 +12,7 @@ from ._waiting import _Waiting, _when_room
 
 class KeyedLimiter:
     """One quota per key (a ``str``: a client, a tenant, an endpoint), each key exactly
-    like its own ``Limiter``; ``max_keys`` bounds the keys stored, and a key longer than
+    like its own ``Limiter`` (the burst defaults to ``rate``); ``max_keys`` bounds the keys stored, and a key longer than
     64 bytes is stored as a 128-bit digest of itself (seeded per process), so a client
     that sends a 1 MB key costs no more memory than one that sends a short one."""
 
@@ -20,7 +20,7 @@ class KeyedLimiter:
         self,
         rate: int,
         per: float = 1.0,
-        burst: int = 1,
+        burst: Optional[int] = None,
         *,
         execution_bound: bool = True,
         max_keys: Optional[int] = None,
@@ -39,7 +39,7 @@ class KeyedLimiter:
         path: "os.PathLike[str] | str",
         rate: int,
         per: float = 1.0,
-        burst: int = 1,
+        burst: Optional[int] = None,
         *,
         capacity: int = 65_536,
         execution_bound: bool = True,
@@ -156,7 +156,7 @@ class KeyedLimiter:
         n = _count("n", n, 0)
         self._core.acquire_blocking(key, n, _timeout(timeout))
 
-    def set_quota(self, rate: int, per: float = 1.0, burst: int = 1) -> None:
+    def set_quota(self, rate: int, per: float = 1.0, burst: Optional[int] = None) -> None:
         """Changes every key's quota while running."""
         rate, per, burst = _quota(rate, per, burst)
         self._core.set_quota(rate, per, burst)

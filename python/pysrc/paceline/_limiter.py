@@ -18,7 +18,9 @@ _PICKLE_HINT = (
 
 
 class Limiter:
-    """``rate`` cells per ``per`` seconds, at most ``burst`` at once.
+    """``rate`` cells per ``per`` seconds, at most ``burst`` at once (default: ``rate``;
+    ``burst=1`` paces one at a time). At most ``burst + w * rate / per`` pass in any
+    window of ``w`` seconds.
 
     One limiter serves coroutines on any number of event loops and plain threads at once,
     in one first-come-first-served queue. ``execution_bound`` (default True) also bounds
@@ -26,7 +28,7 @@ class Limiter:
     """
 
     def __init__(
-        self, rate: int, per: float = 1.0, burst: int = 1, *, execution_bound: bool = True
+        self, rate: int, per: float = 1.0, burst: Optional[int] = None, *, execution_bound: bool = True
     ) -> None:
         rate, per, burst = _quota(rate, per, burst)
         self._core = new_core(rate, per, burst, bool(execution_bound))
@@ -40,7 +42,7 @@ class Limiter:
         path: "os.PathLike[str] | str",
         rate: int,
         per: float = 1.0,
-        burst: int = 1,
+        burst: Optional[int] = None,
         *,
         execution_bound: bool = True,
         on_mismatch: str = "refuse",
@@ -175,7 +177,7 @@ class Limiter:
         n = _count("n", n, 0)
         self._core.acquire_blocking(n, _timeout(timeout))
 
-    def set_quota(self, rate: int, per: float = 1.0, burst: int = 1) -> None:
+    def set_quota(self, rate: int, per: float = 1.0, burst: Optional[int] = None) -> None:
         """Changes the quota while running: what was spent stays spent, waiters keep
         their places in the queue."""
         rate, per, burst = _quota(rate, per, burst)

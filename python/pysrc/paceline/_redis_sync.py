@@ -64,7 +64,7 @@ class SyncRedisLimiter(_Base):
         client: Any,
         rate: int,
         per: float = 1.0,
-        burst: int = 1,
+        burst: Optional[int] = None,
         *,
         prefix: str = "paceline",
         on_failure: Union[str, Limiter, KeyedLimiter] = "closed",

@@ -96,7 +96,8 @@ __all__ = [
 
 
 class RedisLimiter(_Base, _AsyncWire):
-    """``rate`` cells per ``per`` seconds per key, at most ``burst`` at once, for every
+    """``rate`` cells per ``per`` seconds per key, at most ``burst`` at once (default:
+    ``rate``), for every
     process and host that uses the same Redis, ``prefix`` and quota, on a redis-py
     asyncio client (``redis.asyncio.Redis``, or ``redis.asyncio.cluster.RedisCluster``).
 
@@ -116,7 +117,7 @@ class RedisLimiter(_Base, _AsyncWire):
         client: Any,
         rate: int,
         per: float = 1.0,
-        burst: int = 1,
+        burst: Optional[int] = None,
         *,
         prefix: str = "paceline",
         timeout: float = 0.25,
