@@ -3,6 +3,7 @@ across every dimension, the in-flight cap, cancellation, timeouts, exceptions, s
 bad input, signals and fork. Real-time bounds are generous (a loaded 2-core machine)."""
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -487,3 +488,24 @@ def test_a_forked_child_is_not_held_by_the_parents_other_threads():
 
 def test_budget_names_are_exported():
     assert {"Budget", "Rate", "Turn"} <= set(paceline.__all__)
+
+
+def test_a_turn_that_waits_long_says_so_in_a_debug_line(caplog):
+    budget = paceline.Budget(requests=paceline.Rate(1, per=3600.0))
+
+    async def go():
+        first = await budget.acquire()
+        first.release()
+        waiter = asyncio.ensure_future(budget.acquire())
+        await asyncio.sleep(0.3)
+        assert budget.waiting == 1 and not caplog.records  # not yet a second
+        await asyncio.sleep(1.2)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert budget.waiting == 0
+
+    with caplog.at_level(logging.DEBUG, logger="paceline"):
+        asyncio.run(go())
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(said) == 1 and "has waited 1 s" in said[0] and "1 callers wait" in said[0], said

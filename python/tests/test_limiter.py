@@ -4,6 +4,7 @@ on the slow side (a loaded 2-core CI machine) and exact on the fast side (the qu
 import asyncio
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -611,3 +612,38 @@ def test_every_constructor_given_only_a_count_lets_that_many_through_at_once(tmp
     # set_quota follows the same rule.
     limiter.set_quota(20, per=3600.0)
     assert limiter.burst == 20
+
+
+def test_a_blocking_wait_on_an_event_loops_thread_warns_once():
+    import paceline._blocking as blocking
+
+    blocking._warned = False
+    limiter = paceline.Limiter(50, per=1.0, burst=1)
+    keyed = paceline.KeyedLimiter(50, per=1.0, burst=1)
+
+    async def inside_a_loop():
+        with limiter:  # the turn is now: nothing waits, nothing to say
+            pass
+        assert keyed.try_acquire("k")
+        with pytest.warns(RuntimeWarning, match="async with") as caught:
+            with limiter:  # 20 ms away: the loop would stall
+                pass
+        assert caught[0].filename == __file__  # the line that blocks, not paceline's
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            keyed.acquire_blocking("k")  # once per process: no second warning
+
+    asyncio.run(inside_a_loop())
+    blocking._warned = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            limiter.acquire_blocking()  # a plain thread: blocking is what it asked for
+    blocking._warned = False
+
+    async def keyed_inside_a_loop():
+        keyed.try_acquire("j")
+        with pytest.warns(RuntimeWarning, match="acquire"):
+            keyed.acquire_blocking("j")
+
+    asyncio.run(keyed_inside_a_loop())

@@ -25,6 +25,7 @@ import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ._args import _count, _gid, _path, _timeout, _trusted, _uid
+from ._blocking import tell_when_slow
 from ._paceline import BudgetTurn, new_budget, new_shared_budget
 
 __all__ = ["Rate", "Budget", "Turn"]
@@ -184,6 +185,7 @@ class _Acquiring:
     async def _wait(self) -> Turn:
         waiting = self._core.acquire(self._costs, self._timeout)
         loop = asyncio.get_running_loop()
+        slow = None  # the debug line's timer, once the turn is not given at once
         try:
             while True:
                 woken = loop.create_future()
@@ -200,6 +202,8 @@ class _Acquiring:
                 turn = waiting.poll(wake)
                 if turn is not None:
                     return Turn(turn)
+                if slow is None:
+                    slow = tell_when_slow("a budget", self._core.waiting)
                 again_in = waiting.again_in()
                 if again_in is None:
                     await woken
@@ -210,6 +214,9 @@ class _Acquiring:
             # Cancelled, or a deadline: the place is given up, nothing was spent.
             waiting.cancel()
             raise
+        finally:
+            if slow is not None:
+                slow.cancel()
 
     async def __aenter__(self) -> Turn:
         if self._turn is not None:

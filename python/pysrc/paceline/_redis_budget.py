@@ -21,20 +21,12 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._args import _timeout
+from ._blocking import tell_when_slow
 from ._budget import Rate, _checked, _costs, _fields, _seconds
 from ._paceline import FLEET_LEASE as _LEASE
 from ._paceline import FLEET_RENEW_EVERY, FleetForeign, new_fleet_budget
-from ._redis_core import (
-    RedisLimitError,
-    RedisRejected,
-    RedisUnavailable,
-    _answered,
-    _call_timeout,
-    _describe,
-    _is_async_client,
-    _key,
-    _prefix,
-)
+from ._redis_core import RedisLimitError, RedisRejected, RedisUnavailable, _answered
+from ._redis_core import _call_timeout, _describe, _is_async_client, _key, _prefix
 from ._redis_wire import BUDGET_READ_SHA, BUDGET_WRITE_SHA, _AsyncWire
 
 _log = logging.getLogger("paceline")
@@ -491,6 +483,7 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         cells = self._core.cells(costs)
         waiter = self._core.waiter(cells, timeout)
         self._hold()
+        slow = tell_when_slow(f"the fleet budget {self._name!r}")
         try:
             while True:
                 try:
@@ -522,6 +515,8 @@ class RedisBudget(_FleetCommon, _AsyncWire):
                 except BaseException:  # noqa: BLE001 - cancelled again: it goes on alone
                     pass
             raise
+        finally:
+            slow.cancel()
 
     async def try_acquire(self, **costs: int) -> Optional[FleetTurn]:
         """A turn now, or ``None`` (someone waits ahead, a rate or the cap says not yet);

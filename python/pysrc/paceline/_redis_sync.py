@@ -8,6 +8,7 @@ from typing import Any, Optional, Union
 
 from . import KeyedLimiter, Limiter
 from ._args import _timeout
+from ._blocking import warn_if_on_a_loop
 from ._redis_core import (
     DECIDE_SCRIPT,
     REFUND_SCRIPT,
@@ -147,6 +148,7 @@ class SyncRedisLimiter(_Base):
             raise self._too_far(int(reply[1]))
         wait = int(reply[2])
         if wait > 0:
+            warn_if_on_a_loop(lambda: True, "paceline.redis.RedisLimiter's `await limiter.acquire(key)`")
             try:
                 time.sleep(wait / 1e9)
             except BaseException:

@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence
 
 from .._paceline import Admitted, Refused, new_asgi_core
-from ._limit import Limit, Scope, _is_async, _tier, storable
+from ._limit import _RESETS, Limit, Scope, _is_async, _tier, storable
 
 _log = logging.getLogger("paceline.asgi")
 
@@ -194,6 +194,7 @@ class _Checker:
             (limit.name for limit in every if limit.key._spec[0] == "proxies"), None
         )
         self.watch_at = time.monotonic() + _WATCH_EVERY
+        self.resets = _RESETS[0]
         self.watched = [limit for limit in limits if limit.shared is not None]
 
     def _build(self) -> None:
@@ -283,7 +284,8 @@ class _Checker:
         return keys, costs, skips
 
     def _ask(self, scope: Scope, parts: tuple) -> Any:
-        if time.monotonic() >= self.watch_at:
+        if time.monotonic() >= self.watch_at or self.resets != _RESETS[0]:
+            self.resets = _RESETS[0]
             self._watch()
         client = scope.get("client")
         if self.needs_address and (not client or not client[0]):

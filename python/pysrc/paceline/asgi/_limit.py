@@ -363,6 +363,44 @@ class Limit:
         """Whether the shared file was removed or replaced at its path."""
         return any(not table.is_current() for table in self._tables)
 
+    def reset(self) -> None:
+        """Starts every key of this limit afresh, as if no request had come: for a test
+        suite that must pass twice, and for an operator. In process, at once for every
+        middleware and route the limit is part of; with ``shared=``, the file is removed
+        and made anew, and every worker of the host follows within a second. A limit kept
+        in Redis resets with ``await limit.areset()`` (a Redis call): this raises
+        ``TypeError`` for one."""
+        if self.redis is not None:
+            raise TypeError(
+                f"the limit {self.name!r} is kept in Redis: reset it with `await "
+                "limit.areset()`"
+            )
+        self._reset_here()
+
+    async def areset(self) -> None:
+        """``reset`` for a limit in any tier, in Redis too: every key of this limit is
+        deleted there, for every server of the fleet (each server's memory of a refusal
+        it just made goes at once in this process; another process may refuse a key it
+        refused itself for up to the wait Redis told it)."""
+        if self.redis is None:
+            self._reset_here()
+            return
+        await _reset_in_redis(self)
+
+    def _reset_here(self) -> None:
+        if self.shared is not None:
+            try:
+                os.unlink(self.shared)
+            except FileNotFoundError:
+                pass  # removed already: the path is made anew
+            except PermissionError as e:
+                raise PermissionError(
+                    f"cannot reset the limit {self.name!r}: its shared file {self.shared!r} "
+                    f"cannot be removed by this user ({e.strerror}); remove it as its owner"
+                ) from None
+        self._open()
+        _RESETS[0] += 1
+
     def __repr__(self) -> str:
         rates = ", ".join(f"{c}/{p:g}s" for c, p, _, _ in self._rates)
         return (
@@ -387,6 +425,33 @@ class Limit:
             spec.limit = self
             specs.append(spec)
         return specs
+
+
+#: How many resets this process made: the middlewares and routes rebuild what they hold
+#: of their limits when it changes (a list: read and bumped in place).
+_RESETS = [0]
+
+
+async def _reset_in_redis(limit: Limit) -> None:
+    """Deletes every key of ``limit`` in Redis (every node of a cluster)."""
+    limiter = limit.redis
+    client = limiter._client
+    # Glob characters in the name match themselves.
+    name = "".join("\\" + c if c in "*?[]\\" else c for c in limit.name)
+    pattern = f"paceline-asgi:{name}:{{*"
+    cluster = hasattr(client, "get_primaries")
+    batch: List[Any] = []
+    async for key in client.scan_iter(match=pattern, count=1000):
+        if cluster:
+            await client.unlink(key)  # one slot per key
+            continue
+        batch.append(key)
+        if len(batch) >= 1000:
+            await client.unlink(*batch)
+            batch.clear()
+    if batch:
+        await client.unlink(*batch)
+    limiter._refused.clear()
 
 
 #: The quota each limit kept in Redis was last made with in this process, by name.
