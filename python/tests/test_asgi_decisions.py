@@ -348,3 +348,237 @@ def test_two_limits_of_one_name_in_redis_are_one_count_and_another_quota_is_told
     with caplog.at_level(logging.WARNING, logger="paceline.asgi"):
         asyncio.run(go())
     assert any("two limits named 'same'" in record.getMessage() for record in caplog.records)
+
+
+# What an attack on the above found.
+
+
+async def leaving_after(seconds):
+    await asyncio.sleep(seconds)
+    return {"type": "http.disconnect"}
+
+
+async def call_leaving(app, headers, seconds):
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return await leaving_after(seconds)
+
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": list(headers), "client": ("203.0.113.7", 1)}
+    await app(scope, receive, send)
+    return sent
+
+
+def _local_cells(limit, key, most):
+    """How many requests of `key` the in-process `limit` admits now (spending them)."""
+    app = RateLimitMiddleware(ok_app, [limit])
+
+    async def go():
+        return sum([(await call(app, [(b"x-api-key", key)]))[0] == 200 for _ in range(most)])
+
+    return asyncio.run(go())
+
+
+@needs_redis
+def test_cors_preflights_spend_nothing_in_redis_either(fresh):
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        for wait in (None, 1.0):
+            fresh.cli("FLUSHALL")
+            app = RateLimitMiddleware(
+                ok_app, [Limit("p", 2, per=HOUR, key=API_KEY, redis=r, redis_timeout=SLOW_OK)], wait_up_to=wait
+            )
+            options = []
+            for _ in range(3):
+                sent = []
+
+                async def send(message):
+                    sent.append(message)
+
+                async def receive():
+                    return {"type": "http.request", "body": b""}
+
+                scope = {"type": "http", "method": "OPTIONS", "path": "/", "client": ("192.0.2.1", 1),
+                         "headers": [(b"x-api-key", b"k")]}
+                await app(scope, receive, send)
+                options.append(sent[0]["status"])
+            assert options == [200] * 3
+            assert [(await call(app, [(b"x-api-key", b"k")]))[0] for _ in range(3)] == [200, 200, 429]
+        await r.aclose()
+
+    asyncio.run(go())
+
+
+@needs_redis
+def test_a_client_leaving_while_its_redis_turn_comes_gives_back_a_cell_due_here_at_once(fresh):
+    local = Limit("local", 5, per=HOUR, key=API_KEY)
+
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        fleet = Limit("fleet", 1, per=2.0, burst=1, key=API_KEY, redis=r, redis_timeout=SLOW_OK)
+        app = RateLimitMiddleware(ok_app, [local, fleet], wait_up_to=5.0)
+        assert (await call(app, [(b"x-api-key", b"k")]))[0] == 200
+        assert await call_leaving(app, [(b"x-api-key", b"k")], 0.3) == []
+        await r.aclose()
+
+    asyncio.run(go())
+    assert _local_cells(local, b"k", 5) == 4  # one spent by the admitted request only
+
+
+@needs_redis
+def test_an_outage_refused_in_wait_mode_spends_nothing_here(fresh):
+    local = Limit("local", 3, per=HOUR, key=API_KEY)
+
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        fleet = Limit("fleet", 10, per=1.0, key=API_KEY, redis=r, redis_timeout=0.3)
+        app = RateLimitMiddleware(ok_app, [local, fleet], wait_up_to=2.0)
+        assert (await call(app, [(b"x-api-key", b"warm")]))[0] == 200
+        fresh.cli("CLIENT", "PAUSE", "3000", "ALL")
+        try:
+            for _ in range(3):
+                assert (await call(app, [(b"x-api-key", b"k")]))[0] == 503
+        finally:
+            fresh.cli("CLIENT", "UNPAUSE")
+        await r.aclose()
+
+    asyncio.run(go())
+    assert _local_cells(local, b"k", 4) == 3
+
+
+@needs_redis
+def test_wait_mode_and_refusing_mode_tell_the_same_longest_wait(fresh):
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        limits = [
+            Limit("hourly", 1, per=HOUR, burst=1, key=API_KEY),
+            Limit("minute", 1, per=60.0, burst=1, key=API_KEY, redis=r, redis_timeout=SLOW_OK),
+        ]
+        for wait in (1.0, None):
+            fresh.cli("FLUSHALL")
+            app = RateLimitMiddleware(ok_app, limits, wait_up_to=wait)
+            key = [(b"x-api-key", f"k{wait}".encode())]
+            assert (await call(app, key))[0] == 200
+            status, fields = await call(app, key)
+            assert status == 429 and retry_after(fields) >= HOUR - 60, (wait, fields)
+        await r.aclose()
+
+    asyncio.run(go())
+
+
+@needs_redis
+def test_a_request_that_can_never_pass_is_told_so_beside_limits_in_redis(fresh):
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        fleet = Limit("fleet", 1, per=60.0, burst=1, key=API_KEY, redis=r, redis_timeout=SLOW_OK)
+        costly = Limit("local", 2, per=HOUR, burst=2, key=API_KEY, cost=5)
+        for wait in (None, 1.0):
+            fresh.cli("FLUSHALL")
+            app = RateLimitMiddleware(ok_app, [costly, fleet], wait_up_to=wait)
+            key = [(b"x-api-key", b"k")]
+            await call(app, key)
+            status, fields = await call(app, key)
+            assert status == 429 and "retry-after" not in fields, (wait, fields)
+        # A limit in Redis that can never admit the request says so over a wait here.
+        huge = Limit("fleet-huge", 2, per=HOUR, burst=2, key=API_KEY, cost=5, redis=r, redis_timeout=SLOW_OK)
+        app = RateLimitMiddleware(ok_app, [Limit("one", 1, per=HOUR, key=API_KEY), huge])
+        key = [(b"x-api-key", b"j")]
+        for _ in range(2):
+            status, fields = await call(app, key)
+            assert status == 429 and "retry-after" not in fields, fields
+        await r.aclose()
+
+    asyncio.run(go())
+
+
+@needs_redis
+def test_an_async_key_function_spends_the_requests_deadline(fresh):
+    async def slow_key(scope):
+        await asyncio.sleep(0.6)
+        return "k"
+
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        local = Limit("local", 1, per=0.9, burst=1, key=slow_key)
+        app = RateLimitMiddleware(ok_app, [local], wait_up_to=0.8)
+        with_fleet = RateLimitMiddleware(
+            ok_app,
+            [local, Limit("fleet", 100, per=1.0, key=API_KEY, cost=lambda scope: 1, redis=r, redis_timeout=SLOW_OK)],
+            wait_up_to=0.8,
+        )
+        for middleware in (app, with_fleet):
+            await asyncio.sleep(1.0)  # the local cell back
+            assert (await call(middleware, [(b"x-api-key", b"k")]))[0] == 200
+            # The next turn is 0.9 s after the first: 1.5 s after this request arrives,
+            # past its 0.8 s (0.6 s of which its key function took).
+            status, _, took = await timed(middleware, headers=[(b"x-api-key", b"k")])
+            assert status == 429 and took < 1.0, (status, took)
+        await r.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_grpc_content_type_is_a_key_of_its_own():
+    app = RateLimitMiddleware(ok_app, [Limit("ct", 1, per=HOUR, key=KeySource.header("content-type"))],
+                              on_missing_key="skip")
+    assert _statuses(app, [(b"content-type", b"application/grpc+t1")], 3) == [200, 429, 429]
+    assert _statuses(app, [(b"content-type", b"application/grpc+t2")], 1) == [200]
+
+
+def test_a_client_written_as_a_list_or_without_a_port_is_a_client():
+    app = RateLimitMiddleware(ok_app, [Limit("ip", 1, per=HOUR)])
+
+    async def go(client):
+        return (await call(app, client=client))[0]
+
+    assert asyncio.run(go(["198.51.100.1", 5000])) == 200
+    assert asyncio.run(go(("198.51.100.1", None))) == 429  # the same client
+    assert asyncio.run(go(("198.51.100.2", None))) == 200
+
+
+@needs_redis
+def test_a_local_share_past_the_deadline_during_an_outage_refuses_at_once_spending_nothing(fresh):
+    import paceline
+
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        near = paceline.KeyedLimiter(1, per=1.5, burst=1)
+        far = paceline.KeyedLimiter(1, per=60.0, burst=1)
+        app = RateLimitMiddleware(
+            ok_app,
+            [Limit("a", 10, per=1.0, key=API_KEY, redis=r, redis_timeout=0.3, on_redis_failure=near),
+             Limit("b", 10, per=1.0, key=API_KEY, redis=r, redis_timeout=0.3, on_redis_failure=far)],
+            wait_up_to=2.0,
+        )
+        fresh.cli("CLIENT", "PAUSE", "3000", "ALL")
+        try:
+            assert (await call(app, [(b"x-api-key", b"k")]))[0] == 200
+            status, fields, took = await timed(app, headers=[(b"x-api-key", b"k")])
+        finally:
+            fresh.cli("CLIENT", "UNPAUSE")
+        assert status == 429 and retry_after(fields) >= 55 and took < 1.0, (status, fields, took)
+        assert near.wait_time("k") <= 1.5  # not booked by the refused request
+        await r.aclose()
+
+    asyncio.run(go())
+
+
+@needs_redis
+def test_a_refusal_here_during_an_outage_is_answered_within_one_timeout(fresh):
+    async def go():
+        r = redis.asyncio.Redis.from_url(fresh.url)
+        fleet = [Limit(f"f{i}", 10, per=1.0, key=API_KEY, redis=r, redis_timeout=0.4) for i in range(3)]
+        app = RateLimitMiddleware(ok_app, [Limit("one", 1, per=HOUR, key=API_KEY), *fleet])
+        assert (await call(app, [(b"x-api-key", b"k")]))[0] == 200
+        fresh.cli("CLIENT", "PAUSE", "3000", "ALL")
+        try:
+            status, _, took = await timed(app, headers=[(b"x-api-key", b"k")])
+        finally:
+            fresh.cli("CLIENT", "UNPAUSE")
+        assert status == 429 and took < 0.75, took
+        await r.aclose()
+
+    asyncio.run(go())

@@ -3,6 +3,8 @@
 
 use super::*;
 
+use core::sync::atomic::{AtomicBool, Ordering};
+
 /// Why a request is answered without a decision: its key is missing.
 #[derive(Clone, Debug)]
 pub(super) enum NoKey {
@@ -271,8 +273,9 @@ pub(super) async fn admit_waiting<C: Clock>(
     config: &Config<C>,
     keys: &[Option<ClientKey>],
     costs: &[u32],
+    max: Duration,
+    hold: Option<&AtomicBool>,
 ) -> Result<(), Refusal> {
-    let max = config.wait_up_to.unwrap_or_default();
     let mut booked = Bookings {
         config,
         taken: Vec::with_capacity(keys.len()),
@@ -302,6 +305,11 @@ pub(super) async fn admit_waiting<C: Clock>(
             }
             _ => limit.count_admitted(),
         }
+    }
+    if let Some(hold) = hold {
+        // `Waiting::book`: stop here once, every turn booked and none taken yet (dropped
+        // now, `booked` gives back even the cells admitted at once).
+        HeldOnce(hold).await;
     }
     // Every booking at once: the request proceeds when the last is due.
     core::future::poll_fn(|cx| {
@@ -358,5 +366,24 @@ pub(super) fn refused(limit: usize, e: NotUntil) -> RefusedBy {
         limit,
         wait: e.wait_time(),
         table_full: e.is_table_full(),
+    }
+}
+
+/// Pending once when its flag is set ([`Waiting::book`](super::Waiting::book)), waking
+/// itself, so that the poll that booked a waiting request's turns ends there.
+struct HeldOnce<'a>(&'a AtomicBool);
+
+impl Future for HeldOnce<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // Relaxed: the flag is set and read by the same poll's thread (`book` sets it,
+        // then polls), and publishes no other data.
+        if self.0.swap(false, Ordering::Relaxed) {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     }
 }

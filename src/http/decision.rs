@@ -5,6 +5,8 @@
 
 use super::*;
 
+use core::sync::atomic::{AtomicBool, Ordering};
+
 /// What a [`RateLimitLayer`] decided for a request ([`RateLimitLayer::decide`]).
 ///
 /// # Examples
@@ -127,6 +129,75 @@ impl<R> Refused<R> {
 #[must_use = "dropping the wait gives its booked turns back"]
 pub struct Waiting<R> {
     future: Pin<Box<dyn Future<Output = Result<Admitted, Refused<R>>> + Send>>,
+    /// Set by [`Waiting::book`] for the poll it makes (the future reads it once its
+    /// turns are booked).
+    hold: Arc<AtomicBool>,
+}
+
+/// A request's own bound on its wait, in its extensions: the layer waits at most this
+/// long for the request (or [`RateLimitLayer::wait_up_to`], if shorter). For a server
+/// that spent part of a request's deadline before asking the layer (an async key
+/// function, a step of its own): it passes what is left.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use paceline::http::{Decision, Head, KeySource, Limit, RateLimitLayer, WaitWithin};
+/// use paceline::Quota;
+///
+/// let layer = RateLimitLayer::new()
+///     .limit(Limit::new("slow", Quota::per_second(1).with_burst(1), KeySource::global()))
+///     .wait_up_to(Duration::from_secs(5));
+/// let mut request = http::Request::get("/").body(()).unwrap();
+/// let Decision::Wait(first) = layer.decide::<String>(&Head::of(&request)) else { panic!() };
+/// drop(futures::executor::block_on(first));
+/// // The next turn is a second away: past what is left of this request's deadline.
+/// request.extensions_mut().insert(WaitWithin(Duration::from_millis(100)));
+/// let Decision::Wait(late) = layer.decide::<String>(&Head::of(&request)) else { panic!() };
+/// assert!(futures::executor::block_on(late).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitWithin(pub Duration);
+
+impl<R> Waiting<R> {
+    /// Books every limit's turn (what the first poll does) without taking any yet:
+    /// `Pending` once they are booked, even when all are due now, or `Ready` with the
+    /// refusal when a limit's turn is too far. Dropped after this, the request gives every
+    /// turn back, the cells admitted at once included; polled again (awaited), it takes
+    /// them when the last is due. For a server that must also book turns elsewhere (a
+    /// limit kept in Redis) before it commits to this request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use paceline::http::{Decision, Head, KeySource, Limit, RateLimitLayer};
+    /// use paceline::Quota;
+    ///
+    /// let layer = RateLimitLayer::new()
+    ///     .limit(Limit::new("one", Quota::per_hour(1), KeySource::global()))
+    ///     .wait_up_to(Duration::from_secs(1));
+    /// let request = http::Request::get("/").body(()).unwrap();
+    /// let waker = futures::task::noop_waker();
+    /// let mut cx = std::task::Context::from_waker(&waker);
+    /// let Decision::Wait(mut held) = layer.decide::<String>(&Head::of(&request)) else { panic!() };
+    /// assert!(std::pin::Pin::new(&mut held).book(&mut cx).is_pending());
+    /// drop(held); // the cell taken at once is given back
+    /// let Decision::Wait(again) = layer.decide::<String>(&Head::of(&request)) else { panic!() };
+    /// assert!(futures::executor::block_on(again).is_ok());
+    /// ```
+    pub fn book(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Admitted, Refused<R>>> {
+        // Relaxed: set and read on this thread, within this poll; it publishes nothing.
+        self.hold.store(true, Ordering::Relaxed);
+        let outcome = self.future.as_mut().poll(cx);
+        // A refusal ends before the flag is read: it must not hold a later poll.
+        self.hold.store(false, Ordering::Relaxed);
+        outcome
+    }
 }
 
 impl<R> fmt::Debug for Waiting<R> {
@@ -199,9 +270,16 @@ impl<C: Clock> RateLimitLayer<C> {
         let config = Arc::clone(&self.config);
         let grpc = grpc(head);
         let costs = costs(&config, head);
+        let mut max = config.wait_up_to.unwrap_or_default();
+        if let Some(within) = head.extensions().get::<WaitWithin>() {
+            max = max.min(within.0);
+        }
+        let hold = Arc::new(AtomicBool::new(false));
+        let held = Arc::clone(&hold);
         Decision::Wait(Waiting {
+            hold,
             future: Box::pin(async move {
-                match admit_waiting(&config, &keys, &costs).await {
+                match admit_waiting(&config, &keys, &costs, max, Some(&held)).await {
                     Ok(()) => Ok(Admitted {
                         fields: config.headers_on_success.then(|| {
                             let mut fields = http::HeaderMap::new();

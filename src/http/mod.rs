@@ -72,7 +72,7 @@ mod service;
 mod store;
 
 pub use body::RefusalBody;
-pub use decision::{Admitted, Decision, Refused, Waiting};
+pub use decision::{Admitted, Decision, Refused, WaitWithin, Waiting};
 use key::Missing;
 pub use key::{ClientKey, Head, KeySource, PeerName};
 pub use layer::{RateLimitLayer, RefusalInfo};

@@ -230,7 +230,8 @@ impl<S, C: Clock> RateLimit<S, C> {
                     };
                     let costs = costs(&config, &head);
                     let grpc = grpc(&head);
-                    if let Err(why) = admit_waiting(&config, &keys, &costs).await {
+                    let max = config.wait_up_to.unwrap_or_default();
+                    if let Err(why) = admit_waiting(&config, &keys, &costs, max, None).await {
                         let refused =
                             super::decision::waiting_refusal::<C, R>(&config, &keys, grpc, &why);
                         return Ok(refused.into_response());

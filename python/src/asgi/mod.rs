@@ -95,7 +95,7 @@ pub(crate) fn new_asgi_core(
 impl AsgiCore {
     /// Decides a request: `Admitted`, `Refused`, or a `Waiting` to await in wait mode.
     /// `keys`, `costs` and `skips` are what Python computed, by limit index.
-    #[pyo3(signature = (method, path, headers, client, keys=None, costs=None, skips=None))]
+    #[pyo3(signature = (method, path, headers, client, keys=None, costs=None, skips=None, wait_within=None))]
     #[allow(clippy::too_many_arguments)]
     fn check<'py>(
         &self,
@@ -107,6 +107,7 @@ impl AsgiCore {
         keys: Option<Vec<Option<String>>>,
         costs: Option<Vec<u32>>,
         skips: Option<Vec<bool>>,
+        wait_within: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let python =
             (keys.is_some() || costs.is_some() || skips.is_some()).then(|| PythonRequest {
@@ -115,7 +116,7 @@ impl AsgiCore {
                 costs,
                 skips,
             });
-        let request = head(method, path, headers, client, python);
+        let request = head(method, path, headers, client, python, wait_within);
         // The GIL let go: storing a new client in a shared file may wait (briefly) for
         // another process's claim of its bucket.
         let decision = py.detach(|| self.layer.decide::<Bytes>(&Head::of(&request)));
@@ -166,7 +167,7 @@ impl KeyReader {
         headers: Vec<(Vec<u8>, Vec<u8>)>,
         client: Option<(String, u16)>,
     ) -> Option<String> {
-        let request = head("GET", "/", headers, client, None);
+        let request = head("GET", "/", headers, client, None, None);
         Some(match self.source.key_of(&Head::of(&request))? {
             ClientKey::Ip(ip) => ip.to_string(),
             ClientKey::Text(text) => text.into(),

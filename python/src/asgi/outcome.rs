@@ -123,6 +123,29 @@ impl Waiting {
         }
     }
 
+    /// Books every limit's turn without taking any yet (`paceline::http::Waiting::book`):
+    /// `None` once booked (cancelled or dropped now, every turn is given back, the cells
+    /// admitted at once included; `poll` then takes them), or the `Refused` when a turn
+    /// is too far.
+    fn book<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let mut slot = self.future.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(future) = slot.as_mut() else {
+            return Err(PyValueError::new_err("this wait is over"));
+        };
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        match future.as_mut().book(&mut cx) {
+            Poll::Ready(outcome) => {
+                *slot = None;
+                Ok(Some(match outcome {
+                    Ok(a) => Bound::new(py, admitted(py, a))?.into_any(),
+                    Err(r) => Bound::new(py, refused(py, r))?.into_any(),
+                }))
+            }
+            Poll::Pending => Ok(None),
+        }
+    }
+
     /// Gives every booking back (the client went away).
     fn cancel(&self) {
         let future = self.future.lock().unwrap_or_else(|e| e.into_inner()).take();

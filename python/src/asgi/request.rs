@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use paceline::http::{Head, PeerName};
+use paceline::http::{Head, PeerName, WaitWithin};
 
 /// What Python computed for one request, for the limits of the core that asks: keys from
 /// functions, costs from functions, and the limits that do not apply, each by the limit's
@@ -37,6 +37,7 @@ pub(super) fn head(
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     client: Option<(String, u16)>,
     python: Option<PythonRequest>,
+    wait_within: Option<f64>,
 ) -> http::Request<()> {
     let mut request = http::Request::new(());
     if let Ok(method) = http::Method::from_bytes(method.as_bytes()) {
@@ -51,8 +52,18 @@ pub(super) fn head(
             continue; // a name no HTTP server accepts: no key is read from it
         };
         // An ASGI app answers in HTTP, never gRPC: a client's gRPC content type must not
-        // turn its refusals into gRPC statuses (HTTP 200).
+        // turn its refusals into gRPC statuses (HTTP 200). It stays a key of its own
+        // (`KeySource.header("content-type")`), behind a `0xFF 0xC0` that no other value
+        // starts with (`field_value` writes `0xFF` only before `0x80`..`0xA0` or `0xFF`).
         if name == http::header::CONTENT_TYPE && value.starts_with(b"application/grpc") {
+            let mut marked = Vec::with_capacity(value.len() + 2);
+            marked.extend_from_slice(&[0xff, 0xc0]);
+            marked.extend_from_slice(field_value(value).as_bytes());
+            map.append(
+                name,
+                http::HeaderValue::from_bytes(&marked)
+                    .unwrap_or(http::HeaderValue::from_static("")),
+            );
             continue;
         }
         map.append(name, field_value(value));
@@ -72,6 +83,10 @@ pub(super) fn head(
     }
     if let Some(python) = python {
         request.extensions_mut().insert(python);
+    }
+    if let Some(left) = wait_within {
+        let left = std::time::Duration::try_from_secs_f64(left.max(0.0)).unwrap_or_default();
+        request.extensions_mut().insert(WaitWithin(left));
     }
     request
 }

@@ -30,8 +30,8 @@ proxies) with ``KeySource.peer_ip()``, or ``--no-proxy-headers`` with
 
 from __future__ import annotations
 
-from ._checker import Admitted, Refused
-from ._limit import KeySource, Limit, Rate
+from .._http.checker import Admitted, Refused
+from .._http.limit import KeySource, Limit, Rate
 from ._middleware import RateLimitMiddleware, RefusalInfo
 from ._exempt import exempt
 from ._route import RouteLimit

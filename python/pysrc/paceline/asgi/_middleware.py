@@ -7,11 +7,11 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable, List, MutableMapping, Optional, Sequence, Tuple, Union
 
-from ._checker import PASS, Admitted, Refused, _Checker, _NoAddress
-from ._limit import Limit, Scope
+from .._http.checker import PASS, Admitted, Refused, _Checker, _NoAddress
+from .._http.limit import Limit, Scope
 from ._listen import replaying, watching
 from ._exempt import is_exempt
-from ._fleet import tightest_legacy
+from .._http.flow import GONE, Decide, Done, Prepare, Redis, Refuse, Turns, fields_of, step, with_fleet
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -171,13 +171,12 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         checker = self._checker
-        arrived = time.monotonic() if checker.fleet is not None else 0.0
+        if checker.fleet is not None:
+            await self._with_fleet(scope, receive, send)
+            return
         outcome = await checker.acheck(scope) if checker.is_async else checker.check(scope)
         if outcome is None:
             await self.app(scope, receive, send)
-            return
-        if checker.fleet is not None:
-            await self._with_fleet(scope, receive, send, outcome, arrived)
             return
         kind = outcome.__class__
         if kind is not Admitted and kind is not Refused and kind is not _NoAddress:
@@ -196,93 +195,62 @@ class RateLimitMiddleware:
             return
         await _refuse(checker, scope, receive, send, outcome)
 
-    async def _with_fleet(
-        self, scope: Scope, receive: Receive, send: Send, outcome: Any, arrived: float
-    ) -> None:
-        """``__call__`` when some limits are kept in Redis: the layer's limits and those
-        in Redis decided together, under one deadline in wait mode (``FleetLimits``)."""
+    async def _with_fleet(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``__call__`` when some limits are kept in Redis: the shared decision
+        (``paceline._http.flow``), its steps awaited on this loop."""
         checker = self._checker
         fleet = checker.fleet
-        kind = outcome.__class__
-        if kind is _NoAddress:
-            await _refuse(checker, scope, receive, send, outcome)
+        arrived = time.monotonic()
+        if await checker.aexempted(scope, scope):
+            await self.app(scope, receive, send)
             return
-        asks = await fleet.prepare(scope)
-        if kind is Refused:
-            await self._refuse_longest(scope, receive, send, outcome, asks)
+        flow = with_fleet(checker, scope, scope, arrived)
+        value: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            op = step(flow, value, error)
+            value = error = None
+            if op.__class__ is Done:
+                break
+            try:
+                if op.__class__ is Prepare:
+                    value = await fleet.prepare(op.scope, op.subject)
+                elif op.__class__ is Decide:
+                    value = await checker.adecide(op.scope, op.subject, op.arrived)
+                elif op.__class__ is Redis and not op.watch:
+                    value = await op.call()
+                elif op.__class__ is Redis:
+                    value, kept = await watching(op.call(), receive, self._buffer)
+                    receive = replaying(kept, receive)
+                    if value is None:
+                        value = GONE  # the client went away: the step gave back its turns
+                else:
+                    value, kept = await watching(_turns(op), receive, self._buffer)
+                    receive = replaying(kept, receive)
+            except BaseException as e:  # noqa: BLE001 - thrown into the flow, which decides
+                error = e
+        verdict = op.verdict
+        if verdict is GONE:
+            return  # the client went away while it waited: every turn given back
+        if verdict.__class__ is Refuse:
+            await _refuse(checker, scope, receive, send, verdict.outcome)
             return
-        # The layer's turn, when it is one to wait for (not yet booked: first polled below).
-        waiting = None if outcome is PASS or kind is Admitted else outcome
-        if checker.wait_up_to is None:
-            refusal, more = await fleet.check(asks)
-            if refusal is not None:
-                await _refuse(checker, scope, receive, send, refusal)
-                return
-            await self._admit(scope, receive, send, outcome, more)
-            return
-        deadline = arrived + checker.wait_up_to
-        booked: list = []
-        try:
-            # Every limit in Redis read first: one whose turn comes after the deadline
-            # refuses the request before anything is booked, here or in Redis.
-            refusal, unreachable = await fleet.too_far(asks, deadline)
-            if refusal is None and waiting is not None:
-                now = waiting.poll(_ignore)  # books the layer's turn (taken, if due now)
-                if now is not None:
-                    waiting = None
-                    if now.__class__ is not Admitted:
-                        await self._refuse_longest(scope, receive, send, now, asks)
-                        return
-                    outcome = now
-            if refusal is None:
-                refusal, more, booked, instant = await fleet.book(asks, deadline, unreachable)
-        except BaseException:
-            if waiting is not None:
-                waiting.cancel()
-            raise
-        if refusal is not None:
-            if waiting is not None:
-                waiting.cancel()  # its turn given back (booked or taken: undone)
-            await _refuse(checker, scope, receive, send, refusal)
-            return
-        if waiting is not None or instant > time.monotonic():
-
-            async def turns() -> Any:
-                try:
-                    result = outcome if waiting is None else await _wait(waiting)
-                    if result.__class__ is Admitted or result is PASS:
-                        late = instant - time.monotonic()
-                        if late > 0:
-                            await asyncio.sleep(late)
-                    else:
-                        await fleet.give_back(booked)
-                    return result
-                except BaseException:
-                    await fleet.give_back(booked)
-                    raise
-
-            result, kept = await watching(turns(), receive, self._buffer)
-            if result is None:
-                return  # the client went away while it waited: every turn given back
-            receive = replaying(kept, receive)
-            if result.__class__ is not Admitted and result is not PASS:
-                await self._refuse_longest(scope, receive, send, result, asks)
-                return
-            outcome = result
-        await self._admit(scope, receive, send, outcome, more)
-
-    async def _admit(
-        self, scope: Scope, receive: Receive, send: Send, outcome: Any, more: list
-    ) -> None:
-        fields = outcome.fields + more
-        if self._checker.legacy:
-            fields = tightest_legacy(fields)
+        fields = fields_of(verdict, checker.legacy)
         await self.app(scope, receive, _adding(send, fields) if fields else send)
 
-    async def _refuse_longest(
-        self, scope: Scope, receive: Receive, send: Send, refused: Any, asks: list
-    ) -> None:
-        """A refusal of the layer's, told the longest wait, those in Redis included."""
-        if refused.__class__ is Refused and refused.status == 429:
-            refused = await self._checker.fleet.also_refusing(refused, asks)
-        await _refuse(self._checker, scope, receive, send, refused)
+
+async def _turns(op: Turns) -> Any:
+    """Waits for a request's turns (``Turns``): the latest in Redis, then the layer's."""
+    try:
+        late = op.instant - time.monotonic()
+        if late > 0:
+            await asyncio.sleep(late)
+        result = op.outcome if op.waiting is None else await _wait(op.waiting)
+        if result.__class__ is not Admitted and result is not PASS:
+            await op.fleet.give_back(op.booked)
+        return result
+    except BaseException:
+        if op.waiting is not None:
+            op.waiting.cancel()
+        await op.fleet.give_back(op.booked)
+        raise

@@ -7,8 +7,8 @@ import asyncio
 import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ._checker import PASS, Admitted, _Checker
-from ._limit import Limit, Scope
+from .._http.checker import PASS, Admitted, _Checker
+from .._http.limit import Limit, Scope
 
 def _as_dict(headers: List[Tuple[bytes, bytes]]) -> Dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}

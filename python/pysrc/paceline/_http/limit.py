@@ -108,6 +108,21 @@ class KeySource:
         return KeySource(("callable",), fn)
 
 
+def client_of(scope: Scope) -> Any:
+    """The request's client as ``(host, port)``, ``None`` when the server names none:
+    ASGI allows any pair (Daphne writes a list), and a port may be missing."""
+    client = scope.get("client")
+    if client is None or client.__class__ is tuple and len(client) == 2 and client[1].__class__ is int:
+        return client
+    try:
+        host, port = client
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(host, str):
+        return None
+    return host, port if isinstance(port, int) and 0 <= port <= 0xFFFF else 0
+
+
 def storable(key: str) -> str:
     """A key as Rust and Redis can hold it: the key itself, unless it cannot be written
     as UTF-8 (a key function's ``str`` holding a lone surrogate, as ``surrogateescape``

@@ -17,9 +17,9 @@ import hashlib
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Generator, List, Optional, Tuple, Union
 
-from ._limit import storable
+from .limit import client_of, storable
 
 _log = logging.getLogger("paceline.asgi")
 
@@ -118,38 +118,29 @@ class FleetLimit:
         # key for a value Redis answered about one key.
         self.logged: Dict[Optional[str], float] = {}
 
-    async def applies(self, scope: Any) -> bool:
+    def ask(self, scope: Any, subject: Any) -> Generator[Any, Any, Optional[Ask]]:
+        """This limit's part in a request (``None``: it does not apply), as steps: each
+        value a function of the request gave is yielded, and what is sent back is used
+        (awaited first by an async server's runner; a sync server's runner refuses an
+        awaitable). So one source serves ``prepare`` and ``prepare_sync``."""
         if self.methods is not None and scope["method"] not in self.methods:
-            return False
-        if self.exempt_when is None:
-            return True
-        skip = self.exempt_when(scope)
-        if hasattr(skip, "__await__"):
-            skip = await skip
-        return not skip
-
-    async def key(self, scope: Any) -> Optional[str]:
+            return None
+        if self.exempt_when is not None and (yield self.exempt_when(subject)):
+            return None
         if self.key_fn is not None:
-            key = self.key_fn(scope)
-            if hasattr(key, "__await__"):
-                key = await key
+            key = yield self.key_fn(subject)
             if key is not None and not isinstance(key, str):
                 raise TypeError(f"a key function must return a str or None, got {key!r}")
         else:
-            key = self.reader.key(scope["headers"], scope.get("client"))  # type: ignore[union-attr]
-        return None if key is None else _bounded(key)
-
-    async def cost_of(self, scope: Any) -> int:
+            key = self.reader.key(scope["headers"], client_of(scope))  # type: ignore[union-attr]
         cost = self.cost
         if callable(cost):
-            cost = cost(scope)
-            if hasattr(cost, "__await__"):
-                cost = await cost
+            cost = yield cost(subject)
             if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= 0xFFFF_FFFF:
                 raise TypeError(
                     f"a cost function must return an int from 0 to 4294967295, got {cost!r}"
                 )
-        return cost
+        return self, None if key is None else _bounded(key), cost
 
     def never(self, cost: int) -> bool:
         """Whether ``cost`` cells are more than the burst: never admitted."""
@@ -302,18 +293,49 @@ class FleetLimits:
         self.headers_on_success = headers_on_success
         self.legacy_headers = legacy_headers
 
-    async def prepare(self, scope: Any) -> List[Ask]:
-        """Each limit that applies to the request, with its key and cost (the key and
-        cost functions are called here, once per request)."""
+    def _asks(self, scope: Any, subject: Any) -> Generator[Any, Any, List[Ask]]:
         asks: List[Ask] = []
         for limit in self.limits:
-            if not await limit.applies(scope):
+            ask = yield from limit.ask(scope, subject)
+            if ask is None:
                 continue
-            key = await limit.key(scope)
+            limit, key, cost = ask
             if key is None and self.missing in (None, "shared"):
                 key = _KEYLESS
-            asks.append((limit, key, await limit.cost_of(scope)))
+            asks.append((limit, key, cost))
         return asks
+
+    async def prepare(self, scope: Any, subject: Any = None) -> List[Ask]:
+        """Each limit that applies to the request, with its key and cost (the key and
+        cost functions are called here, once per request, with ``subject``, default
+        ``scope``; ``async`` ones awaited)."""
+        steps = self._asks(scope, scope if subject is None else subject)
+        value = None
+        while True:
+            try:
+                value = steps.send(value)
+            except StopIteration as done:
+                return done.value
+            if hasattr(value, "__await__"):
+                value = await value
+
+    def prepare_sync(self, scope: Any, subject: Any) -> List[Ask]:
+        """``prepare`` for a sync server: a function returning an awaitable is an error."""
+        steps = self._asks(scope, subject)
+        value = None
+        while True:
+            try:
+                value = steps.send(value)
+            except StopIteration as done:
+                return done.value
+            if hasattr(value, "__await__"):
+                if hasattr(value, "close"):
+                    value.close()  # never awaited: no warning about it
+                steps.close()
+                raise TypeError(
+                    "a limit's key, cost or exemption function is async, and this server "
+                    "is not: make it a plain function"
+                )
 
     def _plan(self, asks: List[Ask]) -> Union[Answer, List[Tuple[FleetLimit, str, int]]]:
         """The limits to ask, or the answer a request gets without asking Redis (a
@@ -378,7 +400,18 @@ class FleetLimits:
         left = deadline - time.monotonic()
         for i, ((limit, key, cost), reply) in enumerate(zip(plan, replies)):
             if isinstance(reply, RedisUnavailable):
-                unreachable[i] = reply  # its failure policy decides when it books
+                # Its failure policy decides when it books: "closed" refuses now, before
+                # anything is booked; a local share's turn counts against the deadline.
+                policy = limit.limiter._policy
+                if policy == "closed":
+                    limit.trouble(reply, key)
+                    return _unavailable(reply), {}
+                unreachable[i] = reply
+                if policy == "open":
+                    continue
+                wait = int(limit.limiter._local_wait(key, cost) * 1e9)
+                if longest is None or wait > longest[0]:
+                    longest = (wait, limit, cost)
                 continue
             if isinstance(reply, RedisLimitError):
                 limit.trouble(reply, key)
@@ -443,20 +476,33 @@ class FleetLimits:
     async def also_refusing(self, refused: Any, asks: List[Ask]) -> Any:
         """A refusal of the layer's (``refused``), told the longest wait among every
         limit that applies, those in Redis included: each of those is read (nothing is
-        spent; its cost as the request's cost function gives it), and one that would
-        refuse for longer sets ``Retry-After``; their fields join the refusal's. A limit
-        whose Redis cannot answer is left out."""
+        spent; its cost as the request's cost function gives it; all at once, so an
+        outage costs one call timeout), and one that would refuse for longer sets
+        ``Retry-After``; their fields join the refusal's. A limit whose Redis cannot
+        answer is left out. A refusal that has no wait (a cost past a burst, a missing
+        key) is answered as it is, and so is a limit in Redis that can never admit the
+        request (its cost past that limit's burst)."""
         from .._redis_core import RedisLimitError
 
+        if refused.limit is None or not any(name == b"retry-after" for name, _ in refused.headers):
+            return refused  # not a wait: nothing to make longer
+        plan = []
+        for limit, key, cost in asks:
+            if key is None or cost == 0:
+                continue
+            if limit.never(cost):
+                return _never(limit, cost)
+            plan.append((limit, key, cost))
+        replies = await asyncio.gather(
+            *(limit.limiter._read(key) for limit, key, _ in plan), return_exceptions=True
+        )
         headers = list(refused.headers)
         longest, name = refused.wait, refused.limit
-        for limit, key, cost in asks:
-            if key is None or cost == 0 or limit.never(cost):
+        for (limit, key, cost), reply in zip(plan, replies):
+            if isinstance(reply, RedisLimitError):
                 continue
-            try:
-                reply = await limit.limiter._read(key)
-            except RedisLimitError:
-                continue
+            if isinstance(reply, BaseException):
+                raise reply
             ahead = int(reply[2])
             wait = limit.limiter._wait_from(reply, cost)
             headers += [limit.policy, limit.state(ahead)]

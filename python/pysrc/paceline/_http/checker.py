@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence
 
 from .._paceline import Admitted, Refused, new_asgi_core
-from ._limit import _RESETS, Limit, Scope, _is_async, _tier, storable
+from .limit import _RESETS, Limit, Scope, _is_async, _tier, client_of, storable
 
 _log = logging.getLogger("paceline.asgi")
 
@@ -156,7 +156,7 @@ class _Checker:
         self.fleet = None
         fleet = [limit for limit in limits if limit.redis is not None]
         if fleet:
-            from ._fleet import FleetLimits
+            from .fleet import FleetLimits
 
             self.fleet = FleetLimits(
                 fleet,
@@ -253,41 +253,41 @@ class _Checker:
         if any(limit._built is not built for limit, built in zip(self.limits, self.built)):
             self._build()
 
-    def _parts(self, scope: Scope) -> tuple:
+    def _parts(self, subject: Any) -> tuple:
         """What Python computes for this request (sync functions only)."""
         keys = costs = skips = None
         if self.any_keys:
             keys = []
             for fn, tier in zip(self.key_fns, self.tiers):
-                key = None if fn is None else fn(scope)
+                key = None if fn is None else fn(subject)
                 keys.append(_key(key, tier))
         if self.any_costs:
-            costs = [1 if fn is None else _cost(fn(scope)) for fn in self.cost_fns]
+            costs = [1 if fn is None else _cost(fn(subject)) for fn in self.cost_fns]
         if self.any_when:
-            skips = [False if fn is None else _flag(fn(scope)) for fn in self.when_fns]
+            skips = [False if fn is None else _flag(fn(subject)) for fn in self.when_fns]
         return keys, costs, skips
 
-    async def _parts_async(self, scope: Scope) -> tuple:
+    async def _parts_async(self, subject: Any) -> tuple:
         """[`_parts`], awaiting the functions that are coroutines."""
         keys = costs = skips = None
         if self.any_keys:
             keys = []
             for fn, tier in zip(self.key_fns, self.tiers):
-                key = None if fn is None else await _maybe(fn(scope))
+                key = None if fn is None else await _maybe(fn(subject))
                 keys.append(_key(key, tier))
         if self.any_costs:
-            costs = [1 if fn is None else _cost(await _maybe(fn(scope))) for fn in self.cost_fns]
+            costs = [1 if fn is None else _cost(await _maybe(fn(subject))) for fn in self.cost_fns]
         if self.any_when:
             skips = [
-                False if fn is None else _flag(await _maybe(fn(scope))) for fn in self.when_fns
+                False if fn is None else _flag(await _maybe(fn(subject))) for fn in self.when_fns
             ]
         return keys, costs, skips
 
-    def _ask(self, scope: Scope, parts: tuple) -> Any:
+    def _ask(self, scope: Scope, parts: tuple, wait_within: Optional[float] = None) -> Any:
         if time.monotonic() >= self.watch_at or self.resets != _RESETS[0]:
             self.resets = _RESETS[0]
             self._watch()
-        client = scope.get("client")
+        client = client_of(scope)
         if self.needs_address and (not client or not client[0]):
             method = scope.get("method")
             for name, methods in self.needs_address:
@@ -299,28 +299,63 @@ class _Checker:
             return PASS  # only limits kept in Redis: the middleware asks them next
         keys, costs, skips = parts
         return self.core.check(
-            scope["method"], scope["path"], scope["headers"], client, keys, costs, skips
+            scope["method"], scope["path"], scope["headers"], client, keys, costs, skips, wait_within
         )
 
-    def check(self, scope: Scope) -> Any:
+    def check(self, scope: Scope, subject: Any = None) -> Any:
         """The layer's answer for this request: ``None`` when exempt, ``Admitted``,
-        ``Refused``, or a ``Waiting``. For limits whose functions are all plain ones."""
+        ``Refused``, or a ``Waiting``. For limits whose functions are all plain ones.
+        ``scope`` is the request's head as ASGI writes it (``method``, ``path``,
+        ``headers``, ``client``); ``subject`` what the key, cost and exemption functions
+        are given (the server's own request: the ASGI scope, a WSGI environ; default
+        ``scope``)."""
+        subject = scope if subject is None else subject
+        if self.exempted(scope, subject):
+            return None
+        return self.decide(scope, subject)
+
+    async def acheck(self, scope: Scope, subject: Any = None) -> Any:
+        """[`check`], awaiting async key and cost functions."""
+        subject = scope if subject is None else subject
+        if await self.aexempted(scope, subject):
+            return None
+        return await self.adecide(scope, subject, time.monotonic())
+
+    def exempted(self, scope: Scope, subject: Any) -> bool:
+        """Whether no limit applies to the request: ``OPTIONS`` (a CORS preflight) unless
+        the ``exempt`` function decides instead, for the limits here and in Redis alike."""
+        if self.exempt is None:
+            return scope["method"] == "OPTIONS"
+        return _flag(self.exempt(subject))
+
+    async def aexempted(self, scope: Scope, subject: Any) -> bool:
+        """[`exempted`], awaiting an async ``exempt``."""
+        if self.exempt is None:
+            return scope["method"] == "OPTIONS"
+        return _flag(await _maybe(self.exempt(subject)))
+
+    def decide(self, scope: Scope, subject: Any, arrived: Optional[float] = None) -> Any:
+        """The layer's answer for a request that is not exempt (sync functions only); in
+        wait mode its turns come within ``wait_up_to`` of ``arrived``
+        (``time.monotonic()``, default now)."""
         if self.is_async:
             raise TypeError(
                 "a limit's key, cost or exemption function is async: this path decides "
                 "synchronously (use the RouteLimit as a FastAPI dependency, or the middleware)"
             )
-        if self.exempt is not None and _flag(self.exempt(scope)):
-            return None
-        return self._ask(scope, self._parts(scope))
+        return self._ask(scope, self._parts(subject), self._left(arrived))
 
-    async def acheck(self, scope: Scope) -> Any:
-        """[`check`], awaiting async key and cost functions."""
-        if self.exempt is not None and _flag(await _maybe(self.exempt(scope))):
+    async def adecide(self, scope: Scope, subject: Any, arrived: Optional[float] = None) -> Any:
+        """[`decide`], awaiting async key and cost functions (their time counts against
+        ``wait_up_to`` too)."""
+        parts = await self._parts_async(subject) if self.is_async else self._parts(subject)
+        return self._ask(scope, parts, self._left(arrived))
+
+    def _left(self, arrived: Optional[float]) -> Optional[float]:
+        """What is left of a waiting request's ``wait_up_to`` (``None``: all of it)."""
+        if arrived is None or self.wait_up_to is None:
             return None
-        if self.is_async:
-            return self._ask(scope, await self._parts_async(scope))
-        return self._ask(scope, self._parts(scope))
+        return self.wait_up_to - (time.monotonic() - arrived)
 
 
 async def _maybe(value: Any) -> Any:
