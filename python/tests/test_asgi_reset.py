@@ -132,3 +132,21 @@ def test_a_limit_in_redis_resets_for_the_fleet_with_areset():
         asyncio.run(go())
     finally:
         server.stop()
+
+
+def test_the_readme_fixture_resets_route_limits_and_middlewares_too():
+    limit = Limit("route", 1, per=HOUR, key=KEY)
+    route = RouteLimit(limit)
+    middleware = RateLimitMiddleware(ok_app, [Limit("mw", 1, per=HOUR, key=KEY)])
+    scope = {"type": "http", "method": "GET", "path": "/", "client": ("192.0.2.1", 1),
+             "headers": [(b"x-api-key", b"k")]}
+    for _ in range(2):  # a suite run twice
+        route.reset()
+        middleware.reset()
+        assert route.decide(scope)[0] and not route.decide(scope)[0]
+        assert asyncio.run(statuses(middleware, 2)) == [200, 429]
+
+
+def test_a_tier_given_as_rate_and_period_is_a_tier():
+    tiered = Limit("tiers", 1, per=HOUR, key=lambda scope: "k", quota_for=lambda key: (3, HOUR))
+    assert asyncio.run(statuses(RateLimitMiddleware(ok_app, [tiered]), 4)) == [200, 200, 200, 429]

@@ -647,3 +647,38 @@ def test_a_blocking_wait_on_an_event_loops_thread_warns_once():
             keyed.acquire_blocking("j")
 
     asyncio.run(keyed_inside_a_loop())
+
+
+def test_a_blocking_call_that_would_not_wait_or_fails_at_once_does_not_warn():
+    import paceline._blocking as blocking
+
+    blocking._warned = False
+    limiter = paceline.Limiter(1, per=5.0, burst=1)
+
+    async def inside_a_loop():
+        assert limiter.try_acquire()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(TimeoutError):
+                limiter.acquire_blocking(timeout=0.01)  # raises at once: no stall
+
+    asyncio.run(inside_a_loop())
+    assert blocking._warned is False
+
+
+def test_a_blocking_budget_turn_on_an_event_loops_thread_warns():
+    import paceline._blocking as blocking
+
+    blocking._warned = False
+    budget = paceline.Budget(in_flight=1)
+
+    async def inside_a_loop():
+        held = budget.try_acquire()
+        with pytest.warns(RuntimeWarning, match="budget.acquire") as caught:
+            with pytest.raises(TimeoutError):
+                budget.acquire_blocking(timeout=0.05)
+        assert caught[0].filename == __file__
+        held.release()
+
+    asyncio.run(inside_a_loop())
+    blocking._warned = False

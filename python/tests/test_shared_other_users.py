@@ -71,3 +71,28 @@ def test_another_users_planted_file_is_refused_and_a_trusted_one_opened(request)
     )
     assert said.startswith("refused"), said
     assert sum(service.try_acquire() for _ in range(100)) == 10
+
+
+def test_a_reset_by_root_keeps_another_users_file_theirs(request):
+    if not _can_switch_user():
+        pytest.skip("needs root and setpriv to act as another user")
+    import pathlib
+    import shutil
+    import tempfile
+
+    from paceline.asgi import Limit
+
+    shm = pathlib.Path(tempfile.mkdtemp(prefix="paceline-shm-"))
+    request.addfinalizer(lambda: shutil.rmtree(shm, ignore_errors=True))
+    os.chmod(shm, 0o1777)
+    path = str(shm / "limit")
+    worker = ("import sys; from paceline.asgi import Limit; "
+              "Limit('api', 2, per=3600.0, shared=sys.argv[1])")
+    _as_nobody(worker, path)  # the workers' file, theirs
+    before = os.stat(path)
+    limit = Limit("api", 2, per=3600.0, shared=path, trust_user="nobody")
+    limit.reset()
+    after = os.stat(path)
+    assert after.st_ino != before.st_ino  # made anew...
+    assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+    _as_nobody(worker, path)  # ...and its workers open it again

@@ -25,7 +25,7 @@ import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ._args import _count, _gid, _path, _timeout, _trusted, _uid
-from ._blocking import tell_when_slow
+from ._blocking import tell_if_slow_blocking, tell_when_slow, warn_if_on_a_loop
 from ._paceline import BudgetTurn, new_budget, new_shared_budget
 
 __all__ = ["Rate", "Budget", "Turn"]
@@ -336,8 +336,21 @@ class Budget:
         """``acquire`` for threads: blocks (the GIL released) in the same queue. Use it as
         ``with budget.acquire_blocking(tokens=n) as turn:``. Ctrl-C ends the wait with
         ``KeyboardInterrupt`` and gives the place up. Never from an event loop's own
-        thread: the turns it would wait for may be held by that loop's tasks."""
-        return Turn(self._core.acquire_blocking(_costs(costs), _timeout(timeout)))
+        thread: the turns it would wait for may be held by that loop's tasks (it warns
+        there, once). A turn its rates put more than a second away says so in a debug
+        line first."""
+        wanted, timeout = _costs(costs), _timeout(timeout)
+        warn_if_on_a_loop(lambda: self._blocks(wanted, timeout), "`await budget.acquire(...)`")
+        tell_if_slow_blocking("a budget", lambda: self._core.wait_time(wanted), self._core.waiting)
+        return Turn(self._core.acquire_blocking(wanted, timeout))
+
+    def _blocks(self, costs: List[Tuple[str, int]], timeout: Optional[float]) -> bool:
+        """Whether a blocking turn of ``costs`` would wait now (for its rates, a permit,
+        or callers ahead), and not fail at once for its ``timeout``."""
+        wait = self._core.wait_time(costs)
+        cap = self._core.in_flight_limit()
+        busy = (cap is not None and self._core.in_flight() >= cap) or self._core.waiting() > 0
+        return (wait > 0 or busy) and (timeout is None or wait <= timeout)
 
     def try_acquire(self, **costs: int) -> Optional[Turn]:
         """A turn now, or ``None`` (someone waits ahead, a rate or the cap says not yet);

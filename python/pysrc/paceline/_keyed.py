@@ -6,7 +6,7 @@ import os
 from typing import Awaitable, Dict, Optional, Union
 
 from ._args import _MAX_COUNT, _capacity, _count, _gid, _hold_seconds, _path, _quota, _timeout, _trusted, _uid
-from ._blocking import warn_if_on_a_loop
+from ._blocking import _would_wait, warn_if_on_a_loop
 from ._limiter import _PICKLE_HINT
 from ._paceline import new_keyed_core, new_shared_keyed_core
 from ._waiting import _Waiting, _when_room
@@ -155,10 +155,9 @@ class KeyedLimiter:
         """Blocks this thread (the GIL released) for its booked turn."""
         key = self._key(key)
         n = _count("n", n, 0)
-        warn_if_on_a_loop(
-            lambda: self._core.wait_time(key, n) > 0, "`await limiter.acquire(key)`"
-        )
-        self._core.acquire_blocking(key, n, _timeout(timeout))
+        timeout = _timeout(timeout)
+        warn_if_on_a_loop(lambda: _would_wait(self._core.wait_time(key, n), timeout), "`await limiter.acquire(key)`")
+        self._core.acquire_blocking(key, n, timeout)
 
     def set_quota(self, rate: int, per: float = 1.0, burst: Optional[int] = None) -> None:
         """Changes every key's quota while running."""

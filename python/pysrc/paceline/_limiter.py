@@ -6,7 +6,7 @@ import os
 from typing import Awaitable, Dict, Optional, Union
 
 from ._args import _MAX_COUNT, _count, _gid, _hold_seconds, _path, _quota, _timeout, _trusted, _uid
-from ._blocking import warn_if_on_a_loop
+from ._blocking import _would_wait, warn_if_on_a_loop
 from ._paceline import new_core, new_shared_core
 from ._waiting import _Waiting
 
@@ -176,10 +176,9 @@ class Limiter:
         """Blocks this thread (the GIL released) for its booked turn for ``n`` cells,
         with the same ``timeout`` rule as ``acquire``."""
         n = _count("n", n, 0)
-        warn_if_on_a_loop(
-            lambda: self._core.wait_time(n) > 0, "`async with limiter:` or `await limiter.acquire()`"
-        )
-        self._core.acquire_blocking(n, _timeout(timeout))
+        timeout = _timeout(timeout)
+        warn_if_on_a_loop(lambda: _would_wait(self._core.wait_time(n), timeout), "`await limiter.acquire()`")
+        self._core.acquire_blocking(n, timeout)
 
     def set_quota(self, rate: int, per: float = 1.0, burst: Optional[int] = None) -> None:
         """Changes the quota while running: what was spent stays spent, waiters keep
@@ -212,9 +211,6 @@ class Limiter:
         return None
 
     def __enter__(self) -> "Limiter":
-        warn_if_on_a_loop(
-            lambda: self._core.wait_time(1) > 0, "`async with limiter:` or `await limiter.acquire()`"
-        )
         self.acquire_blocking(1)
         return self
 

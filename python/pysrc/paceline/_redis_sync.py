@@ -148,8 +148,8 @@ class SyncRedisLimiter(_Base):
             raise self._too_far(int(reply[1]))
         wait = int(reply[2])
         if wait > 0:
-            warn_if_on_a_loop(lambda: True, "paceline.redis.RedisLimiter's `await limiter.acquire(key)`")
             try:
+                warn_if_on_a_loop(lambda: True, "paceline.redis.RedisLimiter's `await limiter.acquire(key)`")
                 time.sleep(wait / 1e9)
             except BaseException:
                 self._give_back(args[3], booking)

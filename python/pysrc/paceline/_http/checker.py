@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .._paceline import Admitted, Refused, new_asgi_core
 from .limit import _RESETS, Limit, Scope, _is_async, _tier, client_of, storable
@@ -119,6 +119,31 @@ def _check_rewritten(limit: str, client: Any, scope: Scope) -> None:
 _warned_about: set = set()
 
 
+class RefusalInfo:
+    """Why a request was refused, for a custom refusal response: the ``limit`` that admits
+    it last, the ``wait`` in seconds until it would, ``retry_after`` (whole seconds,
+    rounded up, at least 1), the ``status`` (429) and the ``headers`` the refusal carries
+    (``Retry-After`` and the ``RateLimit`` fields: ``(bytes, bytes)`` pairs under ASGI,
+    ``(str, str)`` under WSGI)."""
+
+    __slots__ = ("limit", "wait", "retry_after", "status", "headers")
+
+    def __init__(
+        self, limit: str, wait: float, status: int, headers: List[Tuple[bytes, bytes]]
+    ) -> None:
+        self.limit = limit
+        self.wait = wait
+        self.status = status
+        self.headers = headers
+        self.retry_after = 1
+        for name, value in headers:
+            if name in (b"retry-after", "Retry-After", "retry-after"):
+                self.retry_after = int(value)
+
+    def __repr__(self) -> str:
+        return f"RefusalInfo(limit={self.limit!r}, wait={self.wait:.3f}, retry_after={self.retry_after})"
+
+
 class _Checker:
     """The Rust layer for ``limits`` and the per-request Python around it."""
 
@@ -165,6 +190,7 @@ class _Checker:
                 legacy_headers=bool(legacy_headers),
             )
         every = limits
+        self.every = every
         limits = [limit for limit in limits if limit.redis is None]
         self.limits = limits
         self.options = (
@@ -301,6 +327,21 @@ class _Checker:
         return self.core.check(
             scope["method"], scope["path"], scope["headers"], client, keys, costs, skips, wait_within
         )
+
+    def reset(self) -> None:
+        """``Limit.reset`` for each limit (``TypeError`` for one kept in Redis: ``areset``)."""
+        for limit in self.every:
+            if limit.redis is not None:
+                raise TypeError(
+                    f"the limit {limit.name!r} is kept in Redis: reset with `await ....areset()`"
+                )
+        for limit in self.every:
+            limit.reset()
+
+    async def areset(self) -> None:
+        """``Limit.areset`` for each limit, in every tier."""
+        for limit in self.every:
+            await limit.areset()
 
     def check(self, scope: Scope, subject: Any = None) -> Any:
         """The layer's answer for this request: ``None`` when exempt, ``Admitted``,

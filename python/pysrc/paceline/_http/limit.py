@@ -11,6 +11,7 @@ import ipaddress
 import logging
 import math
 import os
+import stat
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Tuple, Union
 
 from .._args import _capacity, _count, _gid, _path, _quota, _trusted, _uid
@@ -229,6 +230,11 @@ class Limit:
       ``"closed"`` (default: ``503`` with ``Retry-After: 1`` and no ``RateLimit`` field),
       ``"open"``, or a local ``paceline.KeyedLimiter`` share. An error Redis answers is a
       ``503`` too, logged. One rate per limit; no ``quota_for``.
+    - ``storage_uri`` says where instead, as the frameworks' settings write it:
+      ``"memory://"`` (this process), ``"file:///dev/shm/myapp"`` (a file
+      ``/dev/shm/myapp.<name>`` for every worker of the host, as ``shared``),
+      ``"redis://host:6379/0"``, ``"rediss://..."``, ``"redis+cluster://..."`` (Redis, as
+      ``redis``, one client per URI and process). Checked here.
     - ``name`` is the limit's name in the ``RateLimit`` fields (1 to 64 printable ASCII
       characters; with several rates each is named after its rate too).
 
@@ -280,10 +286,19 @@ class Limit:
         redis: Any = None,
         redis_timeout: float = 0.25,
         on_redis_failure: Any = "closed",
+        storage_uri: Optional[str] = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a limit's name must be a non-empty str, got {name!r}")
         check_limit_name(name)
+        if storage_uri is not None:
+            from .storage import parse
+
+            where = parse(storage_uri).options(name)
+            if where and (shared is not None or redis is not None):
+                raise ValueError("give a limit storage_uri, or shared= / redis=, not both")
+            shared = where.get("shared", shared)
+            redis = where.get("redis", redis)
         self.name = name
         self._rates = _rates(rate, per, burst)
         for _, _, _, text in self._rates:
@@ -403,8 +418,10 @@ class Limit:
         await _reset_in_redis(self)
 
     def _reset_here(self) -> None:
+        owner = None
         if self.shared is not None:
             try:
+                owner = os.stat(self.shared)
                 os.unlink(self.shared)
             except FileNotFoundError:
                 pass  # removed already: the path is made anew
@@ -414,6 +431,17 @@ class Limit:
                     f"cannot be removed by this user ({e.strerror}); remove it as its owner"
                 ) from None
         self._open()
+        if owner is not None and (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+            # Made anew as the old one was (another user's workers must open it again).
+            try:
+                os.chown(self.shared, owner.st_uid, owner.st_gid)
+                os.chmod(self.shared, stat.S_IMODE(owner.st_mode))
+            except OSError as e:
+                raise PermissionError(
+                    f"reset the limit {self.name!r}, but its new file {self.shared!r} could "
+                    f"not be given to the old one's owner (uid {owner.st_uid}: {e.strerror}); "
+                    "its workers cannot open it until it is: reset as that user or as root"
+                ) from None
         _RESETS[0] += 1
 
     def __repr__(self) -> str:
@@ -517,7 +545,9 @@ def _tier(rate: object) -> str:
     """A ``quota_for`` answer as the key prefix the Rust layer reads
     (``"{count}/{per ns}/{burst}"``)."""
     if isinstance(rate, tuple):
-        rates = _rates(*rate) if len(rate) >= 2 else _rates(rate[0], 1.0, None)
+        if not 1 <= len(rate) <= 3:
+            raise ValueError(f"quota_for must give rate, (rate, per) or (rate, per, burst), got {rate!r}")
+        rates = _rates(rate[0], rate[1] if len(rate) > 1 else 1.0, rate[2] if len(rate) > 2 else None)
     else:
         rates = _rates(rate, 1.0, None)
     if len(rates) != 1:

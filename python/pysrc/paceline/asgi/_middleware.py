@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable, List, MutableMapping, Optional, Sequence, Tuple, Union
 
-from .._http.checker import PASS, Admitted, Refused, _Checker, _NoAddress
+from .._http.checker import PASS, Admitted, Refused, RefusalInfo, _Checker, _NoAddress
 from .._http.limit import Limit, Scope
 from ._listen import replaying, watching
 from ._exempt import is_exempt
@@ -20,30 +20,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: The most of a request's body kept while it waits its turn, by default (bytes).
 WAIT_BUFFER = 64 * 1024
-
-
-class RefusalInfo:
-    """Why a request was refused, for a custom refusal response: the ``limit`` that admits
-    it last, the ``wait`` in seconds until it would, ``retry_after`` (whole seconds,
-    rounded up, at least 1), the ``status`` (429) and the ``headers`` the refusal carries
-    (``Retry-After`` and the ``RateLimit`` fields, as ASGI ``(bytes, bytes)`` pairs)."""
-
-    __slots__ = ("limit", "wait", "retry_after", "status", "headers")
-
-    def __init__(
-        self, limit: str, wait: float, status: int, headers: List[Tuple[bytes, bytes]]
-    ) -> None:
-        self.limit = limit
-        self.wait = wait
-        self.status = status
-        self.headers = headers
-        self.retry_after = 1
-        for name, value in headers:
-            if name == b"retry-after":
-                self.retry_after = int(value)
-
-    def __repr__(self) -> str:
-        return f"RefusalInfo(limit={self.limit!r}, wait={self.wait:.3f}, retry_after={self.retry_after})"
 
 
 async def _wait(waiting: Any) -> Any:
@@ -165,6 +141,15 @@ class RateLimitMiddleware:
             on_refusal=on_refusal,
             exempt=exempt,
         )
+
+    def reset(self) -> None:
+        """Starts every key of every limit here afresh (``Limit.reset`` for each: tests,
+        operators); ``await ....areset()`` when a limit is kept in Redis."""
+        self._checker.reset()
+
+    async def areset(self) -> None:
+        """``reset``, in every tier (Redis too)."""
+        await self._checker.areset()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or is_exempt(scope):

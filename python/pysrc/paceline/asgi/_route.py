@@ -75,6 +75,15 @@ class RouteLimit:
         }
         return False, outcome.status, fields, outcome.body
 
+    def reset(self) -> None:
+        """Starts every key of every limit here afresh (``Limit.reset`` for each: tests,
+        operators); ``await ....areset()`` when a limit is kept in Redis."""
+        self._checker.reset()
+
+    async def areset(self) -> None:
+        """``reset``, in every tier (Redis too)."""
+        await self._checker.areset()
+
     def decide(self, scope: Scope) -> Tuple[bool, int, Dict[str, str], bytes]:
         """The decision for a request's scope: ``(admitted, status, fields, body)``, with
         the fields to add (admitted) or to answer with (refused) as a ``str`` dict. For
