@@ -1,0 +1,377 @@
+"""Rate limiting for Flask, in flask-limiter's words, on paceline's decision: a flask-limiter
+app moves by changing its import.
+
+::
+
+    from flask import Flask
+    from paceline.flask import Limiter
+
+    app = Flask(__name__)
+    limiter = Limiter(app=app, default_limits=["200 per day", "50 per hour"],
+                      storage_uri="file:///dev/shm/myapp")
+
+    @app.route("/login", methods=["POST"])
+    @limiter.limit("5 per minute")
+    def login(): ...
+
+    @app.route("/health")
+    @limiter.exempt
+    def health(): ...
+
+Limits are GCRA, not fixed windows: ``"5 per minute"`` lets 5 through at once, then one
+every 12 s (never the 10 in a few seconds that a fixed window allows across its edge).
+Under ``gunicorn -w 4`` keep them in a file every worker opens (``file:///dev/shm/...``)
+or in Redis (``redis://...``): ``memory://``, the default, counts per worker, and says so
+in a warning the first time a worker serves a request.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+from ._http.checker import RefusalInfo, _Checker
+from ._http.limit import KeySource, Limit
+from ._http.storage import parse as parse_storage
+from ._paceline import parse_rates
+from .wsgi._middleware import decide, head_of, refusal_parts, tell_per_worker
+
+__all__ = ["Limiter", "RefusalInfo"]
+
+#: The attribute a view or blueprint carries when ``Limiter.exempt`` marks it.
+_EXEMPT = "__paceline_exempt__"
+
+
+class _RouteLimit:
+    """A ``@limiter.limit`` on a view: its text, options and, once made, its ``Limit``s."""
+
+    __slots__ = ("rates", "key_func", "cost", "methods", "exempt_when", "scope", "per_method", "shared")
+
+    def __init__(self, rates: str, key_func: Any, cost: Any, methods: Any, exempt_when: Any,
+                 scope: Optional[str], per_method: bool, shared: bool) -> None:
+        self.rates, self.key_func, self.cost, self.methods = rates, key_func, cost, methods
+        self.exempt_when, self.scope, self.per_method, self.shared = exempt_when, scope, per_method, shared
+
+
+def _check_rates(text: object) -> str:
+    """A rate as flask-limiter writes it (``"5 per minute"``, ``"10/second;1000/hour"``),
+    checked now: a rate that cannot be read raises where it is written."""
+    if callable(text):
+        raise TypeError(
+            "a rate given as a function is not supported: write the rate as text, or use "
+            "paceline.asgi/wsgi Limit(quota_for=...) for rates per client"
+        )
+    if not isinstance(text, str):
+        raise TypeError(f"a rate must be text such as '5 per minute', got {text!r}")
+    parse_rates(text)  # ValueError naming the text and what is accepted
+    return text
+
+
+class Limiter:
+    """flask-limiter's ``Limiter``: ``Limiter(key_func=None, *, app=None,
+    default_limits=(), application_limits=(), storage_uri="memory://",
+    headers_enabled=False, on_breach=None)``.
+
+    - ``key_func()`` (no arguments, reading ``flask.request``, as flask-limiter calls
+      it): whom a request counts against; default: the peer address (``REMOTE_ADDR``, IPv6
+      grouped by /64). Behind a proxy, let werkzeug's ``ProxyFix`` set the address from
+      the proxies you trust, or pass ``key=KeySource.behind_proxies([...])`` instead.
+    - ``default_limits``: for every route without limits of its own, each route counted
+      apart (as flask-limiter counts them); ``application_limits``: one count for all
+      routes together.
+    - ``storage_uri``: ``memory://``, ``file:///dev/shm/<app>`` (every worker of the
+      host), ``redis://``, ``rediss://``, ``redis+cluster://`` (a fleet). Checked here.
+    - ``headers_enabled``: the ``RateLimit`` fields on admitted responses too (refusals
+      always carry them and ``Retry-After``).
+    - ``on_breach(info)``: called for each refusal with a ``RefusalInfo``; a Flask
+      response it returns is sent instead of the ``429`` text (the refusal's fields are
+      added where it sets none).
+    """
+
+    def __init__(
+        self,
+        key_func: Optional[Callable[[], str]] = None,
+        *,
+        app: Any = None,
+        default_limits: Iterable[str] = (),
+        application_limits: Iterable[str] = (),
+        storage_uri: str = "memory://",
+        headers_enabled: bool = False,
+        on_breach: Optional[Callable[[RefusalInfo], Any]] = None,
+        key: Optional[KeySource] = None,
+    ) -> None:
+        if key_func is not None and not callable(key_func):
+            raise TypeError(f"key_func must be a function of no arguments, got {key_func!r}")
+        if key is not None and key_func is not None:
+            raise ValueError("give key_func or key, not both")
+        if on_breach is not None and not callable(on_breach):
+            raise TypeError("on_breach must be a function (RefusalInfo) -> response or None")
+        self._key_func = key_func
+        self._key = key
+        self._storage = parse_storage(storage_uri)
+        self._defaults = [_check_rates(text) for text in _texts(default_limits)]
+        self._application = [_check_rates(text) for text in _texts(application_limits)]
+        self._headers = bool(headers_enabled)
+        self._on_breach = on_breach
+        self._routes: Dict[str, List[_RouteLimit]] = {}  # by view's qualified name
+        self._shared: Dict[str, List[Limit]] = {}  # shared_limit's Limits, by scope
+        self._checkers: Dict[str, Optional[_Checker]] = {}  # by endpoint
+        self._exempt_blueprints: set = set()
+        self._told_pid = 0
+        self._app = None
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Any) -> None:
+        """Limits the requests of ``app`` (the Flask application factory's way)."""
+        self._app = app
+        app.before_request(self._before)
+        app.after_request(self._after)
+        app.extensions["paceline"] = self
+
+    # The decorators.
+
+    def limit(
+        self,
+        limit_value: str,
+        *,
+        key_func: Optional[Callable[[], str]] = None,
+        cost: Union[int, Callable[[], int]] = 1,
+        methods: Optional[Sequence[str]] = None,
+        exempt_when: Optional[Callable[[], bool]] = None,
+        per_method: bool = False,
+        override_defaults: bool = True,
+    ) -> Callable[[Any], Any]:
+        """Limits one view (or every view of a blueprint): ``@limiter.limit("5 per
+        minute")``. ``cost`` (an int, or a function of no arguments returning one) is the
+        cells a request takes; ``methods`` the methods it counts; ``exempt_when()`` true
+        for requests it skips; ``per_method`` counts each method apart. Checked here."""
+        del override_defaults  # a view's own limits replace the defaults, as in flask-limiter
+        route = _RouteLimit(_check_rates(limit_value), key_func, cost, methods, exempt_when,
+                            None, per_method, False)
+        return self._marking(route)
+
+    def shared_limit(
+        self,
+        limit_value: str,
+        scope: str,
+        *,
+        key_func: Optional[Callable[[], str]] = None,
+        cost: Union[int, Callable[[], int]] = 1,
+        methods: Optional[Sequence[str]] = None,
+        exempt_when: Optional[Callable[[], bool]] = None,
+    ) -> Callable[[Any], Any]:
+        """One limit for several views, counted together: every view decorated with the
+        same ``scope`` shares the count."""
+        if not isinstance(scope, str) or not scope:
+            raise ValueError(f"a shared limit's scope must be a non-empty str, got {scope!r}")
+        route = _RouteLimit(_check_rates(limit_value), key_func, cost, methods, exempt_when,
+                            scope, False, True)
+        return self._marking(route)
+
+    def exempt(self, view_or_blueprint: Any) -> Any:
+        """No limit applies to this view, or to any view of this blueprint."""
+        if hasattr(view_or_blueprint, "register_blueprint") or hasattr(view_or_blueprint, "deferred_functions"):
+            self._exempt_blueprints.add(view_or_blueprint.name)
+            return view_or_blueprint
+        setattr(view_or_blueprint, _EXEMPT, True)
+        return view_or_blueprint
+
+    def _marking(self, route: _RouteLimit) -> Callable[[Any], Any]:
+        def mark(view: Any) -> Any:
+            if hasattr(view, "deferred_functions"):  # a blueprint: every view of it
+                view.before_request(lambda: None)
+                self._routes.setdefault(f"blueprint:{view.name}", []).append(route)
+                return view
+            self._routes.setdefault(_qualified(view), []).append(route)
+            return view
+
+        return mark
+
+    def reset(self) -> None:
+        """Starts every key of every limit of this limiter afresh, in every tier (tests,
+        operators): ``Limit.reset`` for each limit its routes have used so far, and
+        ``areset`` for those kept in Redis."""
+        from ._http import bridge
+
+        seen: Dict[int, Limit] = {}
+        for checker in self._checkers.values():
+            for limit in checker.every if checker is not None else ():
+                seen[id(limit)] = limit
+        for limits in self._shared.values():
+            for limit in limits:
+                seen[id(limit)] = limit
+        for limit in seen.values():
+            if limit.redis is None:
+                limit.reset()
+            else:
+                bridge.run(limit.areset())
+
+    # Per request.
+
+    def _before(self) -> Any:
+        from flask import request
+
+        endpoint = request.endpoint
+        if endpoint is None:
+            return None  # no route: a 404 (or 405) that costs nothing
+        checker = self._checkers.get(endpoint, False)
+        if checker is False:
+            checker = self._checkers[endpoint] = self._checker_for(endpoint)
+        if checker is None:
+            return None
+        environ = request.environ
+        if self._told_pid != os.getpid() and environ.get("wsgi.multiprocess") and self._storage.kind == "memory":
+            self._told_pid = os.getpid()
+            tell_per_worker([limit.name for limit in checker.limits])
+        refused, fields = decide(checker, head_of(environ), environ)
+        if refused is None:
+            if fields:
+                request.environ["paceline.fields"] = fields
+            return None
+        return self._refusal(refused)
+
+    def _after(self, response: Any) -> Any:
+        from flask import request
+
+        for name, value in request.environ.get("paceline.fields", ()):
+            if name not in response.headers:
+                response.headers[name] = value
+        return response
+
+    def _refusal(self, refused: Any) -> Any:
+        from flask import Response
+
+        status, headers, body = refusal_parts(refused)
+        kept = [(n, v) for n, v in headers if n.lower() not in ("content-type", "content-length")]
+        if self._on_breach is not None and refused.limit is not None and status == 429:
+            custom = self._on_breach(RefusalInfo(refused.limit, refused.wait, status, kept))
+            if custom is not None:
+                from flask import make_response
+
+                custom = make_response(custom)
+                for name, value in kept:
+                    if name not in custom.headers:
+                        custom.headers[name] = value
+                return custom
+        return Response(body, status=status, headers=headers)
+
+    def _checker_for(self, endpoint: str) -> Optional[_Checker]:
+        """The limits of one endpoint, made on its first request."""
+        app = self._app
+        view = app.view_functions.get(endpoint) if app is not None else None
+        if view is None or getattr(view, _EXEMPT, False):
+            return None
+        blueprint = endpoint.rpartition(".")[0] if "." in endpoint else None
+        if blueprint is not None and blueprint in self._exempt_blueprints:
+            return None
+        routes = self._routes.get(_qualified(view), []) + (
+            self._routes.get(f"blueprint:{blueprint}", []) if blueprint else []
+        )
+        limits: List[Limit] = []
+        for route in routes:
+            limits += self._limits_of(route, endpoint)
+        if not routes:
+            limits += [self._made(text, "default", None, 1, None, None, route=endpoint) for text in self._defaults]
+        limits += [self._shared_made(text, "application", None, 1, None, None) for text in self._application]
+        if not limits:
+            return None
+        return _Checker(
+            limits,
+            headers_on_success=self._headers,
+            legacy_headers=False,
+            wait_up_to=None,
+            on_missing_key=None,
+            on_refusal=None,
+            exempt=lambda environ: False,
+        )
+
+    def _limits_of(self, route: _RouteLimit, endpoint: str) -> List[Limit]:
+        if route.shared:
+            return [self._shared_made(route.rates, route.scope, route.key_func, route.cost,
+                                      route.methods, route.exempt_when)]
+        return [self._made(route.rates, "route", route.key_func, route.cost, route.methods,
+                           route.exempt_when, route=endpoint, per_method=route.per_method)]
+
+    def _shared_made(self, rates: str, scope: Any, key_func: Any, cost: Any, methods: Any,
+                     exempt_when: Any) -> Limit:
+        made = self._shared.setdefault(f"{scope}|{rates}", [])
+        if not made:
+            made.append(self._made(rates, str(scope), key_func, cost, methods, exempt_when))
+        return made[0]
+
+    def _made(self, rates: str, name: str, key_func: Any, cost: Any, methods: Any,
+              exempt_when: Any, *, route: Optional[str] = None, per_method: bool = False) -> Limit:
+        """A ``Limit`` named after what it is (``default``, ``route``, a shared scope,
+        ``application``) and its rate. Limits counted per route key their clients by the
+        route too, so the routes of one rate share one name (and one file under
+        ``file://``), each counting apart."""
+        key_func = key_func or self._key_func
+        if key_func is None and route is None and not per_method:
+            key: Any = self._key or KeySource.peer_ip()
+        else:
+            key = _key_function(key_func, self._key, route, per_method)
+        limit_name = _limit_name(f"{name} {rates}")
+        options = self._storage.options(limit_name)
+        return Limit(
+            limit_name,
+            rates,
+            key=key,
+            cost=_flask_cost(cost),
+            methods=methods,
+            exempt_when=None if exempt_when is None else (lambda environ: exempt_when()),
+            **options,
+        )
+
+
+def _texts(limits: Iterable[str]) -> List[str]:
+    if isinstance(limits, str):
+        return [limits]
+    return list(limits)
+
+
+def _qualified(view: Any) -> str:
+    return f"{getattr(view, '__module__', '')}.{getattr(view, '__qualname__', repr(view))}"
+
+
+def _limit_name(text: str) -> str:
+    """A limit's name for the ``RateLimit`` fields: printable ASCII, at most 64 bytes."""
+    clean = "".join(c if 32 <= ord(c) < 127 and c not in '"\\' else "_" for c in text)
+    return clean[:64] or "limit"
+
+
+def _flask_cost(cost: Any) -> Any:
+    if callable(cost):
+        return lambda environ: cost()
+    return cost
+
+
+def _key_function(key_func: Any, source: Optional[KeySource], route: Any, per_method: bool) -> Any:
+    """A key function of the environ: the user's ``key_func()`` (flask-limiter's), or the
+    peer address, and the route (and the method) it counts for."""
+    from ._paceline import new_key_reader
+
+    reader = None
+    if key_func is None:
+        reader = new_key_reader((source or KeySource.peer_ip())._spec)
+
+    def key(environ: Any) -> Optional[str]:
+        if key_func is not None:
+            client = key_func()
+        else:
+            scope = head_of(environ)
+            client = reader.key(scope["headers"], scope["client"])
+        if client is None:
+            return None
+        if not isinstance(client, str):
+            client = str(client)
+        parts = [client]
+        if route:
+            parts.append(route)
+        if per_method:
+            parts.append(environ.get("REQUEST_METHOD", ""))
+        return "\x1f".join(parts)
+
+    functools.update_wrapper(key, key_func) if key_func is not None else None
+    return KeySource.callable(key)

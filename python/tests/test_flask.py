@@ -1,0 +1,204 @@
+"""``paceline.flask.Limiter``: flask-limiter's constructor and decorators on paceline's
+decision, through Flask's own test client and under a real ``gunicorn -w 4`` on
+loopback, where a limit kept in a shared file is one bound for every worker."""
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+flask = pytest.importorskip("flask")
+
+from paceline.flask import Limiter  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def app_module(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACELINE_TEST_STORAGE", f"file://{tmp_path}/flask")
+    sys.modules.pop("flask_app", None)
+    monkeypatch.syspath_prepend(HERE)
+    import flask_app
+
+    yield flask_app
+    sys.modules.pop("flask_app", None)
+
+
+def test_the_test_client_works_with_flask_limiters_decorators(app_module):
+    client = app_module.app.test_client()
+    # Default limits: each route counted apart, 20 at once.
+    assert [client.get("/").status_code for _ in range(21)] == [200] * 20 + [429]
+    refused = client.get("/")
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+    assert '"default 20 per second"' in refused.headers["RateLimit-Policy"]
+    assert b"Too Many Requests" in refused.data
+    # A route's own limit, keyed by its own key_func.
+    logins = [client.post("/login", data={"user": "ann"}).status_code for _ in range(4)]
+    assert logins == [200, 200, 200, 429]
+    assert client.post("/login", data={"user": "bob"}).status_code == 200
+    # A cost function: 2 pages cost 2 of 5.
+    assert [client.get("/search?pages=2").status_code for _ in range(3)] == [200, 200, 429]
+    # Exempt view and blueprint; the fields on admitted responses.
+    assert {client.get("/health").status_code for _ in range(30)} == {200}
+    assert {client.get("/admin/stats").status_code for _ in range(30)} == {200}
+    time.sleep(0.06)
+    ok = client.get("/")
+    assert ok.status_code == 200 and "RateLimit" in ok.headers
+
+
+def test_a_reset_lets_a_suite_pass_twice(app_module):
+    for _ in range(2):
+        app_module.limiter.reset()
+        client = app_module.app.test_client()
+        logins = [client.post("/login", data={"user": "ann"}).status_code for _ in range(4)]
+        assert logins == [200, 200, 200, 429]
+
+
+def test_on_breach_replaces_the_refusal_and_keeps_its_fields():
+    app = flask.Flask("breach")
+    seen = []
+
+    def breach(info):
+        seen.append(info)
+        return flask.jsonify(error="slow down", limit=info.limit), 429
+
+    limiter = Limiter(app=app, default_limits=["1 per hour"], on_breach=breach)
+
+    @app.route("/")
+    def home():
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/").status_code == 200
+    refused = client.get("/")
+    assert refused.status_code == 429 and refused.json["error"] == "slow down"
+    assert int(refused.headers["Retry-After"]) > 3000 and "RateLimit" in refused.headers
+    assert seen and seen[0].retry_after == int(refused.headers["Retry-After"])
+    del limiter
+
+
+def test_mistakes_raise_where_they_are_written(tmp_path):
+    with pytest.raises(ValueError, match="fortnight"):
+        Limiter(default_limits=["10 per fortnight"])
+    limiter = Limiter()
+    with pytest.raises(ValueError, match="fortnight"):
+        limiter.limit("10 per fortnight")
+    with pytest.raises(ValueError, match="unknown scheme 'mongodb'.*memory://"):
+        Limiter(storage_uri="mongodb://localhost")
+    with pytest.raises(ValueError, match="does not exist"):
+        Limiter(storage_uri=f"file://{tmp_path}/no/such/dir/app")
+    # An unreachable Redis is no mistake at import: the failure policy answers later.
+    Limiter(storage_uri="redis://127.0.0.1:9/0")
+
+
+# Under a real gunicorn with 4 sync workers.
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gunicorn(tmp_path):
+    if subprocess.run([sys.executable, "-m", "gunicorn", "--version"], capture_output=True).returncode:
+        pytest.skip("gunicorn is not installed")
+    servers = []
+
+    def start(storage, workers=4):
+        port = _free_port()
+        log = open(tmp_path / f"gunicorn-{port}.log", "w+")
+        env = dict(os.environ, PACELINE_TEST_STORAGE=storage, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{port}",
+             "--graceful-timeout", "2", "flask_app:app"],
+            cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        servers.append(proc)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("gunicorn did not start: " + open(log.name).read())
+        time.sleep(0.5)  # every worker booted
+        return port, log.name
+
+    yield start
+    for proc in servers:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _flood(port, path, seconds, threads=8, headers=None):
+    """Requests from `threads` threads for `seconds`: (admitted, statuses seen, elapsed)."""
+    admitted = []
+    statuses = set()
+    stop = time.monotonic() + seconds
+
+    def run():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        count = 0
+        while time.monotonic() < stop:
+            conn.request("GET", path, headers=headers or {})
+            response = conn.getresponse()
+            response.read()
+            statuses.add(response.status)
+            count += response.status == 200
+            if response.getheader("Connection", "").lower() == "close":
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        admitted.append(count)
+
+    start = time.monotonic()
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sum(admitted), statuses, time.monotonic() - start
+
+
+def test_four_gunicorn_workers_hold_one_bound_through_a_shared_file(gunicorn, tmp_path):
+    port, _ = gunicorn(f"file://{tmp_path}/one")
+    admitted, statuses, elapsed = _flood(port, "/", 2.0)
+    # "20 per second": at most 20 at once plus 20 a second, for all 4 workers together.
+    assert admitted <= 20 + 20 * elapsed + 2, (admitted, elapsed)
+    assert admitted >= 20 + 20 * (elapsed - 0.5) * 0.5, (admitted, elapsed)
+    assert statuses == {200, 429}
+
+
+def test_a_forwarded_for_rotated_by_the_client_gets_no_new_bucket(gunicorn, tmp_path):
+    port, _ = gunicorn(f"file://{tmp_path}/xff")
+    admitted = 0
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for i in range(40):
+        conn.request("GET", "/", headers={"X-Forwarded-For": f"198.51.100.{i}"})
+        response = conn.getresponse()
+        response.read()
+        admitted += response.status == 200
+    assert admitted <= 20 + 20 * 2, admitted  # one client: the peer, not the header
+
+
+def test_limits_kept_in_memory_under_several_workers_say_so(gunicorn):
+    port, log = gunicorn("memory://", workers=2)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for _ in range(4):
+        conn.request("GET", "/")
+        conn.getresponse().read()
+    time.sleep(0.3)
+    assert "kept in this worker process's memory" in open(log).read()
