@@ -202,3 +202,31 @@ def test_limits_kept_in_memory_under_several_workers_say_so(gunicorn):
         conn.getresponse().read()
     time.sleep(0.3)
     assert "kept in this worker process's memory" in open(log).read()
+
+
+def test_a_limit_in_redis_under_two_workers_and_redis_going_away(gunicorn):
+    from redis_servers import Server, have, server_binary
+
+    if not have(server_binary()):
+        pytest.skip(f"{server_binary()} is not installed")
+    server = Server()
+    try:
+        port, log = gunicorn(server.url, workers=2)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+        def login(user):
+            conn.request("POST", "/login", body=f"user={user}",
+                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+            response = conn.getresponse()
+            response.read()
+            return response.status
+
+        # "3 per hour" per user, one count for both workers (kept in Redis).
+        assert sorted(login("ann") for _ in range(6)) == [200] * 3 + [429] * 3
+        server.stop()
+        started = time.monotonic()
+        statuses = {login("bob") for _ in range(3)}
+        assert statuses == {503}, (statuses, open(log).read()[-2000:])
+        assert time.monotonic() - started < 3 * 1.0
+    finally:
+        server.stop()

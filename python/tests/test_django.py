@@ -1,0 +1,144 @@
+"""``paceline.django``: the middleware from settings, the ``ratelimit`` decorator on sync
+and async views, and DRF's throttles, through Django's ``Client`` / ``AsyncClient`` and
+DRF's ``APIClient``, and under a real ``gunicorn -w 4`` on loopback, where a shared
+file is one bound for every worker."""
+
+import asyncio
+import http.client
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("django")
+pytest.importorskip("rest_framework")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "django_site.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.test import AsyncClient, Client  # noqa: E402
+from rest_framework.test import APIClient  # noqa: E402
+
+import paceline.django.rest  # noqa: E402
+from test_flask import _flood, _free_port  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    from django_site import urls
+
+    for view in (urls.login, urls.soft, urls.async_view):
+        view.paceline_checker().reset()
+    paceline.django.rest.reset()
+    time.sleep(0.05)  # the site's 20/second refills between tests
+    yield
+
+
+def test_the_decorator_on_sync_views_with_django_ratelimits_arguments():
+    client = Client()
+    logins = [client.post("/login", HTTP_X_API_KEY="a").status_code for _ in range(4)]
+    assert logins == [200, 200, 200, 429]
+    refused = client.post("/login", HTTP_X_API_KEY="a")
+    assert int(refused["Retry-After"]) > 1000 and "RateLimit" in refused
+    assert client.post("/login", HTTP_X_API_KEY="b").status_code == 200  # its own key
+    assert client.get("/login").status_code == 200  # GET is not counted (method="POST")
+    # block=False: the view runs, told.
+    assert [client.get("/soft").content for _ in range(3)] == [b"fine", b"fine", b"limited"]
+
+
+def test_the_decorator_on_async_views():
+    async def go():
+        client = AsyncClient()
+        return [(await client.get("/async?user=u")).status_code for _ in range(3)]
+
+    assert asyncio.run(go()) == [200, 200, 429]
+
+
+def test_drf_throttles_keep_drfs_shape_and_an_exact_wait():
+    client = APIClient()
+    statuses = [client.get("/api/things").status_code for _ in range(11)]
+    assert statuses == [200] * 10 + [429]
+    refused = client.get("/api/things")
+    assert refused.status_code == 429 and refused.json()["detail"].startswith("Request was throttled")
+    assert 355 <= int(refused["Retry-After"]) <= 360  # 10/hour: the next cell in 360 s
+    assert [client.post("/api/uploads").status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_a_bad_setting_fails_when_django_starts():
+    for storage, expected in (("mongodb://x", "unknown scheme"), ("memory://", None)):
+        code = "import django; django.setup()"
+        env = dict(os.environ, PACELINE_TEST_STORAGE=storage, PYTHONPATH=HERE)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=HERE)
+        if expected is None:
+            assert out.returncode == 0, out.stderr
+        else:
+            assert out.returncode != 0 and "ImproperlyConfigured" in out.stderr and expected in out.stderr
+
+
+# Under a real gunicorn with 4 sync workers.
+
+
+def _gunicorn(tmp_path, storage, workers=4):
+    port = _free_port()
+    log = open(tmp_path / f"gunicorn-{port}.log", "w+")
+    env = dict(os.environ, PACELINE_TEST_STORAGE=storage, PYTHONPATH=HERE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{port}",
+         "--graceful-timeout", "2", "django_site.wsgi"],
+        cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    import socket
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            time.sleep(0.1)
+    time.sleep(0.5)
+    return proc, port
+
+
+@pytest.fixture
+def served(tmp_path):
+    if subprocess.run([sys.executable, "-m", "gunicorn", "--version"], capture_output=True).returncode:
+        pytest.skip("gunicorn is not installed")
+    procs = []
+
+    def start(storage, workers=4):
+        proc, port = _gunicorn(tmp_path, storage, workers)
+        procs.append(proc)
+        return port
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_four_workers_hold_the_sites_limit_and_drfs_throttle_as_one(served, tmp_path):
+    port = served(f"file://{tmp_path}/site")
+    admitted, statuses, elapsed = _flood(port, "/", 2.0)
+    assert admitted <= 20 + 20 * elapsed + 2, (admitted, elapsed)
+    assert admitted >= 20 + 20 * (elapsed - 0.5) * 0.5, (admitted, elapsed)
+    time.sleep(1.1)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    ok = 0
+    for _ in range(20):  # under the site's limit, anon 10/hour: exactly 10, whichever worker
+        conn.request("GET", "/api/things")
+        response = conn.getresponse()
+        response.read()
+        ok += response.status == 200
+        time.sleep(0.06)
+    assert ok == 10
