@@ -127,7 +127,8 @@ class Limiter:
         """Limits the requests of ``app`` (the Flask application factory's way)."""
         self._app = app
         app.before_request(self._before)
-        app.after_request(self._after)
+        if self._headers:
+            app.after_request(self._after)
         app.extensions["paceline"] = self
 
     # The decorators.
@@ -225,7 +226,7 @@ class Limiter:
         if self._told_pid != os.getpid() and environ.get("wsgi.multiprocess") and self._storage.kind == "memory":
             self._told_pid = os.getpid()
             tell_per_worker([limit.name for limit in checker.limits])
-        refused, fields = decide(checker, head_of(environ), environ)
+        refused, fields = decide(checker, head_of(environ, checker.reads_headers), environ)
         if refused is None:
             if fields:
                 request.environ["paceline.fields"] = fields
@@ -356,11 +357,13 @@ def _key_function(key_func: Any, source: Optional[KeySource], route: Any, per_me
     if key_func is None:
         reader = new_key_reader((source or KeySource.peer_ip())._spec)
 
+    reads_headers = source is not None and source._spec[0] in ("header", "proxies")
+
     def key(environ: Any) -> Optional[str]:
         if key_func is not None:
             client = key_func()
         else:
-            scope = head_of(environ)
+            scope = head_of(environ, reads_headers)
             client = reader.key(scope["headers"], scope["client"])
         if client is None:
             return None

@@ -219,6 +219,9 @@ class _Checker:
         self.behind_proxies = next(
             (limit.name for limit in every if limit.key._spec[0] == "proxies"), None
         )
+        # Whether the layer reads a request's headers (a key from a header or behind
+        # proxies): a sync server then builds them for it, else it need not.
+        self.reads_headers = any(limit.key._spec[0] in ("header", "proxies") for limit in every)
         self.watch_at = time.monotonic() + _WATCH_EVERY
         self.resets = _RESETS[0]
         self.watched = [limit for limit in limits if limit.shared is not None]

@@ -104,7 +104,7 @@ def _add(response: Any, fields: List[Any]) -> Any:
 def _decide_now(checker: _Checker, request: Any) -> Any:
     """``(refusal, fields)`` for a Django request (its ``META`` is the WSGI environ, or
     what Django's ASGI handler builds alike)."""
-    return decide(checker, head_of(request.META), request)
+    return decide(checker, head_of(request.META, checker.reads_headers), request)
 
 
 async def _adecide(checker: _Checker, request: Any) -> Any:

@@ -22,12 +22,12 @@ StartResponse = Callable[..., Any]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
 
-def head_of(environ: Environ) -> dict:
+def head_of(environ: Environ, headers: bool = True) -> dict:
     """The decision's head for a request's environ: ``method``, ``path``, the headers
-    as ``(bytes, bytes)`` (the server wrote them as latin-1 text: PEP 3333) and the
-    ``client``."""
-    headers = []
-    for name, value in environ.items():
+    as ``(bytes, bytes)`` (the server wrote them as latin-1 text: PEP 3333; none when
+    ``headers`` is false: no limit reads them) and the ``client``."""
+    fields = []
+    for name, value in environ.items() if headers else ():
         if name.startswith("HTTP_"):
             field = name[5:].replace("_", "-").lower()
         elif name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
@@ -35,7 +35,7 @@ def head_of(environ: Environ) -> dict:
         else:
             continue
         if isinstance(value, str):
-            headers.append((field.encode("latin-1"), value.encode("latin-1", "replace")))
+            fields.append((field.encode("latin-1"), value.encode("latin-1", "replace")))
     address = environ.get("REMOTE_ADDR") or None
     try:
         port = int(environ.get("REMOTE_PORT") or 0)
@@ -45,7 +45,7 @@ def head_of(environ: Environ) -> dict:
         "type": "http",
         "method": environ.get("REQUEST_METHOD", "GET"),
         "path": (environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")) or "/",
-        "headers": headers,
+        "headers": fields,
         "client": None if address is None else (address, port if 0 <= port <= 0xFFFF else 0),
     }
 
@@ -144,7 +144,7 @@ class RateLimitMiddleware:
             self._told_pid = os.getpid()
             tell_per_worker(self._in_memory)
         checker = self._checker
-        refused, fields = decide(checker, head_of(environ), environ)
+        refused, fields = decide(checker, head_of(environ, checker.reads_headers), environ)
         if refused is not None:
             return _refuse(checker, environ, start_response, refused)
         return self.app(environ, _adding(start_response, fields) if fields else start_response)

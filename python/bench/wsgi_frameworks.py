@@ -1,0 +1,174 @@
+"""paceline.flask against flask-limiter and paceline.django against django-ratelimit, side
+by side in one run: the time each adds to an admitted request, and how many requests
+each admits under `gunicorn -w 4`.
+
+    pip install ./python flask flask-limiter django django-ratelimit djangorestframework gunicorn
+    python3 python/bench/wsgi_frameworks.py
+
+1. Added time per admitted request, in this process: Flask through its test client
+   (`/` on a bare app, the same app under flask-limiter's `memory://`, under
+   paceline.flask's `memory://`), Django through a view called with a `RequestFactory`
+   request (bare, `django_ratelimit.decorators.ratelimit`, `paceline.django.ratelimit`).
+   Every request is admitted (a limit of a million per second, 1 000 client addresses).
+   Rounds interleave the stacks; medians over ROUNDS rounds. The goal: paceline adds at
+   most 0.15 of what its peer adds.
+2. Under `gunicorn -w 4` (sync workers), "20 per second" for one client, 8 threads for
+   2 s: paceline.flask with `file:///dev/shm/...` beside flask-limiter's default
+   `memory://` (allowed: 20 + 20 x elapsed).
+"""
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROUNDS = int(os.environ.get("ROUNDS", 7))
+REQUESTS = 3_000
+CLIENTS = 1_000
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def flask_apps():
+    from flask import Flask
+
+    apps = {}
+    for kind in ("bare", "flask-limiter", "paceline"):
+        app = Flask(f"bench-{kind}")
+        if kind == "flask-limiter":
+            from flask_limiter import Limiter
+            from flask_limiter.util import get_remote_address
+
+            Limiter(get_remote_address, app=app, default_limits=["1000000 per second"], storage_uri="memory://")
+        elif kind == "paceline":
+            from paceline.flask import Limiter
+
+            Limiter(app=app, default_limits=["1000000 per second"], storage_uri="memory://")
+
+        @app.route("/")
+        def home():
+            return "ok"
+
+        apps[kind] = app.test_client()
+    return apps
+
+
+def flask_round(client):
+    start = time.perf_counter()
+    for i in range(REQUESTS):
+        response = client.get("/", environ_base={"REMOTE_ADDR": f"10.0.{i % CLIENTS // 250}.{i % 250}"})
+        assert response.status_code == 200
+    return (time.perf_counter() - start) / REQUESTS * 1e6
+
+
+def django_views():
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            DEBUG=False,
+            SECRET_KEY="bench",
+            ALLOWED_HOSTS=["*"],
+            CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
+            PACELINE_STORAGE_URI="memory://",
+            SILENCED_SYSTEM_CHECKS=["django_ratelimit.E003", "django_ratelimit.W001"],
+        )
+        django.setup()
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+    from django_ratelimit.decorators import ratelimit as theirs
+
+    from paceline.django import ratelimit as ours
+
+    def view(request):
+        return HttpResponse("ok")
+
+    views = {
+        "bare": view,
+        "django-ratelimit": theirs(key="ip", rate="1000000/s")(view),
+        "paceline": ours(key="ip", rate="1000000/s")(view),
+    }
+    factory = RequestFactory()
+    requests = [factory.get("/", REMOTE_ADDR=f"10.0.{i // 250}.{i % 250}") for i in range(CLIENTS)]
+    return views, requests
+
+
+def django_round(view, requests):
+    start = time.perf_counter()
+    for i in range(REQUESTS):
+        response = view(requests[i % CLIENTS])
+        assert response.status_code == 200
+    return (time.perf_counter() - start) / REQUESTS * 1e6
+
+
+def added(label, rounds, peer):
+    bare = statistics.median(rounds["bare"])
+    print(f"  {label}: bare {bare:.1f} µs a request")
+    theirs = statistics.median(rounds[peer]) - bare
+    ours = statistics.median(rounds["paceline"]) - bare
+    for kind in (peer, "paceline"):
+        values = rounds[kind]
+        print(f"    {kind:17s} +{statistics.median(values) - bare:6.1f} µs "
+              f"(rounds {min(values) - bare:.1f} to {max(values) - bare:.1f})")
+    print(f"    paceline adds {ours / theirs:.3f} of what {peer} adds (goal: at most 0.15)")
+
+
+def cost():
+    print(f"1. Added time per admitted request ({REQUESTS} requests a round, {ROUNDS} rounds, medians)")
+    apps = flask_apps()
+    views, requests = django_views()
+    flask_rounds = {kind: [] for kind in apps}
+    django_rounds = {kind: [] for kind in views}
+    for kind in apps:  # warm up
+        flask_round(apps[kind])
+    for kind in views:
+        django_round(views[kind], requests)
+    for _ in range(ROUNDS):
+        for kind in apps:
+            flask_rounds[kind].append(flask_round(apps[kind]))
+        for kind in views:
+            django_rounds[kind].append(django_round(views[kind], requests))
+    added("Flask (test client)", flask_rounds, "flask-limiter")
+    added("Django (RequestFactory, a view)", django_rounds, "django-ratelimit")
+
+
+def workers():
+    import signal
+    import subprocess
+
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from test_flask import _flood, _free_port
+
+    print("\n2. gunicorn -w 4, '20 per second', one client, 8 threads for 2 s")
+    app_file = os.path.join(tempfile.mkdtemp(), "limiter_app.py")
+    with open(app_file, "w") as f:
+        f.write(
+            "import os\nfrom flask import Flask\napp = Flask(__name__)\n"
+            "if os.environ['KIND'] == 'paceline':\n"
+            "    from paceline.flask import Limiter\n"
+            "    Limiter(app=app, default_limits=['20 per second'], storage_uri=os.environ['STORAGE'])\n"
+            "else:\n"
+            "    from flask_limiter import Limiter\n"
+            "    from flask_limiter.util import get_remote_address\n"
+            "    Limiter(get_remote_address, app=app, default_limits=['20 per second'])\n"
+            "@app.route('/')\ndef home():\n    return 'ok'\n"
+        )
+    shm = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    for kind in ("paceline", "flask-limiter"):
+        port = _free_port()
+        env = dict(os.environ, KIND=kind, STORAGE=f"file://{shm}/bench")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-w", "4", "-b", f"127.0.0.1:{port}", "limiter_app:app"],
+            cwd=os.path.dirname(app_file), env=env, stderr=subprocess.DEVNULL,
+        )
+        time.sleep(3)
+        admitted, _, elapsed = _flood(port, "/", 2.0)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        print(f"  {kind:13s} admitted {admitted:4d} in {elapsed:.2f} s (allowed {20 + 20 * elapsed:.0f})")
+
+
+if __name__ == "__main__":
+    cost()
+    workers()
