@@ -495,7 +495,7 @@ mod tests {
             proptest::prop_assert_eq!(&direct, &expected);
             proptest::prop_assert_eq!(&proxied, &expected);
         }
-    
+
         /// Any bytes a client can send in a header are a key, and two values are one key
         /// only when their bytes are equal: a byte that is not ASCII neither makes the
         /// request keyless nor lets one client drain another's bucket. Both paths (the
