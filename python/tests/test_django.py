@@ -142,3 +142,21 @@ def test_four_workers_hold_the_sites_limit_and_drfs_throttle_as_one(served, tmp_
         ok += response.status == 200
         time.sleep(0.06)
     assert ok == 10
+
+
+def too_many(request, info):
+    from django.http import JsonResponse
+
+    return JsonResponse({"error": "slow down", "limit": info.limit, "retry_after": info.retry_after}, status=429)
+
+
+def test_a_refusal_hook_replaces_the_429_and_keeps_its_fields():
+    from django.test import override_settings
+
+    with override_settings(PACELINE_ON_REFUSAL="test_django.too_many"):
+        client = Client()
+        statuses = [client.post("/login", HTTP_X_API_KEY="hook").status_code for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]
+        refused = client.post("/login", HTTP_X_API_KEY="hook")
+        assert refused.json()["error"] == "slow down" and refused.json()["retry_after"] > 1000
+        assert "Retry-After" in refused and "RateLimit" in refused

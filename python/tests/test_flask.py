@@ -113,15 +113,16 @@ def gunicorn(tmp_path):
         pytest.skip("gunicorn is not installed")
     servers = []
 
-    def start(storage, workers=4):
+    def start(storage, workers=4, server=None):
         port = _free_port()
         log = open(tmp_path / f"gunicorn-{port}.log", "w+")
         env = dict(os.environ, PACELINE_TEST_STORAGE=storage, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{port}",
-             "--graceful-timeout", "2", "flask_app:app"],
-            cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
+        command = server or [sys.executable, "-m", "gunicorn", "-w", str(workers)]
+        if server is None:
+            command += ["-b", f"127.0.0.1:{port}", "--graceful-timeout", "2", "flask_app:app"]
+        else:
+            command = [part.replace("{port}", str(port)) for part in command]
+        proc = subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT)
         servers.append(proc)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -230,3 +231,18 @@ def test_a_limit_in_redis_under_two_workers_and_redis_going_away(gunicorn):
         assert time.monotonic() - started < 3 * 1.0
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("server", ["gthread", "waitress"])
+def test_threaded_servers_hold_the_bound(gunicorn, tmp_path, server):
+    if server == "gthread":
+        command = [sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "4", "-w", "2",
+                   "-b", "127.0.0.1:{port}", "--graceful-timeout", "2", "flask_app:app"]
+    else:
+        pytest.importorskip("waitress")
+        command = [sys.executable, "-m", "waitress", "--listen=127.0.0.1:{port}", "--threads=4",
+                   "flask_app:app"]
+    port, _ = gunicorn(f"file://{tmp_path}/{server}", server=command)
+    admitted, statuses, elapsed = _flood(port, "/", 2.0)
+    assert admitted <= 20 + 20 * elapsed + 2, (admitted, elapsed)
+    assert admitted >= 20 + 20 * (elapsed - 0.5) * 0.5, (admitted, elapsed)

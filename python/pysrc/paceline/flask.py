@@ -28,14 +28,13 @@ in a warning the first time a worker serves a request.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from ._http.checker import RefusalInfo, _Checker
 from ._http.limit import KeySource, Limit
 from ._http.storage import parse as parse_storage
 from ._paceline import parse_rates
-from .wsgi._middleware import decide, head_of, refusal_parts, tell_per_worker
+from .wsgi._middleware import decide, head_of, refusal_parts, warn_if_per_worker
 
 __all__ = ["Limiter", "RefusalInfo"]
 
@@ -118,7 +117,6 @@ class Limiter:
         self._shared: Dict[str, List[Limit]] = {}  # shared_limit's Limits, by scope
         self._checkers: Dict[str, Optional[_Checker]] = {}  # by endpoint
         self._exempt_blueprints: set = set()
-        self._told_pid = 0
         self._app = None
         if app is not None:
             self.init_app(app)
@@ -223,9 +221,7 @@ class Limiter:
         if checker is None:
             return None
         environ = request.environ
-        if self._told_pid != os.getpid() and environ.get("wsgi.multiprocess") and self._storage.kind == "memory":
-            self._told_pid = os.getpid()
-            tell_per_worker([limit.name for limit in checker.limits])
+        warn_if_per_worker(checker, environ)
         refused, fields = decide(checker, head_of(environ, checker.reads_headers), environ)
         if refused is None:
             if fields:

@@ -221,6 +221,9 @@ class _Checker:
         )
         # Whether the layer reads a request's headers (a key from a header or behind
         # proxies): a sync server then builds them for it, else it need not.
+        # The limits kept in this process's memory (counted per worker under a pre-fork
+        # server).
+        self.in_memory = [limit.name for limit in every if limit.shared is None and limit.redis is None]
         self.reads_headers = any(limit.key._spec[0] in ("header", "proxies") for limit in every)
         self.watch_at = time.monotonic() + _WATCH_EVERY
         self.resets = _RESETS[0]

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .._http.checker import RefusalInfo, _Checker
@@ -41,7 +40,7 @@ from .._http.limit import KeySource, Limit
 from .._http.storage import Storage
 from .._http.storage import parse as parse_storage
 from .._paceline import parse_rates
-from ..wsgi._middleware import decide, head_of, refusal_parts, tell_per_worker
+from ..wsgi._middleware import decide, head_of, refusal_parts, warn_if_per_worker
 
 __all__ = ["ALL", "UNSAFE", "KeySource", "Limit", "RateLimitMiddleware", "RefusalInfo", "ratelimit", "storage"]
 
@@ -83,10 +82,23 @@ def _name(text: str) -> str:
     return clean[:64] or "limit"
 
 
-def _response(refused: Any) -> Any:
+def _response(refused: Any, request: Any) -> Any:
+    """The refusal: ``PACELINE_ON_REFUSAL`` (a dotted path to ``(request, RefusalInfo) ->
+    HttpResponse``) when set, with the refusal's fields where it sets none; else ``429``
+    text naming the limit."""
+    from django.conf import settings
     from django.http import HttpResponse
 
     status, headers, body = refusal_parts(refused)
+    hook = getattr(settings, "PACELINE_ON_REFUSAL", None)
+    if hook and refused.limit is not None and status == 429:
+        from django.utils.module_loading import import_string
+
+        kept = [(n, v) for n, v in headers if n.lower() not in ("content-type", "content-length")]
+        response = (import_string(hook) if isinstance(hook, str) else hook)(
+            request, RefusalInfo(refused.limit, refused.wait, status, kept)
+        )
+        return _add(response, kept)
     response = HttpResponse(body, status=status, content_type="text/plain; charset=utf-8")
     for name, value in headers:
         if name.lower() not in ("content-type", "content-length"):
@@ -104,6 +116,7 @@ def _add(response: Any, fields: List[Any]) -> Any:
 def _decide_now(checker: _Checker, request: Any) -> Any:
     """``(refusal, fields)`` for a Django request (its ``META`` is the WSGI environ, or
     what Django's ASGI handler builds alike)."""
+    warn_if_per_worker(checker, request.META)
     return decide(checker, head_of(request.META, checker.reads_headers), request)
 
 
@@ -141,35 +154,24 @@ class RateLimitMiddleware:
             on_refusal=None,
             exempt=None,
         )
-        self._in_memory = [limit.name for limit in limits if limit.shared is None and limit.redis is None]
-        self._told_pid = 0
         self.is_async = asyncio.iscoroutinefunction(get_response)
         if self.is_async:
             from asgiref.sync import markcoroutinefunction
 
             markcoroutinefunction(self)
 
-    def _tell(self, request: Any) -> None:
-        meta = request.META
-        # Django's test client says wsgi.multiprocess too, from one process: not a server.
-        if (self._in_memory and self._told_pid != os.getpid() and meta.get("wsgi.multiprocess")
-                and meta.get("SERVER_NAME") != "testserver"):
-            self._told_pid = os.getpid()
-            tell_per_worker(self._in_memory)
-
     def __call__(self, request: Any) -> Any:
         if self.is_async:
             return self._acall(request)
-        self._tell(request)
         refused, fields = _decide_now(self._checker, request)
         if refused is not None:
-            return _response(refused)
+            return _response(refused, request)
         return _add(self.get_response(request), fields)
 
     async def _acall(self, request: Any) -> Any:
         refused, fields = await _adecide(self._checker, request)
         if refused is not None:
-            return _response(refused)
+            return _response(refused, request)
         return _add(await self.get_response(request), fields)
 
     def reset(self) -> None:
@@ -270,7 +272,7 @@ def ratelimit(
                 refused, _ = await _adecide(checker(), request)
                 request.limited = getattr(request, "limited", False) or refused is not None
                 if refused is not None and block:
-                    return _response(refused)
+                    return _response(refused, request)
                 return await view(*args, **kwargs)
 
             limited_async.paceline_checker = checker  # type: ignore[attr-defined]
@@ -282,7 +284,7 @@ def ratelimit(
             refused, _ = _decide_now(checker(), request)
             request.limited = getattr(request, "limited", False) or refused is not None
             if refused is not None and block:
-                return _response(refused)
+                return _response(refused, request)
             return view(*args, **kwargs)
 
         limited.paceline_checker = checker  # type: ignore[attr-defined]

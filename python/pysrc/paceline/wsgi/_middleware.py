@@ -129,9 +129,6 @@ class RateLimitMiddleware:
             on_refusal=on_refusal,
             exempt=exempt,
         )
-        every = [limits] if isinstance(limits, Limit) else list(limits)
-        self._in_memory = [limit.name for limit in every if limit.shared is None and limit.redis is None]
-        self._told_pid = 0
 
     def reset(self) -> None:
         """Starts every key of every limit here afresh (``Limit.reset`` for each, and
@@ -140,10 +137,8 @@ class RateLimitMiddleware:
         bridge.run(self._checker.areset())
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        if self._in_memory and self._told_pid != os.getpid() and environ.get("wsgi.multiprocess"):
-            self._told_pid = os.getpid()
-            tell_per_worker(self._in_memory)
         checker = self._checker
+        warn_if_per_worker(checker, environ)
         refused, fields = decide(checker, head_of(environ, checker.reads_headers), environ)
         if refused is not None:
             return _refuse(checker, environ, start_response, refused)
@@ -172,8 +167,31 @@ def decide(checker: _Checker, scope: dict, subject: Any) -> Tuple[Any, List[Tupl
     return outcome, []
 
 
+#: The limits whose per-worker counting this process has told (by limit name).
+_told: set = set()
+_told_pid = [0]
+
+
+def warn_if_per_worker(checker: _Checker, environ: Environ) -> None:
+    """Logs once per worker process when ``checker`` keeps limits in this process's memory
+    and the server says it runs several worker processes (``wsgi.multiprocess``; Django's
+    test client says so too, from one process, and is not told)."""
+    if not checker.in_memory or not environ.get("wsgi.multiprocess"):
+        return
+    if environ.get("SERVER_NAME") == "testserver":
+        return
+    pid = os.getpid()
+    if _told_pid[0] != pid:
+        _told_pid[0] = pid
+        _told.clear()
+    names = [name for name in checker.in_memory if name not in _told]
+    if names:
+        _told.update(names)
+        tell_per_worker(names)
+
+
 def tell_per_worker(names: List[str]) -> None:
-    """Logs (once per worker process, by the caller) that ``names`` count per worker."""
+    """Logs that ``names`` count per worker."""
     _log.warning(
         "paceline: the rate limits %s are kept in this worker process's memory, and this "
         "server runs several worker processes (wsgi.multiprocess): each worker counts on "
