@@ -160,3 +160,132 @@ def test_a_refusal_hook_replaces_the_429_and_keeps_its_fields():
         refused = client.post("/login", HTTP_X_API_KEY="hook")
         assert refused.json()["error"] == "slow down" and refused.json()["retry_after"] > 1000
         assert "Retry-After" in refused and "RateLimit" in refused
+
+
+# What an attack on the above found.
+
+
+def test_a_class_based_view_and_a_group_keep_one_count():
+    from django.test import RequestFactory
+    from django.utils.decorators import method_decorator
+    from django.views import View
+
+    from paceline.django import ratelimit
+
+    class Page(View):
+        @method_decorator(ratelimit(key="ip", rate="2/h"))
+        def get(self, request):
+            from django.http import HttpResponse
+
+            return HttpResponse("page")
+
+    view = Page.as_view()
+    factory = RequestFactory()
+    assert [view(factory.get("/", REMOTE_ADDR="192.0.2.9")).status_code for _ in range(3)] == [200, 200, 429]
+
+    @ratelimit(group="auth", key="ip", rate="2/h")
+    def login(request):
+        from django.http import HttpResponse
+
+        return HttpResponse("login")
+
+    @ratelimit(group="auth", key="ip", rate="2/h")
+    def reset_password(request):
+        from django.http import HttpResponse
+
+        return HttpResponse("reset")
+
+    request = factory.get("/", REMOTE_ADDR="192.0.2.10")
+    assert [login(request).status_code, reset_password(request).status_code,
+            login(request).status_code] == [200, 200, 429]
+
+
+def test_the_decorators_keys_leave_no_way_around():
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from paceline.django import ratelimit
+
+    factory = RequestFactory()
+
+    @ratelimit(key="ip", rate="2/h")
+    def by_ip(request):
+        return HttpResponse("ok")
+
+    # One IPv6 client rotating addresses inside its /64.
+    rotating = [by_ip(factory.get("/", REMOTE_ADDR=f"2001:db8::{i:x}")).status_code for i in range(1, 5)]
+    assert rotating == [200, 200, 429, 429]
+
+    @ratelimit(key="header:x-api-key", rate="2/h")
+    def by_header(request):
+        return HttpResponse("ok")
+
+    assert [by_header(factory.get("/")).status_code for _ in range(3)] == [200, 200, 429]
+
+    @ratelimit(key="user", rate="2/h")
+    def by_user(request):
+        return HttpResponse("ok")
+
+    from django.contrib.auth.models import AnonymousUser
+
+    anonymous = factory.get("/")
+    anonymous.user = AnonymousUser()
+    assert [by_user(anonymous).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_an_async_view_keyed_by_user_reads_it_off_the_loop():
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from paceline.django import ratelimit
+
+    class User:
+        is_authenticated = True
+        pk = 7
+
+    @ratelimit(key="user", rate="1/h")
+    async def view(request):
+        return HttpResponse("ok")
+
+    async def go():
+        request = RequestFactory().get("/")
+        request.user = User()
+        return [(await view(request)).status_code for _ in range(2)]
+
+    assert asyncio.run(go()) == [200, 429]
+
+
+def test_drf_custom_throttles_as_drfs_docs_write_them_and_no_way_around_by_forwarded_for():
+    from rest_framework.response import Response
+    from rest_framework.test import APIRequestFactory
+    from rest_framework.views import APIView
+
+    from paceline.django.rest import AnonRateThrottle, SimpleRateThrottle
+
+    class Burst(SimpleRateThrottle):
+        scope = "uploads"
+
+        def get_cache_key(self, request, view):
+            return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+    class Custom(APIView):
+        throttle_classes = [Burst]
+
+        def get(self, request):
+            return Response({})
+
+    class Anon(APIView):
+        throttle_classes = [AnonRateThrottle]
+
+        def get(self, request):
+            return Response({})
+
+    factory = APIRequestFactory()
+    custom = Custom.as_view()
+    assert [custom(factory.get("/", REMOTE_ADDR="192.0.2.20")).status_code for _ in range(3)] == [200, 200, 429]
+    anon = Anon.as_view()
+    spoofed = [
+        anon(factory.get("/", REMOTE_ADDR="192.0.2.21", HTTP_X_FORWARDED_FOR=f"198.51.100.{i}")).status_code
+        for i in range(12)
+    ]
+    assert spoofed == [200] * 10 + [429] * 2

@@ -246,3 +246,133 @@ def test_threaded_servers_hold_the_bound(gunicorn, tmp_path, server):
     admitted, statuses, elapsed = _flood(port, "/", 2.0)
     assert admitted <= 20 + 20 * elapsed + 2, (admitted, elapsed)
     assert admitted >= 20 + 20 * (elapsed - 0.5) * 0.5, (admitted, elapsed)
+
+
+# What an attack on the above found.
+
+
+def _statuses(client, path, n, **kw):
+    return [client.get(path, **kw).status_code for _ in range(n)]
+
+
+def test_one_limiter_serves_two_apps_and_reads_flask_limiters_settings():
+    limiter = Limiter()
+    apps = []
+    for name in ("api", "admin"):
+        app = flask.Flask(name)
+        app.config["RATELIMIT_DEFAULT"] = "2 per minute"
+
+        @app.route("/items")
+        def items():
+            return "items"
+
+        limiter.init_app(app)
+        apps.append(app.test_client())
+    for client in apps:
+        assert _statuses(client, "/items", 3) == [200, 200, 429]
+
+
+def test_limits_and_exemptions_of_nested_and_renamed_blueprints_apply():
+    app = flask.Flask("nested")
+    limiter = Limiter(app=app, default_limits=["3 per minute"])
+    api = flask.Blueprint("api", __name__)
+    v1 = flask.Blueprint("v1", __name__)
+    health = flask.Blueprint("health", __name__)
+
+    @v1.route("/login")
+    def login():
+        return "login"
+
+    @health.route("/ping")
+    def ping():
+        return "pong"
+
+    limiter.limit("1 per hour")(v1)
+    limiter.exempt(health)
+    api.register_blueprint(v1, url_prefix="/v1")
+    api.register_blueprint(health, url_prefix="/health")
+    app.register_blueprint(api, url_prefix="/api")
+    public = flask.Blueprint("pub", __name__)
+
+    @public.route("/x")
+    def x():
+        return "x"
+
+    limiter.limit("1 per hour")(public)
+    app.register_blueprint(public, url_prefix="/pub", name="public")
+    client = app.test_client()
+    assert _statuses(client, "/api/v1/login", 2) == [200, 429]
+    assert _statuses(client, "/api/health/ping", 5) == [200] * 5
+    assert _statuses(client, "/pub/x", 2) == [200, 429]
+
+
+def test_method_views_and_factory_views_keep_their_own_limits():
+    from flask.views import MethodView
+
+    app = flask.Flask("views")
+    limiter = Limiter(app=app)
+
+    class Login(MethodView):
+        decorators = [limiter.limit("1 per hour")]
+
+        def get(self):
+            return "login"
+
+    class Catalog(MethodView):
+        def get(self):
+            return "catalog"
+
+    def page(text):
+        @limiter.limit("2 per hour")
+        def view():
+            return text
+
+        return view
+
+    app.add_url_rule("/login", view_func=Login.as_view("login"))
+    app.add_url_rule("/catalog", view_func=Catalog.as_view("catalog"))
+    app.add_url_rule("/a", "a", page("a"))
+    app.add_url_rule("/b", "b", page("b"))
+    client = app.test_client()
+    assert _statuses(client, "/login", 2) == [200, 429]
+    assert _statuses(client, "/catalog", 3) == [200] * 3
+    assert _statuses(client, "/a", 3) == [200, 200, 429]
+    assert _statuses(client, "/b", 3) == [200, 200, 429]
+
+
+def test_a_view_with_two_limits_of_one_text_or_several_rates_in_a_file_is_served(tmp_path):
+    app = flask.Flask("rates")
+    limiter = Limiter(app=app, storage_uri=f"file://{tmp_path}/rates")
+
+    @app.route("/twice", methods=["GET", "POST"])
+    @limiter.limit("2 per hour", methods=["GET"])
+    @limiter.limit("2 per hour", methods=["POST"])
+    def twice():
+        return "ok"
+
+    @app.route("/both")
+    @limiter.limit("3/second;2/hour")
+    def both():
+        return "ok"
+
+    client = app.test_client()
+    assert _statuses(client, "/twice", 3) == [200, 200, 429]
+    assert [client.post("/twice").status_code for _ in range(3)] == [200, 200, 429]
+    assert _statuses(client, "/both", 3) == [200, 200, 429]
+
+
+def test_static_files_are_not_limited_by_the_defaults(tmp_path):
+    (tmp_path / "site.css").write_text("body {}")
+    app = flask.Flask("static", static_folder=str(tmp_path), static_url_path="/static")
+    Limiter(app=app, default_limits=["2 per minute"])
+    assert _statuses(app.test_client(), "/static/site.css", 4) == [200] * 4
+
+
+def test_a_wsgi_limit_with_an_async_key_fails_when_it_is_made():
+    from paceline.wsgi import Limit, RateLimitMiddleware
+
+    async def key(environ):
+        return "k"
+
+    with pytest.raises(TypeError, match="WSGI server cannot await"):
+        RateLimitMiddleware(lambda environ, start_response: [], [Limit("k", 1, key=key)])

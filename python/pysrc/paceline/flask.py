@@ -28,10 +28,11 @@ in a warning the first time a worker serves a request.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+import logging
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._http.checker import RefusalInfo, _Checker
-from ._http.limit import KeySource, Limit
+from ._http.limit import KeySource, Limit, limit_name as _limit_name
 from ._http.storage import parse as parse_storage
 from ._paceline import parse_rates
 from .wsgi._middleware import decide, head_of, refusal_parts, warn_if_per_worker
@@ -40,6 +41,12 @@ __all__ = ["Limiter", "RefusalInfo"]
 
 #: The attribute a view or blueprint carries when ``Limiter.exempt`` marks it.
 _EXEMPT = "__paceline_exempt__"
+#: The attribute a view carries with its ``@limiter.limit``s, by limiter.
+_ROUTES = "__paceline_limits__"
+#: flask-limiter's settings that ``init_app`` reads.
+_CONFIG = ("RATELIMIT_DEFAULT", "RATELIMIT_APPLICATION", "RATELIMIT_STORAGE_URI",
+           "RATELIMIT_HEADERS_ENABLED", "RATELIMIT_ENABLED")
+_log = logging.getLogger("paceline.flask")
 
 
 class _RouteLimit:
@@ -113,20 +120,40 @@ class Limiter:
         self._application = [_check_rates(text) for text in _texts(application_limits)]
         self._headers = bool(headers_enabled)
         self._on_breach = on_breach
-        self._routes: Dict[str, List[_RouteLimit]] = {}  # by view's qualified name
+        # A blueprint's limits and exemptions, by the blueprint object's id.
+        self._blueprint_routes: Dict[int, Tuple[Any, List[_RouteLimit]]] = {}
+        self._exempt_blueprints: Dict[int, Any] = {}
         self._shared: Dict[str, List[Limit]] = {}  # shared_limit's Limits, by scope
-        self._checkers: Dict[str, Optional[_Checker]] = {}  # by endpoint
-        self._exempt_blueprints: set = set()
-        self._app = None
+        self._checkers: Dict[Tuple[int, str], Optional[_Checker]] = {}  # by (app, endpoint)
+        self._explicit = {"default_limits": bool(self._defaults), "storage_uri": storage_uri != "memory://",
+                          "application_limits": bool(self._application), "headers_enabled": bool(headers_enabled)}
+        self._enabled = True
         if app is not None:
             self.init_app(app)
 
     def init_app(self, app: Any) -> None:
-        """Limits the requests of ``app`` (the Flask application factory's way)."""
-        self._app = app
+        """Limits the requests of ``app`` (the Flask application factory's way; one
+        limiter may serve several apps). flask-limiter's settings in ``app.config`` are
+        read where the constructor left them out: ``RATELIMIT_DEFAULT``,
+        ``RATELIMIT_APPLICATION``, ``RATELIMIT_STORAGE_URI``,
+        ``RATELIMIT_HEADERS_ENABLED``, ``RATELIMIT_ENABLED``; another ``RATELIMIT_*``
+        setting is not supported, and a warning says so."""
+        config = app.config
+        if not self._explicit["default_limits"] and config.get("RATELIMIT_DEFAULT"):
+            self._defaults = [_check_rates(t) for t in _texts(config["RATELIMIT_DEFAULT"].split(";"))]
+        if not self._explicit["application_limits"] and config.get("RATELIMIT_APPLICATION"):
+            self._application = [_check_rates(t) for t in _texts(config["RATELIMIT_APPLICATION"].split(";"))]
+        if not self._explicit["storage_uri"] and config.get("RATELIMIT_STORAGE_URI"):
+            self._storage = parse_storage(config["RATELIMIT_STORAGE_URI"])
+        if not self._explicit["headers_enabled"] and config.get("RATELIMIT_HEADERS_ENABLED"):
+            self._headers = True
+        if config.get("RATELIMIT_ENABLED") is False:
+            self._enabled = False
+        unknown = sorted(k for k in config if k.startswith("RATELIMIT_") and k not in _CONFIG)
+        if unknown:
+            _log.warning("paceline.flask does not read %s (flask-limiter's settings)", ", ".join(unknown))
         app.before_request(self._before)
-        if self._headers:
-            app.after_request(self._after)
+        app.after_request(self._after)
         app.extensions["paceline"] = self
 
     # The decorators.
@@ -170,9 +197,10 @@ class Limiter:
         return self._marking(route)
 
     def exempt(self, view_or_blueprint: Any) -> Any:
-        """No limit applies to this view, or to any view of this blueprint."""
-        if hasattr(view_or_blueprint, "register_blueprint") or hasattr(view_or_blueprint, "deferred_functions"):
-            self._exempt_blueprints.add(view_or_blueprint.name)
+        """No limit applies to this view, or to any view of this blueprint (and the
+        blueprints registered inside it)."""
+        if hasattr(view_or_blueprint, "deferred_functions"):
+            self._exempt_blueprints[id(view_or_blueprint)] = view_or_blueprint
             return view_or_blueprint
         setattr(view_or_blueprint, _EXEMPT, True)
         return view_or_blueprint
@@ -180,10 +208,12 @@ class Limiter:
     def _marking(self, route: _RouteLimit) -> Callable[[Any], Any]:
         def mark(view: Any) -> Any:
             if hasattr(view, "deferred_functions"):  # a blueprint: every view of it
-                view.before_request(lambda: None)
-                self._routes.setdefault(f"blueprint:{view.name}", []).append(route)
+                self._blueprint_routes.setdefault(id(view), (view, []))[1].append(route)
                 return view
-            self._routes.setdefault(_qualified(view), []).append(route)
+            # On the view function itself: a MethodView's or a factory's views, which
+            # share a name, each keep their own.
+            routes = view.__dict__.setdefault(_ROUTES, {})
+            routes.setdefault(id(self), []).append(route)
             return view
 
         return mark
@@ -210,14 +240,15 @@ class Limiter:
     # Per request.
 
     def _before(self) -> Any:
-        from flask import request
+        from flask import current_app, request
 
         endpoint = request.endpoint
-        if endpoint is None:
+        if endpoint is None or not self._enabled:
             return None  # no route: a 404 (or 405) that costs nothing
-        checker = self._checkers.get(endpoint, False)
+        app = current_app._get_current_object()
+        checker = self._checkers.get((id(app), endpoint), False)
         if checker is False:
-            checker = self._checkers[endpoint] = self._checker_for(endpoint)
+            checker = self._checkers[(id(app), endpoint)] = self._checker_for(app, endpoint, request.blueprints)
         if checker is None:
             return None
         environ = request.environ
@@ -232,6 +263,8 @@ class Limiter:
     def _after(self, response: Any) -> Any:
         from flask import request
 
+        if not self._headers:
+            return response
         for name, value in request.environ.get("paceline.fields", ()):
             if name not in response.headers:
                 response.headers[name] = value
@@ -254,24 +287,27 @@ class Limiter:
                 return custom
         return Response(body, status=status, headers=headers)
 
-    def _checker_for(self, endpoint: str) -> Optional[_Checker]:
-        """The limits of one endpoint, made on its first request."""
-        app = self._app
-        view = app.view_functions.get(endpoint) if app is not None else None
-        if view is None or getattr(view, _EXEMPT, False):
+    def _checker_for(self, app: Any, endpoint: str, blueprints: Sequence[str]) -> Optional[_Checker]:
+        """The limits of one endpoint of ``app``, made on its first request (the
+        blueprints it is in: innermost first, as Flask names them)."""
+        view = app.view_functions.get(endpoint)
+        if view is None or endpoint == "static" or getattr(view, _EXEMPT, False):
             return None
-        blueprint = endpoint.rpartition(".")[0] if "." in endpoint else None
-        if blueprint is not None and blueprint in self._exempt_blueprints:
+        blueprint_objects = [app.blueprints[name] for name in blueprints if name in app.blueprints]
+        if any(id(bp) in self._exempt_blueprints for bp in blueprint_objects):
             return None
-        routes = self._routes.get(_qualified(view), []) + (
-            self._routes.get(f"blueprint:{blueprint}", []) if blueprint else []
-        )
+        routes = list(getattr(view, "__dict__", {}).get(_ROUTES, {}).get(id(self), ()))
+        for bp in blueprint_objects:
+            routes += self._blueprint_routes.get(id(bp), (None, []))[1]
         limits: List[Limit] = []
+        taken: set = set()  # two limits of one view with one text (per method, say): two counts
         for route in routes:
-            limits += self._limits_of(route, endpoint)
+            limits += self._limits_of(route, endpoint, taken)
         if not routes:
-            limits += [self._made(text, "default", None, 1, None, None, route=endpoint) for text in self._defaults]
-        limits += [self._shared_made(text, "application", None, 1, None, None) for text in self._application]
+            for text in self._defaults:
+                limits += self._made(text, "default", None, 1, None, None, taken, route=endpoint)
+        for text in self._application:
+            limits += self._shared_made(text, "application", None, 1, None, None)
         if not limits:
             return None
         return _Checker(
@@ -284,23 +320,25 @@ class Limiter:
             exempt=lambda environ: False,
         )
 
-    def _limits_of(self, route: _RouteLimit, endpoint: str) -> List[Limit]:
+    def _limits_of(self, route: _RouteLimit, endpoint: str, taken: set) -> List[Limit]:
         if route.shared:
-            return [self._shared_made(route.rates, route.scope, route.key_func, route.cost,
-                                      route.methods, route.exempt_when)]
-        return [self._made(route.rates, "route", route.key_func, route.cost, route.methods,
-                           route.exempt_when, route=endpoint, per_method=route.per_method)]
+            return self._shared_made(route.rates, route.scope, route.key_func, route.cost,
+                                     route.methods, route.exempt_when)
+        return self._made(route.rates, "route", route.key_func, route.cost, route.methods,
+                          route.exempt_when, taken, route=endpoint, per_method=route.per_method)
 
     def _shared_made(self, rates: str, scope: Any, key_func: Any, cost: Any, methods: Any,
-                     exempt_when: Any) -> Limit:
+                     exempt_when: Any) -> List[Limit]:
         made = self._shared.setdefault(f"{scope}|{rates}", [])
         if not made:
-            made.append(self._made(rates, str(scope), key_func, cost, methods, exempt_when))
-        return made[0]
+            made += self._made(rates, str(scope), key_func, cost, methods, exempt_when, set())
+        return made
 
     def _made(self, rates: str, name: str, key_func: Any, cost: Any, methods: Any,
-              exempt_when: Any, *, route: Optional[str] = None, per_method: bool = False) -> Limit:
-        """A ``Limit`` named after what it is (``default``, ``route``, a shared scope,
+              exempt_when: Any, taken: set, *, route: Optional[str] = None,
+              per_method: bool = False) -> List[Limit]:
+        """The ``Limit``s of a rate text (one per rate: ``"10/second;1000/hour"`` is two),
+        each named after what it is (``default``, ``route``, a shared scope,
         ``application``) and its rate. Limits counted per route key their clients by the
         route too, so the routes of one rate share one name (and one file under
         ``file://``), each counting apart."""
@@ -309,17 +347,24 @@ class Limiter:
             key: Any = self._key or KeySource.peer_ip()
         else:
             key = _key_function(key_func, self._key, route, per_method)
-        limit_name = _limit_name(f"{name} {rates}")
-        options = self._storage.options(limit_name)
-        return Limit(
-            limit_name,
-            rates,
-            key=key,
-            cost=_flask_cost(cost),
-            methods=methods,
-            exempt_when=None if exempt_when is None else (lambda environ: exempt_when()),
-            **options,
-        )
+        limits = []
+        for part in _parts(rates):
+            limit_name = _limit_name(f"{name} {part}")
+            again = 1
+            while limit_name in taken:
+                again += 1
+                limit_name = _limit_name(f"{name} {part} #{again}")
+            taken.add(limit_name)
+            limits.append(Limit(
+                limit_name,
+                part,
+                key=key,
+                cost=_flask_cost(cost),
+                methods=methods,
+                exempt_when=None if exempt_when is None else (lambda environ: exempt_when()),
+                **self._storage.options(limit_name),
+            ))
+        return limits
 
 
 def _texts(limits: Iterable[str]) -> List[str]:
@@ -328,14 +373,9 @@ def _texts(limits: Iterable[str]) -> List[str]:
     return list(limits)
 
 
-def _qualified(view: Any) -> str:
-    return f"{getattr(view, '__module__', '')}.{getattr(view, '__qualname__', repr(view))}"
-
-
-def _limit_name(text: str) -> str:
-    """A limit's name for the ``RateLimit`` fields: printable ASCII, at most 64 bytes."""
-    clean = "".join(c if 32 <= ord(c) < 127 and c not in '"\\' else "_" for c in text)
-    return clean[:64] or "limit"
+def _parts(rates: str) -> List[str]:
+    """A rate text's rates, one by one (``"10/second;1000/hour"``: two)."""
+    return [part.strip() for part in rates.replace(",", ";").split(";") if part.strip()]
 
 
 def _flask_cost(cost: Any) -> Any:

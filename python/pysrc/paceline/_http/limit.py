@@ -109,6 +109,19 @@ class KeySource:
         return KeySource(("callable",), fn)
 
 
+def limit_name(text: str) -> str:
+    """A limit's name made from any text (a route, a scope, a rate), as the ``RateLimit``
+    fields and the files take it: printable ASCII without quotes, at most 64 bytes; a
+    longer one keeps its first 55 characters and a digest of the whole, so two long
+    texts are two names."""
+    clean = "".join(c if 32 <= ord(c) < 127 and c not in '"\\{}' else "_" for c in text) or "limit"
+    if len(clean) <= 64 and clean == text:
+        return clean
+    if len(clean) <= 64:
+        return clean
+    return f"{clean[:55]}~{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+
 def client_of(scope: Scope) -> Any:
     """The request's client as ``(host, port)``, ``None`` when the server names none:
     ASGI allows any pair (Daphne writes a list), and a port may be missing."""

@@ -36,11 +36,11 @@ import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .._http.checker import RefusalInfo, _Checker
-from .._http.limit import KeySource, Limit
+from .._http.limit import KeySource, Limit, limit_name
 from .._http.storage import Storage
 from .._http.storage import parse as parse_storage
 from .._paceline import parse_rates
-from ..wsgi._middleware import decide, head_of, refusal_parts, warn_if_per_worker
+from ..wsgi._middleware import decide, head_of, refusal_parts, settle, warn_if_per_worker
 
 __all__ = ["ALL", "UNSAFE", "KeySource", "Limit", "RateLimitMiddleware", "RefusalInfo", "ratelimit", "storage"]
 
@@ -67,8 +67,9 @@ def _limits_from_settings() -> List[Limit]:
             limits.append(item)
         elif isinstance(item, str):
             parse_rates(item)
-            name = _name(f"site {item}")
-            limits.append(Limit(name, item, **where.options(name)))
+            for part in [p.strip() for p in item.replace(",", ";").split(";") if p.strip()]:
+                name = _name(f"site {part}")
+                limits.append(Limit(name, part, **where.options(name)))
         else:
             raise ImproperlyConfigured(
                 f"PACELINE_LIMITS holds rate text ('100/minute') or paceline.django.Limit "
@@ -78,8 +79,7 @@ def _limits_from_settings() -> List[Limit]:
 
 
 def _name(text: str) -> str:
-    clean = "".join(c if 32 <= ord(c) < 127 and c not in '"\\' else "_" for c in text)
-    return clean[:64] or "limit"
+    return limit_name(text)
 
 
 def _response(refused: Any, request: Any) -> Any:
@@ -116,15 +116,19 @@ def _add(response: Any, fields: List[Any]) -> Any:
 def _decide_now(checker: _Checker, request: Any) -> Any:
     """``(refusal, fields)`` for a Django request (its ``META`` is the WSGI environ, or
     what Django's ASGI handler builds alike)."""
-    warn_if_per_worker(checker, request.META)
+    if request.__class__.__name__ != "ASGIRequest":  # an ASGI server says nothing of workers
+        warn_if_per_worker(checker, request.META)
     return decide(checker, head_of(request.META, checker.reads_headers), request)
 
 
-async def _adecide(checker: _Checker, request: Any) -> Any:
+async def _adecide(checker: _Checker, request: Any, on_loop: bool = True) -> Any:
     """``_decide_now`` for an async view or middleware: decided on the loop when nothing
-    can wait (no limit in Redis, no wait mode), else in a worker thread."""
-    if checker.fleet is None and checker.wait_up_to is None and not checker.is_async:
-        return _decide_now(checker, request)
+    can wait (no limit in Redis, no wait mode; ``async def`` key functions awaited) and
+    ``on_loop`` (the key reads nothing Django serves only to sync code, as
+    ``request.user``), else in a worker thread."""
+    if on_loop and checker.fleet is None and checker.wait_up_to is None:
+        head = head_of(request.META, checker.reads_headers)
+        return settle(await checker.acheck(head, request) if checker.is_async else checker.check(head, request))
     from asgiref.sync import sync_to_async
 
     return await sync_to_async(_decide_now, thread_sensitive=False)(checker, request)
@@ -181,29 +185,46 @@ class RateLimitMiddleware:
         bridge.run(self._checker.areset())
 
 
-def _key_function(key: Any, group: str) -> Callable[[Any], Optional[str]]:
-    """django-ratelimit's ``key`` as a function of the request: ``"ip"``, ``"user"``,
-    ``"user_or_ip"``, ``"header:<name>"``, ``"get:<param>"``, ``"post:<param>"``, or a
-    function ``(group, request)``."""
+def _key_source(key: Any, group: str) -> KeySource:
+    """django-ratelimit's ``key`` as a key source: ``"ip"`` (the peer address, IPv6 by
+    /64, read by the layer), ``"user"``, ``"user_or_ip"``, ``"header:<name>"``,
+    ``"get:<param>"``, ``"post:<param>"``, or a function ``(group, request)``. A request
+    without the key (no such header, an anonymous user under ``"user"``) counts in one
+    bucket shared by all such requests, as django-ratelimit counts its empty key."""
     if callable(key):
-        return lambda request: _text(key(group, request))
+        return KeySource.callable(lambda request: _text(key(group, request)))
     if not isinstance(key, str):
         raise TypeError(f"key must be 'ip', 'user', 'header:...', 'get:...', 'post:...' or a function, got {key!r}")
     kind, _, arg = key.partition(":")
     if kind == "ip" and not arg:
-        return lambda request: request.META.get("REMOTE_ADDR") or None
+        return KeySource.peer_ip()
     if kind == "user" and not arg:
-        return lambda request: _user(request) or None
+        return KeySource.callable(_user)
     if kind == "user_or_ip" and not arg:
-        return lambda request: _user(request) or request.META.get("REMOTE_ADDR") or None
+        from .._paceline import new_key_reader
+
+        reader = new_key_reader(KeySource.peer_ip()._spec)
+
+        def user_or_ip(request: Any) -> Optional[str]:
+            user = _user(request)
+            if user is not None:
+                return user
+            head = head_of(request.META, False)
+            return reader.key(head["headers"], head["client"])
+
+        return KeySource.callable(user_or_ip)
     if kind == "header" and arg:
-        meta = "HTTP_" + arg.upper().replace("-", "_")
-        return lambda request: request.META.get(meta)
+        return KeySource.header(arg)
     if kind == "get" and arg:
-        return lambda request: request.GET.get(arg)
+        return KeySource.callable(lambda request: request.GET.get(arg))
     if kind == "post" and arg:
-        return lambda request: request.POST.get(arg)
+        return KeySource.callable(lambda request: request.POST.get(arg))
     raise ValueError(f"unknown key {key!r}: 'ip', 'user', 'user_or_ip', 'header:<name>', 'get:<param>', 'post:<param>' or a function")
+
+
+#: The decorators' limits, by group (or view) and rate: one count for every view of a
+#: group, and for a view decorated again on every call (``method_decorator``).
+_decorated: Dict[tuple, _Checker] = {}
 
 
 def _user(request: Any) -> Optional[str]:
@@ -237,25 +258,31 @@ def ratelimit(
     parse_rates(rate)
     methods = [method] if isinstance(method, str) else None if method is None else list(method)
 
+    source = _key_source(key, group or "")
+    on_loop = not callable(key) and key.partition(":")[0] in ("ip", "header", "get")
+
     def decorate(view: Any) -> Any:
         name = group or f"{view.__module__}.{view.__qualname__}"
-        key_fn = _key_function(key, name)
-        made: Dict[str, _Checker] = {}
+        identity = (name, rate, key if isinstance(key, str) else id(key), None if methods is None else tuple(methods))
 
         def checker() -> _Checker:
-            if "it" not in made:
-                limit_name = _name(f"{name} {rate}")
-                made["it"] = _Checker(
-                    [Limit(limit_name, rate, key=KeySource.callable(key_fn), methods=methods,
-                           **storage().options(limit_name))],
+            made = _decorated.get(identity)
+            if made is None:
+                limits = []
+                for part in [p.strip() for p in rate.replace(",", ";").split(";") if p.strip()]:
+                    limit_name = _name(f"{name} {part}")
+                    limits.append(Limit(limit_name, part, key=source, methods=methods,
+                                        **storage().options(limit_name)))
+                made = _decorated.setdefault(identity, _Checker(
+                    limits,
                     headers_on_success=False,
                     legacy_headers=False,
                     wait_up_to=None,
-                    on_missing_key="skip",
+                    on_missing_key="shared",
                     on_refusal=None,
                     exempt=lambda request: False,
-                )
-            return made["it"]
+                ))
+            return made
 
         def request_of(args: Sequence[Any]) -> Any:
             # A function view's first argument, a method's second (self first).
@@ -269,7 +296,7 @@ def ratelimit(
             @functools.wraps(view)
             async def limited_async(*args: Any, **kwargs: Any) -> Any:
                 request = request_of(args)
-                refused, _ = await _adecide(checker(), request)
+                refused, _ = await _adecide(checker(), request, on_loop)
                 request.limited = getattr(request, "limited", False) or refused is not None
                 if refused is not None and block:
                     return _response(refused, request)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from rest_framework.throttling import BaseThrottle
+from rest_framework import throttling
 
 from .._http.checker import _Checker
 from .._http.limit import KeySource, Limit
@@ -36,15 +36,17 @@ _checkers: Dict[Tuple[str, str], _Checker] = {}
 def _checker(scope: str, rate: str) -> _Checker:
     checker = _checkers.get((scope, rate))
     if checker is None:
-        name = _name(f"drf {scope} {rate}")
-        limit = Limit(
-            name,
-            rate,
-            key=KeySource.callable(lambda request: getattr(request, "_paceline_key", None)),
-            **storage().options(name),
-        )
+        limits = []
+        for part in [p.strip() for p in rate.replace(",", ";").split(";") if p.strip()]:
+            name = _name(f"drf {scope} {part}")
+            limits.append(Limit(
+                name,
+                part,
+                key=KeySource.callable(lambda request: getattr(request, "_paceline_key", None)),
+                **storage().options(name),
+            ))
         checker = _checkers[(scope, rate)] = _Checker(
-            [limit],
+            limits,
             headers_on_success=False,
             legacy_headers=False,
             wait_up_to=None,
@@ -55,91 +57,89 @@ def _checker(scope: str, rate: str) -> _Checker:
     return checker
 
 
-class _PacelineThrottle(BaseThrottle):
-    """What the three throttles share: a scope and its rate, a key per request, and the
-    exact wait of a refusal."""
+def _ident(request: Any) -> str:
+    """The client's address as a key: the peer (IPv6 by /64), or with
+    ``PACELINE_TRUSTED_PROXIES`` (networks) the right-most ``X-Forwarded-For`` address
+    that is not a trusted proxy, read only when the peer is one. DRF's ``NUM_PROXIES`` is
+    not read: a client that writes its own ``X-Forwarded-For`` gets no new bucket."""
+    from django.conf import settings
 
-    scope: Optional[str] = None
-    THROTTLE_RATES: Any = None
+    from .._paceline import new_key_reader
+    from ..wsgi._middleware import head_of
 
-    def __init__(self) -> None:
-        self._wait: Optional[float] = None
+    proxies = getattr(settings, "PACELINE_TRUSTED_PROXIES", None)
+    source = KeySource.behind_proxies(proxies) if proxies else KeySource.peer_ip()
+    reader = _readers.get(id(proxies))
+    if reader is None:
+        reader = _readers[id(proxies)] = new_key_reader(source._spec)
+    head = head_of(request.META, bool(proxies))
+    return reader.key(head["headers"], head["client"]) or request.META.get("REMOTE_ADDR", "")
 
-    def get_rate(self, view: Any) -> Optional[str]:
-        from rest_framework.settings import api_settings
 
-        rates = self.THROTTLE_RATES if self.THROTTLE_RATES is not None else api_settings.DEFAULT_THROTTLE_RATES
-        scope = self.get_scope(view)
-        if scope is None:
-            return None
-        try:
-            return rates[scope]
-        except KeyError:
-            from django.core.exceptions import ImproperlyConfigured
+_readers: Dict[int, Any] = {}
 
-            raise ImproperlyConfigured(f"No default throttle rate set for '{scope}' scope") from None
 
-    def get_scope(self, view: Any) -> Optional[str]:
-        return self.scope
+class _Paceline:
+    """What the three throttles add to DRF's own classes: the decision is paceline's
+    (atomic, where the cache says), and ``wait()`` its exact wait."""
 
-    def get_cache_key(self, request: Any, view: Any) -> Optional[str]:  # DRF's name
-        raise NotImplementedError
+    _paceline_wait: Optional[float] = None
+
+    def get_ident(self, request: Any) -> str:
+        return _ident(request)
+
+    def parse_rate(self, rate: Optional[str]) -> Tuple[Optional[int], Optional[float]]:
+        """DRF's ``(num_requests, duration)`` of the first rate of ``rate`` (paceline
+        reads ``"10/s;100/h"`` as both)."""
+        if rate is None:
+            return None, None
+        from .._paceline import parse_rates
+
+        count, per, _ = parse_rates(rate)[0]
+        return count, per
 
     def allow_request(self, request: Any, view: Any) -> bool:
-        rate = self.get_rate(view)
-        if rate is None:
+        if getattr(self, "rate", None) is None:
             return True
-        key = self.get_cache_key(request, view)
+        key = self.get_cache_key(request, view)  # type: ignore[attr-defined]
         if key is None:
             return True
         request._paceline_key = key
-        refused, _ = _decide_now(_checker(self.get_scope(view) or "", rate), request)
+        refused, _ = _decide_now(_checker(self.scope or "", self.rate), request)  # type: ignore[attr-defined]
         if refused is None:
             return True
-        self._wait = refused.wait if refused.wait > 0 else None
+        self._paceline_wait = refused.wait if refused.wait > 0 else None
         return False
 
     def wait(self) -> Optional[float]:
         """Seconds until this request would be admitted (DRF's ``Retry-After``)."""
-        return self._wait
+        return self._paceline_wait
 
 
-def _user_key(request: Any) -> Optional[str]:
-    user = getattr(request, "user", None)
-    if user is not None and getattr(user, "is_authenticated", False):
-        return f"user:{user.pk}"
-    return None
+class SimpleRateThrottle(_Paceline, throttling.SimpleRateThrottle):
+    """DRF's ``SimpleRateThrottle`` on paceline's decision: subclass it as DRF's docs
+    show (``scope``, ``get_cache_key``, ``cache_format``)."""
 
 
-class AnonRateThrottle(_PacelineThrottle):
-    """Anonymous requests, by client address (DRF's ``get_ident``: ``NUM_PROXIES``
-    decides whether ``X-Forwarded-For`` is read); scope ``"anon"``."""
-
-    scope = "anon"
-
-    def get_cache_key(self, request: Any, view: Any) -> Optional[str]:
-        if _user_key(request) is not None:
-            return None  # authenticated: not this throttle's
-        return f"ip:{self.get_ident(request)}"
+class AnonRateThrottle(_Paceline, throttling.AnonRateThrottle):
+    """Anonymous requests, by client address; scope ``"anon"``."""
 
 
-class UserRateThrottle(_PacelineThrottle):
+class UserRateThrottle(_Paceline, throttling.UserRateThrottle):
     """Each user (by id), anonymous ones by address; scope ``"user"``."""
 
-    scope = "user"
 
-    def get_cache_key(self, request: Any, view: Any) -> Optional[str]:
-        return _user_key(request) or f"ip:{self.get_ident(request)}"
-
-
-class ScopedRateThrottle(_PacelineThrottle):
+class ScopedRateThrottle(_Paceline, throttling.ScopedRateThrottle):
     """Views with a ``throttle_scope``, each scope its own rate; by user or address."""
 
-    def get_scope(self, view: Any) -> Optional[str]:
-        return getattr(view, "throttle_scope", None)
-
-    def get_cache_key(self, request: Any, view: Any) -> Optional[str]:
-        return _user_key(request) or f"ip:{self.get_ident(request)}"
+    def allow_request(self, request: Any, view: Any) -> bool:
+        # DRF's own: the scope and its rate come from the view.
+        self.scope = getattr(view, self.scope_attr, None)
+        if not self.scope:
+            return True
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        return _Paceline.allow_request(self, request, view)
 
 
 def reset() -> None:

@@ -129,6 +129,7 @@ class RateLimitMiddleware:
             on_refusal=on_refusal,
             exempt=exempt,
         )
+        _no_async(self._checker)
 
     def reset(self) -> None:
         """Starts every key of every limit here afresh (``Limit.reset`` for each, and
@@ -158,17 +159,21 @@ def decide(checker: _Checker, scope: dict, subject: Any) -> Tuple[Any, List[Tupl
             return verdict.outcome, []
         return None, _text(fields_of(verdict, checker.legacy))
     outcome = checker.check(scope, subject)
+    if outcome is not None and outcome.__class__ is not Admitted and not hasattr(outcome, "status"):
+        outcome = wait_blocking(outcome)  # a Waiting
+    return settle(outcome)
+
+
+def settle(outcome: Any) -> Tuple[Any, List[Tuple[str, str]]]:
+    """The layer's outcome (not a ``Waiting``) as ``decide`` answers it."""
     if outcome is None:
         return None, []
-    if outcome.__class__ is not Admitted and not hasattr(outcome, "status"):
-        outcome = wait_blocking(outcome)  # a Waiting
     if outcome.__class__ is Admitted:
         return None, _text(outcome.fields) if outcome.fields else []
     return outcome, []
 
 
-#: The limits whose per-worker counting this process has told (by limit name).
-_told: set = set()
+#: The process that told, once, that its limits count per worker.
 _told_pid = [0]
 
 
@@ -176,18 +181,27 @@ def warn_if_per_worker(checker: _Checker, environ: Environ) -> None:
     """Logs once per worker process when ``checker`` keeps limits in this process's memory
     and the server says it runs several worker processes (``wsgi.multiprocess``; Django's
     test client says so too, from one process, and is not told)."""
-    if not checker.in_memory or not environ.get("wsgi.multiprocess"):
+    if not checker.in_memory or _told_pid[0] == os.getpid() or not environ.get("wsgi.multiprocess"):
         return
     if environ.get("SERVER_NAME") == "testserver":
         return
-    pid = os.getpid()
-    if _told_pid[0] != pid:
-        _told_pid[0] = pid
-        _told.clear()
-    names = [name for name in checker.in_memory if name not in _told]
-    if names:
-        _told.update(names)
-        tell_per_worker(names)
+    _told_pid[0] = os.getpid()
+    tell_per_worker(checker.in_memory)
+
+
+def _no_async(checker: _Checker) -> None:
+    """A sync server cannot await: a limit's ``async def`` function is an error now, not
+    a 500 at every request."""
+    from .._http.checker import _is_async
+
+    functions = [fn for fn in (checker.exempt,) if fn is not None]
+    for limit in checker.every:
+        functions += [limit.key._fn, limit.exempt_when, limit.cost if callable(limit.cost) else None]
+    if any(fn is not None and _is_async(fn) for fn in functions):
+        raise TypeError(
+            "a limit's key, cost or exemption function is async, and a WSGI server cannot "
+            "await it: make it a plain function (or serve the app over ASGI)"
+        )
 
 
 def tell_per_worker(names: List[str]) -> None:
