@@ -69,12 +69,13 @@ def _warn_once(what: str, message: str) -> None:
 
 def _no_address(limit: str) -> _NoAddress:
     message = (
-        f"paceline: the rate limit {limit!r} keys clients by their address, but this ASGI "
-        "server gives none (scope['client'] is None, as over a unix socket). Serve over "
-        "TCP; behind a proxy on a unix socket, let the server take the client from the "
-        "proxy's header (uvicorn --proxy-headers --forwarded-allow-ips=...) or key by a "
-        "header the proxy sets (KeySource.header); or share one bucket on purpose with "
-        "on_missing_key=\"shared\".\n"
+        f"paceline: the rate limit {limit!r} keys clients by their address, but this "
+        "server gives none (no scope['client'] under ASGI, no REMOTE_ADDR under WSGI, as "
+        "over a unix socket). Serve over TCP; behind a proxy on a unix socket, let the "
+        "server or the app take the client from the proxy's header (uvicorn --proxy-headers "
+        "--forwarded-allow-ips=...; gunicorn --forwarded-allow-ips with werkzeug's "
+        "ProxyFix) or key by a header the proxy sets (KeySource.header); or share one "
+        "bucket on purpose with on_missing_key=\"shared\".\n"
     )
     _warn_once("no-address", message.strip())
     return _NoAddress(message.encode())
@@ -98,8 +99,8 @@ def _check_rewritten(limit: str, client: Any, scope: Scope) -> None:
     while ``limit`` reads it behind its own trusted proxies: uvicorn's proxy middleware
     writes the address it read there (with port 0, or the port written beside it) as the
     client, so the connection's address is the header's right-most entry."""
-    if "x-forwarded-for" in _warned_about:
-        return
+    if "x-forwarded-for" in _warned_about or scope.get("wsgi"):
+        return  # a WSGI server writes no port it read from the header
     forwarded = None
     for name, value in scope.get("headers", ()):
         if name == b"x-forwarded-for":

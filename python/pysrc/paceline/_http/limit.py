@@ -312,6 +312,7 @@ class Limit:
                 raise ValueError("give a limit storage_uri, or shared= / redis=, not both")
             shared = where.get("shared", shared)
             redis = where.get("redis", redis)
+            capacity = where.get("capacity", capacity)
         self.name = name
         self._rates = _rates(rate, per, burst)
         for _, _, _, text in self._rates:

@@ -4,7 +4,8 @@ integration, checked when the app is imported.
 
 * ``memory://``: this process's memory (each worker process counts on its own);
 * ``file:///dev/shm/myapp``: a file per limit, ``/dev/shm/myapp.<limit name>``, that
-  every process of the host opens (the shared-file tier, with its owner checks);
+  every process of the host opens (the shared-file tier, with its owner checks), each
+  with room for 65 536 clients still limited (4 MiB); ``?capacity=4096`` sets that;
 * ``redis://host:6379/0``, ``rediss://...`` (TLS), ``redis+cluster://host:7000``: Redis,
   for a fleet of hosts (one client per URI and process; it connects on first use, so an
   app starts while its Redis is down, and the failure policy answers meanwhile).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 SCHEMES = ("memory://", "file:///path", "redis://", "rediss://", "redis+cluster://")
 
@@ -25,10 +26,12 @@ _clients: Dict[Tuple[str, int], Any] = {}
 class Storage:
     """A parsed storage URI: ``kind`` is ``"memory"``, ``"file"`` or ``"redis"``."""
 
-    __slots__ = ("uri", "kind", "path", "cluster")
+    __slots__ = ("uri", "kind", "path", "cluster", "capacity")
 
-    def __init__(self, uri: str, kind: str, path: str = "", cluster: bool = False) -> None:
+    def __init__(self, uri: str, kind: str, path: str = "", cluster: bool = False,
+                 capacity: Optional[int] = None) -> None:
         self.uri, self.kind, self.path, self.cluster = uri, kind, path, cluster
+        self.capacity = capacity
 
     def __repr__(self) -> str:
         return f"Storage({self.uri!r})"
@@ -38,7 +41,10 @@ class Storage:
         if self.kind == "memory":
             return {}
         if self.kind == "file":
-            return {"shared": f"{self.path}.{_file_safe(name)}"}
+            options: Dict[str, Any] = {"shared": f"{self.path}.{_file_safe(name)}"}
+            if self.capacity is not None:
+                options["capacity"] = self.capacity
+            return options
         return {"redis": self.client()}
 
     def client(self) -> Any:
@@ -80,11 +86,19 @@ def parse(uri: object) -> Storage:
         return Storage(uri, "memory")
     if scheme == "file":
         parsed = urllib.parse.urlsplit(uri)
-        if parsed.netloc not in ("", "localhost") or parsed.query or parsed.fragment:
+        if parsed.netloc not in ("", "localhost") or parsed.fragment:
             raise ValueError(
                 f"storage URI {uri!r}: a file URI names a path on this host, such as "
                 "file:///dev/shm/myapp"
             )
+        capacity = None
+        for name, value in urllib.parse.parse_qsl(parsed.query, keep_blank_values=True):
+            if name != "capacity" or not value.isdigit() or not 0 < int(value) <= 1 << 32:
+                raise ValueError(
+                    f"storage URI {uri!r}: a file URI takes one setting, capacity=<clients "
+                    "kept per limit> (64 bytes each; default 65536)"
+                )
+            capacity = int(value)
         path = urllib.parse.unquote(parsed.path)
         if not path.startswith("/") or path.endswith("/") or "\x00" in path:
             raise ValueError(
@@ -94,7 +108,7 @@ def parse(uri: object) -> Storage:
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
             raise ValueError(f"storage URI {uri!r}: the directory {directory!r} does not exist")
-        return Storage(uri, "file", path=path)
+        return Storage(uri, "file", path=path, capacity=capacity)
     if scheme in ("redis", "rediss", "redis+cluster"):
         parsed = urllib.parse.urlsplit(uri)
         try:

@@ -43,6 +43,7 @@ def head_of(environ: Environ, headers: bool = True) -> dict:
         port = 0
     return {
         "type": "http",
+        "wsgi": True,
         "method": environ.get("REQUEST_METHOD", "GET"),
         "path": (environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")) or "/",
         "headers": fields,
