@@ -153,7 +153,8 @@ class Limiter:
         if unknown:
             _log.warning("paceline.flask does not read %s (flask-limiter's settings)", ", ".join(unknown))
         app.before_request(self._before)
-        app.after_request(self._after)
+        if self._headers:
+            app.after_request(self._after)
         app.extensions["paceline"] = self
 
     # The decorators.
@@ -263,8 +264,6 @@ class Limiter:
     def _after(self, response: Any) -> Any:
         from flask import request
 
-        if not self._headers:
-            return response
         for name, value in request.environ.get("paceline.fields", ()):
             if name not in response.headers:
                 response.headers[name] = value
@@ -398,9 +397,12 @@ def _key_function(key_func: Any, source: Optional[KeySource], route: Any, per_me
     def key(environ: Any) -> Optional[str]:
         if key_func is not None:
             client = key_func()
-        else:
-            scope = head_of(environ, reads_headers)
+        elif reads_headers:
+            scope = head_of(environ, True)
             client = reader.key(scope["headers"], scope["client"])
+        else:
+            address = environ.get("REMOTE_ADDR")
+            client = reader.key([], (address, 0)) if address else None
         if client is None:
             return None
         if not isinstance(client, str):
