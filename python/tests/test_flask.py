@@ -155,9 +155,15 @@ def _flood(port, path, seconds, threads=8, headers=None):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         count = 0
         while time.monotonic() < stop:
-            conn.request("GET", path, headers=headers or {})
-            response = conn.getresponse()
-            response.read()
+            try:
+                conn.request("GET", path, headers=headers or {})
+                response = conn.getresponse()
+                response.read()
+            except (ConnectionError, http.client.HTTPException):
+                # A server that closes after each response (uWSGI's http-socket).
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                continue
             statuses.add(response.status)
             count += response.status == 200
             if response.getheader("Connection", "").lower() == "close":
@@ -233,11 +239,19 @@ def test_a_limit_in_redis_under_two_workers_and_redis_going_away(gunicorn):
         server.stop()
 
 
-@pytest.mark.parametrize("server", ["gthread", "waitress"])
+@pytest.mark.parametrize("server", ["gthread", "waitress", "uwsgi"])
 def test_threaded_servers_hold_the_bound(gunicorn, tmp_path, server):
     if server == "gthread":
         command = [sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "4", "-w", "2",
                    "-b", "127.0.0.1:{port}", "--graceful-timeout", "2", "flask_app:app"]
+    elif server == "uwsgi":
+        uwsgi = os.path.join(os.path.dirname(sys.executable), "uwsgi")
+        if not os.path.exists(uwsgi):
+            pytest.skip("uWSGI is not installed")
+        # 3 processes of 2 threads each, forked after the app is imported.
+        command = [uwsgi, "--http-socket", "127.0.0.1:{port}", "--module", "flask_app:app",
+                   "--master", "--processes", "3", "--threads", "2", "--die-on-term",
+                   "--disable-logging"]
     else:
         pytest.importorskip("waitress")
         command = [sys.executable, "-m", "waitress", "--listen=127.0.0.1:{port}", "--threads=4",
