@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import weakref
 from typing import Any, Dict, Optional, Union
 
@@ -67,6 +68,17 @@ class _AsyncWire:
         their next call after sending it: they are closed first, so the next call opens one
         on this loop."""
         previous, self._last_loop = self._last_loop, weakref.ref(loop)
+        pid, self._last_pid = getattr(self, "_last_pid", None), os.getpid()
+        if pid is not None and pid != self._last_pid:
+            # A process forked from the one that used the client (gunicorn --preload,
+            # after a call at import): the connections are the parent's. Forget them,
+            # without closing what the parent still uses, as redis-py does after a fork.
+            pool = getattr(self._client, "connection_pool", None)
+            if pool is not None and hasattr(pool, "reset"):
+                pool.reset()
+                if isinstance(getattr(pool, "_lock", None), asyncio.Lock):
+                    pool._lock = asyncio.Lock()  # bound to the parent's loop once contended
+            return
         if previous is None:
             return  # the first loop it runs on
         last = previous()
