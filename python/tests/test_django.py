@@ -27,7 +27,7 @@ from django.test import AsyncClient, Client  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
 import paceline.django.rest  # noqa: E402
-from test_flask import _flood, _free_port  # noqa: E402
+from test_flask import _flood, gunicorn  # noqa: E402,F401 - the fixture, shared
 
 
 @pytest.fixture(autouse=True)
@@ -85,50 +85,10 @@ def test_a_bad_setting_fails_when_django_starts():
 # Under a real gunicorn with 4 sync workers.
 
 
-def _gunicorn(tmp_path, storage, workers=4):
-    port = _free_port()
-    log = open(tmp_path / f"gunicorn-{port}.log", "w+")
-    env = dict(os.environ, PACELINE_TEST_STORAGE=storage, PYTHONPATH=HERE)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{port}",
-         "--graceful-timeout", "2", "django_site.wsgi"],
-        cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    import socket
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            time.sleep(0.1)
-    time.sleep(0.5)
-    return proc, port
-
-
-@pytest.fixture
-def served(tmp_path):
-    if subprocess.run([sys.executable, "-m", "gunicorn", "--version"], capture_output=True).returncode:
-        pytest.skip("gunicorn is not installed")
-    procs = []
-
-    def start(storage, workers=4):
-        proc, port = _gunicorn(tmp_path, storage, workers)
-        procs.append(proc)
-        return port
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def test_four_workers_hold_the_sites_limit_and_drfs_throttle_as_one(served, tmp_path):
-    port = served(f"file://{tmp_path}/site")
+def test_four_workers_hold_the_sites_limit_and_drfs_throttle_as_one(gunicorn, tmp_path):
+    command = [sys.executable, "-m", "gunicorn", "-w", "4", "-b", "127.0.0.1:{port}",
+               "--graceful-timeout", "2", "django_site.wsgi"]
+    port, _ = gunicorn(f"file://{tmp_path}/site", server=command)
     admitted, statuses, elapsed = _flood(port, "/", 2.0)
     assert admitted <= 20 + 20 * elapsed + 2, (admitted, elapsed)
     assert admitted >= 20 + 20 * (elapsed - 0.5) * 0.5, (admitted, elapsed)

@@ -110,17 +110,8 @@ impl Waiting {
             return Err(PyValueError::new_err("this wait is over"));
         };
         let waker = Waker::from(Arc::new(CallBack(wake)));
-        let mut cx = Context::from_waker(&waker);
-        match future.as_mut().poll(&mut cx) {
-            Poll::Ready(outcome) => {
-                *slot = None;
-                Ok(Some(match outcome {
-                    Ok(a) => Bound::new(py, admitted(py, a))?.into_any(),
-                    Err(r) => Bound::new(py, refused(py, r))?.into_any(),
-                }))
-            }
-            Poll::Pending => Ok(None),
-        }
+        let polled = future.as_mut().poll(&mut Context::from_waker(&waker));
+        settled(py, &mut slot, polled)
     }
 
     /// Books every limit's turn without taking any yet (`paceline::http::Waiting::book`):
@@ -132,23 +123,34 @@ impl Waiting {
         let Some(future) = slot.as_mut() else {
             return Err(PyValueError::new_err("this wait is over"));
         };
-        let waker = Waker::noop();
-        let mut cx = Context::from_waker(waker);
-        match future.as_mut().book(&mut cx) {
-            Poll::Ready(outcome) => {
-                *slot = None;
-                Ok(Some(match outcome {
-                    Ok(a) => Bound::new(py, admitted(py, a))?.into_any(),
-                    Err(r) => Bound::new(py, refused(py, r))?.into_any(),
-                }))
-            }
-            Poll::Pending => Ok(None),
-        }
+        let booked = future
+            .as_mut()
+            .book(&mut Context::from_waker(Waker::noop()));
+        settled(py, &mut slot, booked)
     }
 
     /// Gives every booking back (the client went away).
     fn cancel(&self) {
         let future = self.future.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(future);
+    }
+}
+
+/// A wait's poll as Python takes it: the outcome once it is over (the wait then ends), or
+/// `None`.
+fn settled<'py>(
+    py: Python<'py>,
+    slot: &mut Option<std::pin::Pin<Box<layer::Waiting<Bytes>>>>,
+    polled: Poll<Result<layer::Admitted, layer::Refused<Bytes>>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    match polled {
+        Poll::Ready(outcome) => {
+            *slot = None;
+            Ok(Some(match outcome {
+                Ok(a) => Bound::new(py, admitted(py, a))?.into_any(),
+                Err(r) => Bound::new(py, refused(py, r))?.into_any(),
+            }))
+        }
+        Poll::Pending => Ok(None),
     }
 }
