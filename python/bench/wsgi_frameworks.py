@@ -34,9 +34,13 @@ def flask_apps():
     from flask import Flask
 
     apps = {}
-    for kind in ("bare", "flask-limiter", "paceline"):
+    for kind in ("bare", "hook", "flask-limiter", "paceline"):
         app = Flask(f"bench-{kind}")
-        if kind == "flask-limiter":
+        if kind == "hook":
+            # The floor of any limiter that works as a Flask extension: a before_request
+            # hook that does nothing.
+            app.before_request(lambda: None)
+        elif kind == "flask-limiter":
             from flask_limiter import Limiter
             from flask_limiter.util import get_remote_address
 
@@ -127,12 +131,16 @@ def added(label, rounds, peer):
     bare = statistics.median(rounds["bare"])
     print(f"  {label}: bare {bare:.1f} µs a request")
     extra = {}
-    for kind in (peer, "paceline"):
+    for kind in [k for k in rounds if k != "bare"]:
         diffs = sorted(a - b for a, b in zip(rounds[kind], rounds["bare"]))
         extra[kind] = statistics.median(diffs)
         print(f"    {kind:17s} +{extra[kind]:6.1f} µs (middle half of the rounds: "
               f"{diffs[len(diffs) // 4]:.1f} to {diffs[(3 * len(diffs)) // 4]:.1f})")
     print(f"    paceline adds {extra['paceline'] / extra[peer]:.3f} of what {peer} adds (goal: at most 0.15)")
+    if "hook" in extra:
+        print(f"    beyond the floor (a hook that does nothing): paceline {extra['paceline'] - extra['hook']:.1f} µs, "
+              f"{peer} {extra[peer] - extra['hook']:.1f} µs "
+              f"({(extra['paceline'] - extra['hook']) / (extra[peer] - extra['hook']):.3f})")
 
 
 def cost():
