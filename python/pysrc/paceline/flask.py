@@ -309,15 +309,7 @@ class Limiter:
             limits += self._shared_made(text, "application", None, 1, None, None)
         if not limits:
             return None
-        return _Checker(
-            limits,
-            headers_on_success=self._headers,
-            legacy_headers=False,
-            wait_up_to=None,
-            on_missing_key=None,
-            on_refusal=None,
-            exempt=lambda environ: False,
-        )
+        return _Checker(limits, headers_on_success=self._headers, exempt=_never)
 
     def _limits_of(self, route: _RouteLimit, endpoint: str, taken: set) -> List[Limit]:
         if route.shared:
@@ -370,6 +362,11 @@ def _texts(limits: Iterable[str]) -> List[str]:
     if isinstance(limits, str):
         return [limits]
     return list(limits)
+
+
+def _never(subject: Any) -> bool:
+    """No request is exempt here: the shell decided that already (``OPTIONS`` included)."""
+    return False
 
 
 def _parts(rates: str) -> List[str]:

@@ -152,12 +152,12 @@ class _Checker:
         self,
         limits: Sequence[Limit],
         *,
-        headers_on_success: bool,
-        legacy_headers: bool,
-        wait_up_to: Optional[float],
-        on_missing_key: object,
-        on_refusal: Optional[Callable[..., Any]],
-        exempt: Optional[Callable[[Scope], bool]],
+        headers_on_success: bool = False,
+        legacy_headers: bool = False,
+        wait_up_to: Optional[float] = None,
+        on_missing_key: object = None,
+        on_refusal: Optional[Callable[..., Any]] = None,
+        exempt: Optional[Callable[[Scope], bool]] = None,
     ) -> None:
         if isinstance(limits, Limit):
             limits = [limits]

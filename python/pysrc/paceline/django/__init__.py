@@ -149,15 +149,7 @@ class RateLimitMiddleware:
         limits = _limits_from_settings()
         if not limits:
             raise MiddlewareNotUsed("PACELINE_LIMITS is empty")
-        self._checker = _Checker(
-            limits,
-            headers_on_success=False,
-            legacy_headers=False,
-            wait_up_to=None,
-            on_missing_key=None,
-            on_refusal=None,
-            exempt=None,
-        )
+        self._checker = _Checker(limits)
         self.is_async = asyncio.iscoroutinefunction(get_response)
         if self.is_async:
             from asgiref.sync import markcoroutinefunction
@@ -227,6 +219,11 @@ def _key_source(key: Any, group: str) -> KeySource:
 _decorated: Dict[tuple, _Checker] = {}
 
 
+def _never(subject: Any) -> bool:
+    """No request is exempt from a decorated view's limit (``OPTIONS`` included)."""
+    return False
+
+
 def _user(request: Any) -> Optional[str]:
     user = getattr(request, "user", None)
     if user is None or not getattr(user, "is_authenticated", False):
@@ -273,15 +270,9 @@ def ratelimit(
                     limit_name = _name(f"{name} {part}")
                     limits.append(Limit(limit_name, part, key=source, methods=methods,
                                         **storage().options(limit_name)))
-                made = _decorated.setdefault(identity, _Checker(
-                    limits,
-                    headers_on_success=False,
-                    legacy_headers=False,
-                    wait_up_to=None,
-                    on_missing_key="shared",
-                    on_refusal=None,
-                    exempt=lambda request: False,
-                ))
+                made = _decorated.setdefault(
+                    identity, _Checker(limits, on_missing_key="shared", exempt=_never)
+                )
             return made
 
         def request_of(args: Sequence[Any]) -> Any:

@@ -27,7 +27,7 @@ from rest_framework import throttling
 
 from .._http.checker import _Checker
 from .._http.limit import KeySource, Limit
-from . import _decide_now, _name, storage
+from . import _decide_now, _name, _never, storage
 
 #: One decision per (scope, rate), made on first use in each process.
 _checkers: Dict[Tuple[str, str], _Checker] = {}
@@ -45,15 +45,7 @@ def _checker(scope: str, rate: str) -> _Checker:
                 key=KeySource.callable(lambda request: getattr(request, "_paceline_key", None)),
                 **storage().options(name),
             ))
-        checker = _checkers[(scope, rate)] = _Checker(
-            limits,
-            headers_on_success=False,
-            legacy_headers=False,
-            wait_up_to=None,
-            on_missing_key="skip",
-            on_refusal=None,
-            exempt=lambda request: False,
-        )
+        checker = _checkers[(scope, rate)] = _Checker(limits, on_missing_key="skip", exempt=_never)
     return checker
 
 
