@@ -31,6 +31,8 @@ import functools
 import logging
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from flask import current_app, request
+
 from ._http.checker import RefusalInfo, _Checker
 from ._http.limit import KeySource, Limit, limit_name as _limit_name
 from ._http.storage import parse as parse_storage
@@ -241,8 +243,6 @@ class Limiter:
     # Per request.
 
     def _before(self) -> Any:
-        from flask import current_app, request
-
         endpoint = request.endpoint
         if endpoint is None or not self._enabled:
             return None  # no route: a 404 (or 405) that costs nothing
@@ -253,7 +253,8 @@ class Limiter:
         if checker is None:
             return None
         environ = request.environ
-        warn_if_per_worker(checker, environ)
+        if checker.in_memory:
+            warn_if_per_worker(checker, environ)
         refused, fields = decide(checker, head_of(environ, checker.reads_headers), environ)
         if refused is None:
             if fields:
@@ -262,8 +263,6 @@ class Limiter:
         return self._refusal(refused)
 
     def _after(self, response: Any) -> Any:
-        from flask import request
-
         for name, value in request.environ.get("paceline.fields", ()):
             if name not in response.headers:
                 response.headers[name] = value
@@ -309,7 +308,7 @@ class Limiter:
             limits += self._shared_made(text, "application", None, 1, None, None)
         if not limits:
             return None
-        return _Checker(limits, headers_on_success=self._headers, exempt=_never)
+        return _Checker(limits, headers_on_success=self._headers)  # OPTIONS exempt
 
     def _limits_of(self, route: _RouteLimit, endpoint: str, taken: set) -> List[Limit]:
         if route.shared:
@@ -362,11 +361,6 @@ def _texts(limits: Iterable[str]) -> List[str]:
     if isinstance(limits, str):
         return [limits]
     return list(limits)
-
-
-def _never(subject: Any) -> bool:
-    """No request is exempt here: the shell decided that already (``OPTIONS`` included)."""
-    return False
 
 
 def _parts(rates: str) -> List[str]:
