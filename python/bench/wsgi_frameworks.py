@@ -14,7 +14,8 @@ each admits under `gunicorn -w 4`.
    most 0.15 of what its peer adds.
 2. Under `gunicorn -w 4` (sync workers), "20 per second" for one client, 8 threads for
    2 s: paceline.flask with `file:///dev/shm/...` beside flask-limiter's default
-   `memory://` (allowed: 20 + 20 x elapsed).
+   `memory://`, and paceline's DRF `AnonRateThrottle` beside DRF's own on Django's
+   default cache (allowed: 20 + 20 x elapsed).
 """
 
 import gc
@@ -162,6 +163,43 @@ def cost():
     added("Django (RequestFactory, a view)", django_rounds, "django-ratelimit")
 
 
+#: A Django project of one DRF view, throttled by DRF's own AnonRateThrottle or
+#: paceline's (``KIND``), kept where ``STORAGE`` says (paceline's).
+DRF_SITE = """
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "drf_site")
+SECRET_KEY = "bench"
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "drf_site"
+DATABASES = {}
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "rest_framework"]
+PACELINE_STORAGE_URI = os.environ["STORAGE"]
+THROTTLE = "paceline.django.rest" if os.environ["KIND"] == "paceline" else "rest_framework.throttling"
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_THROTTLE_CLASSES": [THROTTLE + ".AnonRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"anon": "20/second"},
+}
+
+from django.core.wsgi import get_wsgi_application  # noqa: E402
+from django.urls import path  # noqa: E402
+from rest_framework.response import Response  # noqa: E402
+from rest_framework.views import APIView  # noqa: E402
+
+
+class Things(APIView):
+    def get(self, request):
+        return Response({})
+
+
+urlpatterns = [path("", Things.as_view())]
+application = get_wsgi_application()
+"""
+
+
 def workers():
     import signal
     import subprocess
@@ -196,6 +234,22 @@ def workers():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
         print(f"  {kind:13s} admitted {admitted:4d} in {elapsed:.2f} s (allowed {20 + 20 * elapsed:.0f})")
+    # DRF's AnonRateThrottle, its own (Django's default LocMemCache) and paceline's.
+    with open(os.path.join(os.path.dirname(app_file), "drf_site.py"), "w") as f:
+        f.write(DRF_SITE)
+    for kind in ("paceline", "drf"):
+        port = _free_port()
+        env = dict(os.environ, KIND=kind, STORAGE=f"file://{shm}/drf")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-w", "4", "-b", f"127.0.0.1:{port}", "drf_site"],
+            cwd=os.path.dirname(app_file), env=env, stderr=subprocess.DEVNULL,
+        )
+        time.sleep(3)
+        admitted, _, elapsed = _flood(port, "/", 2.0)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        label = "paceline DRF" if kind == "paceline" else "DRF's own"
+        print(f"  {label:13s} admitted {admitted:4d} in {elapsed:.2f} s (allowed {20 + 20 * elapsed:.0f})")
 
 
 if __name__ == "__main__":
