@@ -390,3 +390,29 @@ def test_a_wsgi_limit_with_an_async_key_fails_when_it_is_made():
 
     with pytest.raises(TypeError, match="WSGI server cannot await"):
         RateLimitMiddleware(lambda environ, start_response: [], [Limit("k", 1, key=key)])
+
+
+def test_a_redis_cluster_by_uri_spreads_clients_and_keeps_each_exact():
+    from redis_servers import Cluster, cli_binary, have, server_binary
+
+    if not have(server_binary()) or not have(cli_binary()):
+        pytest.skip("redis-server and redis-cli are needed for a cluster")
+    cluster = Cluster()
+    try:
+        app = flask.Flask("cluster")
+        limiter = Limiter(app=app, default_limits=["2 per hour"],
+                          storage_uri=f"redis+cluster://127.0.0.1:{cluster.nodes[0].port}")
+
+        @app.route("/")
+        def home():
+            return "ok"
+
+        client = app.test_client()
+        for i in range(12):
+            address = f"10.{i * 37 % 256}.{i * 101 % 256}.{i + 1}"
+            assert _statuses(client, "/", 3, environ_base={"REMOTE_ADDR": address}) == [200, 200, 429]
+        stored = [n.cli("DBSIZE").strip() for n in cluster.nodes]
+        assert sum(int(s) for s in stored) == 12 and sum(s != "0" for s in stored) >= 2, stored
+        del limiter
+    finally:
+        cluster.stop()
