@@ -416,3 +416,43 @@ def test_a_redis_cluster_by_uri_spreads_clients_and_keeps_each_exact():
         del limiter
     finally:
         cluster.stop()
+
+
+def test_a_redis_over_tls_by_uri(tmp_path):
+    import shutil
+
+    from redis_servers import free_port, server_binary
+
+    if not shutil.which("openssl") or not shutil.which(server_binary()):
+        pytest.skip("openssl and a redis-server are needed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
+                   check=True, capture_output=True)
+    port = free_port()
+    server = subprocess.Popen(
+        [server_binary(), "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert),
+         "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+         "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        app = flask.Flask("tls")
+        Limiter(app=app, default_limits=["2 per hour"],
+                storage_uri=f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none")
+
+        @app.route("/")
+        def home():
+            return "ok"
+
+        assert _statuses(app.test_client(), "/", 3) == [200, 200, 429]
+    finally:
+        server.kill()
+        server.wait()
