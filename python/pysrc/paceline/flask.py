@@ -253,8 +253,7 @@ class Limiter:
         if checker is None:
             return None
         environ = request.environ
-        if checker.in_memory:
-            warn_if_per_worker(checker, environ)
+        warn_if_per_worker(checker, environ)
         refused, fields = decide(checker, head_of(environ, checker.reads_headers), environ)
         if refused is None:
             if fields:
@@ -333,7 +332,9 @@ class Limiter:
         route too, so the routes of one rate share one name (and one file under
         ``file://``), each counting apart."""
         key_func = key_func or self._key_func
-        if key_func is None and route is None and not per_method:
+        if key_func is None and not per_method and (route is None or self._storage.kind == "memory"):
+            # The layer reads the peer itself (no Python per request). Kept in memory, a
+            # route's limit is a Limit of its own, so the route needs no place in the key.
             key: Any = self._key or KeySource.peer_ip()
         else:
             key = _key_function(key_func, self._key, route, per_method)

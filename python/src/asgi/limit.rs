@@ -209,6 +209,8 @@ pub(super) fn source(spec: &Bound<'_, PyTuple>, id: u64) -> PyResult<KeySource> 
 pub(crate) struct BuiltLimit {
     pub(super) id: u64,
     pub(super) limit: Limit,
+    /// Kept in a shared file: a decision may wait for another process's claim.
+    pub(super) shared: bool,
 }
 
 /// Builds one limit from its spec; every check of the Rust layer runs here.
@@ -270,5 +272,9 @@ pub(crate) fn build_limit(py: Python<'_>, spec: LimitSpec) -> PyResult<BuiltLimi
     if spec.admit_when_full {
         limit = limit.when_table_full(layer::TableFull::Admit);
     }
-    Ok(BuiltLimit { id, limit })
+    Ok(BuiltLimit {
+        id,
+        limit,
+        shared: spec.table.is_some(),
+    })
 }

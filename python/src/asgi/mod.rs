@@ -37,6 +37,8 @@ pub(crate) struct AsgiCore {
     layer: RateLimitLayer,
     /// Its limits' ids, in order ([`PythonRequest`]).
     ids: Arc<[u64]>,
+    /// Some limit is kept in a shared file: the GIL is let go while deciding.
+    shared: bool,
 }
 
 #[pyfunction]
@@ -61,6 +63,7 @@ pub(crate) fn new_asgi_core(
         layer = layer.limit(built.limit.clone());
     }
     let ids: Arc<[u64]> = limits.iter().map(|built| built.id).collect();
+    let shared = limits.iter().any(|built| built.shared);
     if !exempt_options {
         // Python decides what is exempt (its `exempt` callable) before it asks the layer.
         layer = layer.exempt(|_| false);
@@ -88,7 +91,7 @@ pub(crate) fn new_asgi_core(
             }
         },
     };
-    Ok(AsgiCore { layer, ids })
+    Ok(AsgiCore { layer, ids, shared })
 }
 
 #[pymethods]
@@ -117,9 +120,15 @@ impl AsgiCore {
                 skips,
             });
         let request = head(method, path, headers, client, python, wait_within);
-        // The GIL let go: storing a new client in a shared file may wait (briefly) for
-        // another process's claim of its bucket.
-        let decision = py.detach(|| self.layer.decide::<Bytes>(&Head::of(&request)));
+        // With a shared file, the GIL let go: storing a new client there may wait
+        // (briefly) for another process's claim of its bucket. In memory a decision never
+        // waits, and letting the GIL go would cost more than the decision.
+        let head = Head::of(&request);
+        let decision = if self.shared {
+            py.detach(|| self.layer.decide::<Bytes>(&head))
+        } else {
+            self.layer.decide::<Bytes>(&head)
+        };
         Ok(match decision {
             Decision::Admit(a) => Bound::new(py, admitted(py, a))?.into_any(),
             Decision::Refuse(r) => Bound::new(py, refused(py, r))?.into_any(),

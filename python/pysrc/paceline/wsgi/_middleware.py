@@ -174,19 +174,21 @@ def settle(outcome: Any) -> Tuple[Any, List[Tuple[str, str]]]:
     return outcome, []
 
 
-#: The process that told, once, that its limits count per worker.
-_told_pid = [0]
+#: Whether this process told, once, that its limits count per worker (a forked worker
+#: tells again).
+_told = [False]
+os.register_at_fork(after_in_child=lambda: _told.__setitem__(0, False))
 
 
 def warn_if_per_worker(checker: _Checker, environ: Environ) -> None:
     """Logs once per worker process when ``checker`` keeps limits in this process's memory
     and the server says it runs several worker processes (``wsgi.multiprocess``; Django's
     test client says so too, from one process, and is not told)."""
-    if not checker.in_memory or _told_pid[0] == os.getpid() or not environ.get("wsgi.multiprocess"):
+    if _told[0] or not checker.in_memory or not environ.get("wsgi.multiprocess"):
         return
     if environ.get("SERVER_NAME") == "testserver":
         return
-    _told_pid[0] = os.getpid()
+    _told[0] = True
     tell_per_worker(checker.in_memory)
 
 
