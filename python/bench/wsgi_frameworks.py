@@ -222,35 +222,28 @@ def workers():
             "@app.route('/')\ndef home():\n    return 'ok'\n"
         )
     shm = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    for kind in ("paceline", "flask-limiter"):
+
+    def flood(label, kind, target, storage):
+        """`target` under gunicorn -w 4 with KIND=`kind`, flooded; prints what it admits."""
         port = _free_port()
-        env = dict(os.environ, KIND=kind, STORAGE=f"file://{shm}/bench")
+        env = dict(os.environ, KIND=kind, STORAGE=f"file://{shm}/{storage}")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-w", "4", "-b", f"127.0.0.1:{port}", "limiter_app:app"],
+            [sys.executable, "-m", "gunicorn", "-w", "4", "-b", f"127.0.0.1:{port}", target],
             cwd=os.path.dirname(app_file), env=env, stderr=subprocess.DEVNULL,
         )
         time.sleep(3)
         admitted, _, elapsed = _flood(port, "/", 2.0)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
-        print(f"  {kind:13s} admitted {admitted:4d} in {elapsed:.2f} s (allowed {20 + 20 * elapsed:.0f})")
+        print(f"  {label:13s} admitted {admitted:4d} in {elapsed:.2f} s (allowed {20 + 20 * elapsed:.0f})")
+
+    flood("paceline", "paceline", "limiter_app:app", "bench")
+    flood("flask-limiter", "flask-limiter", "limiter_app:app", "bench")
     # DRF's AnonRateThrottle, its own (Django's default LocMemCache) and paceline's.
     with open(os.path.join(os.path.dirname(app_file), "drf_site.py"), "w") as f:
         f.write(DRF_SITE)
-    for kind in ("paceline", "drf"):
-        port = _free_port()
-        env = dict(os.environ, KIND=kind, STORAGE=f"file://{shm}/drf")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-w", "4", "-b", f"127.0.0.1:{port}", "drf_site"],
-            cwd=os.path.dirname(app_file), env=env, stderr=subprocess.DEVNULL,
-        )
-        time.sleep(3)
-        admitted, _, elapsed = _flood(port, "/", 2.0)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-        label = "paceline DRF" if kind == "paceline" else "DRF's own"
-        print(f"  {label:13s} admitted {admitted:4d} in {elapsed:.2f} s (allowed {20 + 20 * elapsed:.0f})")
-
+    flood("paceline DRF", "paceline", "drf_site", "drf")
+    flood("DRF's own", "drf", "drf_site", "drf")
 
 if __name__ == "__main__":
     cost()
