@@ -1,0 +1,226 @@
+"""One paced execution, whatever the queue: the turn (slept, or the task handed back for
+it), then the budget turn around the body. A queue's shell gives what it knows of the
+running task (``Queue``); everything else is here."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Optional
+
+from .pacer import Pacer, marked, sleep_until
+
+_log = logging.getLogger("paceline.tasks")
+
+#: How late a handed-back task may start on its booked turn (seconds); later, it books
+#: a new one. Starts keep to the rates within this much.
+LATE = 0.1
+
+#: How long after its turn a task booked as its message arrived starts: what the queue
+#: takes to hand the task to a worker process comes out of this, and the rest is slept,
+#: so that every start keeps its turn's spacing (seconds).
+LEAD = 0.05
+
+#: How often one paced task logs that Redis could not be reached (seconds).
+_LOG_AGAIN = 60.0
+
+
+class Queue:
+    """What a paced call needs of the queue that runs it (each shell has one)."""
+
+    #: Whether the task can be sent back to its queue for a later instant (false for a
+    #: direct or eager call: those wait their turn in the caller).
+    can_hand_back = False
+
+    def attempt(self) -> int:
+        """Which attempt of the task this is (its retries so far)."""
+        return 0
+
+    def mark(self) -> Any:
+        """The mark this execution was handed back with, if any."""
+        return None
+
+    def send_back(self, args: tuple, kwargs: dict, at: float, mark: Any) -> BaseException:
+        """Sends the task back for ``at`` (``time.time()``) carrying ``mark``; the
+        exception that ends this execution without running the body."""
+        raise NotImplementedError
+
+
+class Shell:
+    """A paced task's settings, checked when the task is decorated (at import)."""
+
+    def __init__(
+        self,
+        pacer: Optional[Pacer],
+        max_sleep: float,
+        budget: Any,
+        cost: Optional[Callable[..., Mapping[str, int]]],
+        settle: Optional[Callable[[Any], Mapping[str, int]]],
+        budget_timeout: Optional[float],
+        retry_unavailable: float,
+    ) -> None:
+        self.pacer = pacer
+        self.max_sleep = max_sleep
+        self.budget = budget
+        self.cost = cost
+        self.settle = settle
+        self.budget_timeout = budget_timeout
+        self.retry_unavailable = retry_unavailable
+        self.logged = -math.inf
+
+    @classmethod
+    def make(
+        cls,
+        fn: Callable[..., Any],
+        rate: Any,
+        *,
+        storage_uri: Optional[str],
+        key: Optional[Callable[..., str]],
+        per: float,
+        burst: Optional[int],
+        name: Optional[str],
+        max_sleep: float,
+        budget: Any,
+        cost: Any,
+        settle: Any,
+        budget_timeout: Optional[float],
+        redis_timeout: float,
+        on_redis_failure: str,
+        retry_unavailable: float,
+    ) -> "Shell":
+        if not callable(fn):
+            raise TypeError(f"paced decorates a function, got {type(fn).__name__}")
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"{fn.__qualname__} is async: this queue runs plain functions (for async "
+                "bodies use paceline.arq.paced)"
+            )
+        if rate is None and budget is None:
+            raise ValueError("paced needs a rate, a budget, or both")
+        pacer = None
+        if rate is not None:
+            if storage_uri is None:
+                raise ValueError(
+                    "paced needs storage_uri: where every worker counts together "
+                    '("file:///dev/shm/<app>" for the workers of one host, "redis://..." '
+                    'for a fleet; "memory://" counts per process)'
+                )
+            pacer = Pacer(
+                rate,
+                storage_uri=storage_uri,
+                name=name or f"{fn.__module__}.{fn.__qualname__}",
+                key=key,
+                per=per,
+                burst=burst,
+                redis_timeout=redis_timeout,
+                on_redis_failure=on_redis_failure,
+            )
+        _seconds("max_sleep", max_sleep, 0.0)
+        _seconds("retry_unavailable", retry_unavailable, 0.001)
+        if budget_timeout is not None:
+            _seconds("budget_timeout", budget_timeout, 0.0)
+        if budget is not None and not callable(getattr(budget, "acquire_blocking", None)):
+            raise TypeError(
+                f"budget must be a paceline.Budget or paceline.redis.SyncRedisBudget (a "
+                f"worker blocks for its turn), got {type(budget).__name__}"
+            )
+        if (cost is not None or settle is not None) and budget is None:
+            raise ValueError("cost and settle price a budget's turn: give budget= too")
+        for what, fn_ in (("cost", cost), ("settle", settle)):
+            if fn_ is not None and not callable(fn_):
+                raise TypeError(f"{what} must be a function, got {type(fn_).__name__}")
+        return cls(pacer, float(max_sleep), budget, cost, settle, budget_timeout, float(retry_unavailable))
+
+
+def check_early(rate: Any, storage_uri: Optional[str], per: float, burst: Optional[int]) -> None:
+    """What a paced decorator can check before it is given its function: the rate and
+    the storage URI (``ValueError`` at import, never a task left unlimited)."""
+    from .._http.limit import _rates
+    from .._http.storage import parse
+
+    if rate is not None:
+        _rates(rate, per, burst)
+    if storage_uri is not None:
+        parse(storage_uri)
+
+
+def _seconds(what: str, value: object, least: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        least <= value < 86_400 * 365 and math.isfinite(value)
+    ):
+        raise ValueError(f"{what} must be seconds, at least {least:g}, got {value!r}")
+
+
+def paced_call(shell: Shell, queue: Queue, fn: Callable[..., Any], args: tuple, kwargs: Dict[str, Any]) -> Any:
+    """Runs ``fn`` at its turn (and in its budget), or hands the task back for it."""
+    pacer = shell.pacer
+    if pacer is not None:
+        at = marked(pacer, queue.mark(), queue.attempt()) if queue.can_hand_back else None
+        if at is not None and time.time() - at <= LATE:
+            sleep_until(at, LEAD + shell.max_sleep)
+        else:
+            # Unbooked, or run too late for its turn (the queue held it while its workers
+            # were busy): started now it would bunch with the turns after it, so it books
+            # again; the turn it missed stays spent.
+            _take_turn(shell, pacer, queue, args, kwargs)
+    if shell.budget is None:
+        return fn(*args, **kwargs)
+    return _in_budget(shell, fn, args, kwargs)
+
+
+def _take_turn(shell: Shell, pacer: Pacer, queue: Queue, args: tuple, kwargs: Dict[str, Any]) -> None:
+    from .._redis_core import RedisUnavailable
+
+    key = pacer.key_of(args, kwargs)
+    try:
+        booked = pacer.book(key, LEAD)
+    except RedisUnavailable as e:
+        if not queue.can_hand_back:
+            raise
+        now = time.monotonic()
+        if now - shell.logged >= _LOG_AGAIN:
+            shell.logged = now
+            _log.warning(
+                "paceline: paced task %r not run: %s; handed back for %.3g s later",
+                pacer.name,
+                e,
+                shell.retry_unavailable,
+            )
+        raise queue.send_back(args, kwargs, time.time() + shell.retry_unavailable, None) from None
+    if booked.wait() <= shell.max_sleep + LEAD or not queue.can_hand_back:
+        booked.sleep()
+        return
+    from .pacer import mark
+
+    try:
+        ending = queue.send_back(args, kwargs, booked.at, mark(pacer, queue.attempt(), booked.at))
+    except BaseException:
+        booked.cancel()
+        raise
+    booked.keep()
+    raise ending
+
+
+def _in_budget(shell: Shell, fn: Callable[..., Any], args: tuple, kwargs: Dict[str, Any]) -> Any:
+    costs: Mapping[str, int] = {}
+    if shell.cost is not None:
+        costs = shell.cost(*args, **kwargs)
+        if not isinstance(costs, Mapping):
+            raise TypeError(f"a paced task's cost function must return a mapping of dimension names to counts, got {costs!r}")
+    turn = shell.budget.acquire_blocking(timeout=shell.budget_timeout, **dict(costs))
+    try:
+        result = fn(*args, **kwargs)
+        if shell.settle is not None:
+            try:
+                actual = shell.settle(result)
+                if not isinstance(actual, Mapping):
+                    raise TypeError(f"settle must return a mapping of dimension names to counts, got {actual!r}")
+                turn.settle(**dict(actual))
+            except Exception as e:  # noqa: BLE001 - the task ran; its turn keeps the estimate
+                _log.warning("paceline: a paced task's settle failed, its turn keeps the estimate: %s", e)
+        return result
+    finally:
+        turn.release()

@@ -1,0 +1,215 @@
+"""One rate for a Celery task across every worker node: ``@paced`` under ``@app.task``.
+
+    from paceline.celery import paced
+
+    @app.task
+    @paced("50/second", storage_uri="redis://localhost:6379/0")
+    def call_api(document_id): ...
+
+Every execution of the task, on every worker node and child, books a turn in the task's
+rates (kept where ``storage_uri`` says: ``file:///dev/shm/<app>`` for the workers of one
+host, ``redis://...`` for a fleet, ``memory://`` for one process) and starts at it. A
+turn at most ``max_sleep`` seconds away is slept in the worker; a later one hands the
+task back to the broker with that instant as its ETA, keeping the booking, so the worker
+child is free for other tasks meanwhile and the turn is neither lost nor spent twice
+(the task's ``retries`` do not count it). A retry of the task for its own reasons books
+again. ``key`` (a function of the task's arguments) gives each customer or endpoint its
+own bucket; several rates at once are written ``"10/second;1000/hour"``.
+
+``budget=`` (a ``paceline.Budget``, shared or in Redis) also takes a budget turn around
+the body: ``cost(*args, **kwargs)`` prices it (a mapping of dimension names to counts;
+one request by default), ``settle(result)`` reads what it really cost.
+
+In a ``celery worker``, the turn is booked by the worker's main process as the task's
+message arrives: a turn further than ``max_sleep`` makes the message one the worker
+holds until that instant (as Celery holds a task sent with an ETA), so no child process
+waits for it; a child that is handed the task sleeps at most ``max_sleep``. A task that
+only starts well after its turn (every child busy) books a new turn rather than bunch
+with the turns after it. A task called directly, or run eagerly
+(``task_always_eager``, ``.apply()``), waits its turn in the caller.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import time
+from typing import Any, Callable, Mapping, Optional
+
+from ._tasks.pacer import MARK, PacedKeyError, mark, marked
+from ._tasks.run import LEAD, Queue, Shell, check_early, paced_call
+
+__all__ = ["paced", "PacedKeyError", "strategy"]
+
+_log = logging.getLogger("paceline.celery")
+
+
+def paced(
+    rate: Any = None,
+    *,
+    storage_uri: str,
+    key: Optional[Callable[..., str]] = None,
+    per: float = 1.0,
+    burst: Optional[int] = None,
+    name: Optional[str] = None,
+    max_sleep: float = 0.05,
+    budget: Any = None,
+    cost: Optional[Callable[..., Mapping[str, int]]] = None,
+    settle: Optional[Callable[[Any], Mapping[str, int]]] = None,
+    budget_timeout: Optional[float] = None,
+    redis_timeout: float = 0.25,
+    on_redis_failure: str = "closed",
+    retry_unavailable: float = 1.0,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Holds every execution of the decorated task to ``rate`` (see the module's text).
+    Put it under ``@app.task`` (``bind=True`` tasks too: the key function then gets the
+    task first, as the body does). ``name`` names the rates in their storage (default:
+    the function's module and name, as Celery names the task). When Redis cannot be
+    reached, ``on_redis_failure="closed"`` hands the task back for ``retry_unavailable``
+    seconds later (nothing run, nothing lost), ``"open"`` runs it unlimited."""
+
+    check_early(rate, storage_uri, per, burst)
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        shell = Shell.make(
+            fn,
+            rate,
+            storage_uri=storage_uri,
+            key=key,
+            per=per,
+            burst=burst,
+            name=name,
+            max_sleep=max_sleep,
+            budget=budget,
+            cost=cost,
+            settle=settle,
+            budget_timeout=budget_timeout,
+            redis_timeout=redis_timeout,
+            on_redis_failure=on_redis_failure,
+            retry_unavailable=retry_unavailable,
+        )
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return paced_call(shell, _CeleryQueue(), fn, args, kwargs)
+
+        run.__paceline__ = shell  # type: ignore[attr-defined]
+        return run
+
+    return decorate
+
+
+class _CeleryQueue(Queue):
+    """What a paced call needs of Celery: the running task's attempt and mark, and how
+    to hand it back."""
+
+    def __init__(self) -> None:
+        from celery import current_task
+
+        task = current_task._get_current_object() if current_task else None
+        request = getattr(task, "request", None) if task is not None else None
+        self.task = task
+        self.request = request
+        self.can_hand_back = (
+            request is not None
+            and not getattr(request, "called_directly", True)
+            and not getattr(request, "is_eager", False)
+            and getattr(request, "id", None) is not None
+        )
+
+    def attempt(self) -> int:
+        return int(getattr(self.request, "retries", 0) or 0)
+
+    def mark(self) -> Any:
+        request = self.request
+        value = getattr(request, MARK, None)
+        if value is None:
+            value = (getattr(request, "headers", None) or {}).get(MARK)
+        return value
+
+    def send_back(self, args: tuple, kwargs: dict, at: float, mark: Any) -> BaseException:
+        """Sends the task again with ``at`` as its ETA, the mark in its headers, its
+        ``retries`` as they are; ends this execution with ``Ignore`` (Celery acknowledges
+        the message and records no result for it)."""
+        from celery.exceptions import Ignore
+
+        task, request = self.task, self.request
+        headers = dict(getattr(request, "headers", None) or {})
+        headers.pop(MARK, None)
+        if mark is not None:
+            headers[MARK] = mark
+        eta = datetime.datetime.fromtimestamp(at - LEAD, tz=datetime.timezone.utc)
+        # The message's own arguments (a bound task's body also gets the task first).
+        signature = task.signature_from_request(
+            request, None, None, eta=eta, retries=self.attempt(), headers=headers
+        )
+        signature.apply_async()
+        return Ignore()
+
+
+def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
+    """Celery's default task strategy, with a paced task's turn booked as its message
+    arrives in the worker's main process (set on every paced task when a worker starts;
+    ``Strategy = "paceline.celery:strategy"`` on a task class does it by hand)."""
+    from celery.worker.strategy import default
+
+    handler = default(task, app, consumer, **kwargs)
+    shell = getattr(getattr(task, "run", None), "__paceline__", None)
+    if shell is None or shell.pacer is None:
+        return handler
+    shell.pacer.warm()
+    failed = [-float("inf")]
+
+    def paced_handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> Any:
+        if time.monotonic() - failed[0] >= 1.0:
+            try:
+                _book_on_arrival(shell, message)
+            except Exception as e:  # noqa: BLE001 - the child books (and reports) instead
+                failed[0] = time.monotonic()
+                _log.debug("paceline: a paced task's turn is left to its child: %s", e)
+        return handler(message, body, ack, reject, callbacks, **kw)
+
+    return paced_handler
+
+
+def _book_on_arrival(shell: Shell, message: Any) -> None:
+    """Books the turn of a paced task's message (protocol 2, no ETA of its own, no turn
+    booked for this attempt yet) and writes it into the message's headers: the mark,
+    and the turn as its ETA when it is further than ``max_sleep``."""
+    pacer = shell.pacer
+    headers = getattr(message, "headers", None)
+    if pacer is None or not isinstance(headers, dict) or "task" not in headers:
+        return
+    attempt = headers.get("retries") or 0
+    if headers.get("eta") or marked(pacer, headers.get(MARK), attempt) is not None:
+        return
+    args, kwargs = message.decode()[:2]
+    # Every turn starts a fixed ``LEAD`` after its instant: the message is due at the
+    # instant, and the child it is handed to sleeps the rest, so that the time Celery
+    # takes to hand it over does not move one start closer to the next.
+    booked = pacer.book(pacer.key_of(tuple(args), dict(kwargs)), LEAD)
+    headers[MARK] = mark(pacer, attempt, booked.at)
+    if booked.wait() > shell.max_sleep + LEAD:
+        due = booked.at - LEAD
+        headers["eta"] = datetime.datetime.fromtimestamp(due, tz=datetime.timezone.utc).isoformat()
+    booked.keep()
+
+
+def _use_strategy(sender: Any = None, **_: Any) -> None:
+    """At a worker's start: every paced task of its app books in the main process."""
+    app = getattr(sender, "app", None)
+    for task in list(getattr(app, "tasks", {}).values()):
+        if getattr(getattr(task, "run", None), "__paceline__", None) is not None:
+            task.Strategy = "paceline.celery:strategy"
+
+
+def _connect() -> None:
+    try:
+        from celery.signals import worker_init
+    except ImportError:  # pragma: no cover - the module is Celery's shell
+        return
+    worker_init.connect(_use_strategy, weak=False)
+
+
+_connect()
