@@ -88,3 +88,23 @@ def worst_window(times, burst, rate, windows=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0)):
 
 def record_of(url):
     return redis.Redis.from_url(url)
+
+
+def dramatiq_nodes(tmp_path, broker, storage, count=2, threads=4):
+    env = {"PACELINE_TEST_BROKER": broker, "PACELINE_TEST_STORAGE": storage}
+    return [
+        Node(
+            [os.path.join(BIN, "dramatiq"), "queue_apps", "--processes", "1", "--threads", str(threads)],
+            env,
+            tmp_path / f"dramatiq{i}.log",
+        )
+        for i in range(count)
+    ]
+
+
+def rq_workers(tmp_path, broker, storage, queues, count=2):
+    env = {"PACELINE_TEST_BROKER": broker, "PACELINE_TEST_STORAGE": storage}
+    return [
+        Node([os.path.join(BIN, "rq"), "worker", "--url", broker, *queues], env, tmp_path / f"rq{i}.log")
+        for i in range(count)
+    ]

@@ -1,0 +1,118 @@
+"""One rate for a Dramatiq actor across every worker: ``@paced`` under ``@dramatiq.actor``.
+
+    import dramatiq
+    from paceline.dramatiq import paced
+
+    @dramatiq.actor
+    @paced("50/second", storage_uri="redis://localhost:6379/0")
+    def call_api(document_id): ...
+
+Each execution books a turn in the actor's rates (kept where ``storage_uri`` says) and
+starts at it, as ``paceline.celery.paced`` does (the same arguments): a turn at most
+``max_sleep`` seconds away is slept in the worker thread; a later one sends the message
+back to the broker with that delay (Dramatiq's ``Retry``, not counted against
+``max_retries``), carrying its booking in the message's options. A retry of the actor for
+its own reasons books again. Decorating installs ``Pacing``, the middleware that tells a
+paced call which message it runs, on the broker set at that moment (set the broker
+first); without it, or without Dramatiq's ``Retries`` middleware, a paced call waits its
+turn in the thread that runs it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import time
+from typing import Any, Callable, Mapping, Optional
+
+import dramatiq
+from dramatiq.middleware import Retries
+
+from ._tasks.pacer import MARK, PacedKeyError
+from ._tasks.run import LEAD, Queue, Shell, check_early, paced_call
+
+__all__ = ["paced", "Pacing", "PacedKeyError"]
+
+_MESSAGE: "contextvars.ContextVar[Any]" = contextvars.ContextVar("paceline_dramatiq_message", default=None)
+
+
+class Pacing(dramatiq.Middleware):
+    """Lets a paced actor's call see the message it runs (its retries and booking)."""
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        _MESSAGE.set((broker, message))
+
+    def after_process_message(self, broker: Any, message: Any, *, result: Any = None, exception: Any = None) -> None:
+        _MESSAGE.set(None)
+
+    after_skip_message = after_process_message
+
+
+def paced(
+    rate: Any = None,
+    *,
+    storage_uri: Optional[str] = None,
+    key: Optional[Callable[..., str]] = None,
+    per: float = 1.0,
+    burst: Optional[int] = None,
+    name: Optional[str] = None,
+    max_sleep: float = 0.05,
+    budget: Any = None,
+    cost: Optional[Callable[..., Mapping[str, int]]] = None,
+    settle: Optional[Callable[[Any], Mapping[str, int]]] = None,
+    budget_timeout: Optional[float] = None,
+    redis_timeout: float = 0.25,
+    on_redis_failure: str = "closed",
+    retry_unavailable: float = 1.0,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Holds every execution of the decorated actor to ``rate`` (see the module's text
+    and ``paceline.celery.paced`` for each argument)."""
+    check_early(rate, storage_uri, per, burst)
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        shell = Shell.make(
+            fn, rate, storage_uri=storage_uri, key=key, per=per, burst=burst, name=name,
+            max_sleep=max_sleep, budget=budget, cost=cost, settle=settle,
+            budget_timeout=budget_timeout, redis_timeout=redis_timeout,
+            on_redis_failure=on_redis_failure, retry_unavailable=retry_unavailable,
+        )
+        _install()
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return paced_call(shell, _DramatiqQueue(), fn, args, kwargs)
+
+        run.__paceline__ = shell  # type: ignore[attr-defined]
+        return run
+
+    return decorate
+
+
+def _install() -> None:
+    broker = dramatiq.get_broker()
+    if not any(isinstance(m, Pacing) for m in broker.middleware):
+        broker.add_middleware(Pacing())
+
+
+class _DramatiqQueue(Queue):
+    def __init__(self) -> None:
+        current = _MESSAGE.get()
+        self.message = None if current is None else current[1]
+        self.can_hand_back = current is not None and any(isinstance(m, Retries) for m in current[0].middleware)
+
+    def attempt(self) -> int:
+        return int(self.message.options.get("retries", 0) or 0)
+
+    def mark(self) -> Any:
+        return self.message.options.get(MARK)
+
+    def send_back(self, args: tuple, kwargs: dict, at: float, mark: Any) -> BaseException:
+        """Dramatiq's ``Retry`` with the delay until ``at``; the message's options carry
+        the mark, and its retries are set one back, which the ``Retries`` middleware
+        counts forward again."""
+        options = self.message.options
+        options.pop(MARK, None)
+        if mark is not None:
+            options[MARK] = mark
+        options["retries"] = self.attempt() - 1
+        return dramatiq.Retry(delay=max(0, int((at - LEAD - time.time()) * 1000)))
