@@ -6,10 +6,10 @@ import threading
 import time
 from typing import Any, Optional, Union
 
-from . import KeyedLimiter, Limiter
-from ._args import _timeout
-from ._blocking import warn_if_on_a_loop
-from ._redis_core import (
+from .. import KeyedLimiter, Limiter
+from .._args import _timeout
+from .._blocking import warn_if_on_a_loop
+from .core import (
     DECIDE_SCRIPT,
     REFUND_SCRIPT,
     RedisUnavailable,

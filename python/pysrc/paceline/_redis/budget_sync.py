@@ -13,10 +13,10 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from ._args import _timeout
-from ._budget import Rate, _costs, _fields, _seconds
-from ._paceline import FLEET_RENEW_EVERY
-from ._redis_budget import (
+from .._args import _timeout
+from .._budget import Rate, _costs, _fields, _seconds
+from .._paceline import FLEET_RENEW_EVERY
+from .budget_async import (
     _END_RETRY,
     _END_RETRY_MAX,
     _EPOCHS_FRESH,
@@ -27,7 +27,7 @@ from ._redis_budget import (
     _log,
     _LEASE,
 )
-from ._redis_core import (
+from .core import (
     RedisLimitError,
     RedisRejected,
     RedisUnavailable,
@@ -36,8 +36,8 @@ from ._redis_core import (
     _is_async_client,
     _rexc,
 )
-from ._redis_sync import _socket_timeout
-from ._redis_wire import _SCRIPTS, BUDGET_READ_SHA, BUDGET_WRITE_SHA
+from .limiter_sync import _socket_timeout
+from .wire import _SCRIPTS, BUDGET_READ_SHA, BUDGET_WRITE_SHA
 
 
 class SyncFleetTurn:

@@ -19,9 +19,9 @@ except ImportError as e:  # pragma: no cover - the message is the point
         "paceline.redis runs on redis-py: pip install 'paceline[redis]' (or redis>=5)"
     ) from e
 
-from . import KeyedLimiter, Limiter
-from ._args import _count, _quota
-from ._paceline import (
+from .. import KeyedLimiter, Limiter
+from .._args import _count, _quota
+from .._paceline import (
     REDIS_DECIDE_SCRIPT as DECIDE_SCRIPT,
     REDIS_MAX_WINDOW_NS as MAX_WINDOW_NS,
     REDIS_REFUND_SCRIPT as REFUND_SCRIPT,

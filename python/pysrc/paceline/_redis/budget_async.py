@@ -20,14 +20,14 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._args import _timeout
-from ._blocking import tell_when_slow
-from ._budget import Rate, _checked, _costs, _fields, _seconds
-from ._paceline import FLEET_LEASE as _LEASE
-from ._paceline import FLEET_RENEW_EVERY, FleetForeign, new_fleet_budget
-from ._redis_core import RedisLimitError, RedisRejected, RedisUnavailable, _answered
-from ._redis_core import _call_timeout, _describe, _is_async_client, _key, _prefix
-from ._redis_wire import BUDGET_READ_SHA, BUDGET_WRITE_SHA, _AsyncWire
+from .._args import _timeout
+from .._blocking import tell_when_slow
+from .._budget import Rate, _checked, _costs, _fields, _seconds
+from .._paceline import FLEET_LEASE as _LEASE
+from .._paceline import FLEET_RENEW_EVERY, FleetForeign, new_fleet_budget
+from .core import RedisLimitError, RedisRejected, RedisUnavailable, _answered
+from .core import _call_timeout, _describe, _is_async_client, _key, _prefix
+from .wire import BUDGET_READ_SHA, BUDGET_WRITE_SHA, _AsyncWire
 
 _log = logging.getLogger("paceline")
 
