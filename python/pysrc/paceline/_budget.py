@@ -24,7 +24,7 @@ import asyncio
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
-from ._args import _count, _gid, _path, _timeout, _trusted, _uid
+from ._args import _count, _finite, _gid, _path, _timeout, _trusted, _uid
 from ._blocking import tell_if_slow_blocking, tell_when_slow, warn_if_on_a_loop
 from ._paceline import BudgetTurn, new_budget, new_shared_budget
 
@@ -34,12 +34,9 @@ _RESERVED = ("timeout", "in_flight")
 
 
 def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    value = float(value)
-    if not 0.0 <= value < float("inf"):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
-    return value
+    return _finite(
+        value, False, f"{name} must be a number of seconds", f"{name} must be a finite number of seconds >= 0"
+    )
 
 
 def _fields(status: object, headers: Any) -> List[Tuple[str, bytes]]:

@@ -113,14 +113,8 @@ class RedisLimiter(_Base, _AsyncWire):
     """
 
     def __init__(
-        self,
-        client: Any,
-        rate: int,
-        per: float = 1.0,
-        burst: Optional[int] = None,
-        *,
-        prefix: str = "paceline",
-        timeout: float = 0.25,
+        self, client: Any, rate: int, per: float = 1.0, burst: Optional[int] = None, *,
+        prefix: str = "paceline", timeout: float = 0.25,
         on_failure: Union[str, Limiter, KeyedLimiter] = "closed",
     ) -> None:
         if not _is_async_client(client):
