@@ -323,19 +323,19 @@ class FleetLimits:
         """``prepare`` for a sync server: a function returning an awaitable is an error."""
         steps = self._asks(scope, subject)
         value = None
-        while True:
-            try:
-                value = steps.send(value)
-            except StopIteration as done:
-                return done.value
-            if hasattr(value, "__await__"):
-                if hasattr(value, "close"):
-                    value.close()  # never awaited: no warning about it
-                steps.close()
-                raise TypeError(
-                    "a limit's key, cost or exemption function is async, and this server "
-                    "is not: make it a plain function"
-                )
+        try:
+            # Each value goes back as it is, until one is awaitable.
+            while not hasattr(value := steps.send(value), "__await__"):
+                pass
+        except StopIteration as done:
+            return done.value
+        if hasattr(value, "close"):
+            value.close()  # never awaited: no warning about it
+        steps.close()
+        raise TypeError(
+            "a limit's key, cost or exemption function is async, and this server is not: "
+            "make it a plain function"
+        )
 
     def _plan(self, asks: List[Ask]) -> Union[Answer, List[Tuple[FleetLimit, str, int]]]:
         """The limits to ask, or the answer a request gets without asking Redis (a

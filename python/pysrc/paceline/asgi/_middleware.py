@@ -133,12 +133,8 @@ class RateLimitMiddleware:
             raise ValueError(f"wait_buffer must be an int of bytes >= 0, got {wait_buffer!r}")
         self._buffer = wait_buffer
         self._checker = _Checker(
-            limits,
-            headers_on_success=headers_on_success,
-            legacy_headers=legacy_headers,
-            wait_up_to=wait_up_to,
-            on_missing_key=on_missing_key,
-            on_refusal=on_refusal,
+            limits, headers_on_success=headers_on_success, legacy_headers=legacy_headers,
+            wait_up_to=wait_up_to, on_missing_key=on_missing_key, on_refusal=on_refusal,
             exempt=exempt,
         )
 

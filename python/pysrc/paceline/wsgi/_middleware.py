@@ -122,12 +122,8 @@ class RateLimitMiddleware:
     ) -> None:
         self.app = app
         self._checker = _Checker(
-            limits,
-            headers_on_success=headers_on_success,
-            legacy_headers=legacy_headers,
-            wait_up_to=wait_up_to,
-            on_missing_key=on_missing_key,
-            on_refusal=on_refusal,
+            limits, headers_on_success=headers_on_success, legacy_headers=legacy_headers,
+            wait_up_to=wait_up_to, on_missing_key=on_missing_key, on_refusal=on_refusal,
             exempt=exempt,
         )
         _no_async(self._checker)
