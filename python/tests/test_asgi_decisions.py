@@ -16,7 +16,7 @@ import redis.asyncio  # noqa: E402
 
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware  # noqa: E402
 
-from redis_servers import Server, have, server_binary  # noqa: E402
+from redis_servers import have, server_binary  # noqa: E402
 
 HOUR = 3600.0
 # Calls may take 5 s, unless a test is about timeouts: a loaded machine is no outage.
@@ -24,21 +24,6 @@ SLOW_OK = 5.0
 API_KEY = KeySource.header("x-api-key")
 
 needs_redis = pytest.mark.skipif(not have(server_binary()), reason=f"{server_binary()} is not installed")
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def fresh(server):
-    if server.proc is None:
-        server.start()
-    server.cli("FLUSHALL")
-    return server
 
 
 async def ok_app(scope, receive, send):

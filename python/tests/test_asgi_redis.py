@@ -15,7 +15,7 @@ import redis.asyncio  # noqa: E402
 import paceline  # noqa: E402
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware, RouteLimit  # noqa: E402
 
-from redis_servers import Server, have, server_binary  # noqa: E402
+from redis_servers import have, server_binary  # noqa: E402
 
 if not have(server_binary()):
     pytest.skip(f"{server_binary()} is not installed", allow_module_level=True)
@@ -24,21 +24,6 @@ HOUR = 3600.0
 # Calls may take 5 s, unless a test is about timeouts: a loaded machine is no outage.
 SLOW_OK = 5.0
 PROXY = KeySource.behind_proxies(["127.0.0.1/32"])
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def fresh(server):
-    if server.proc is None:
-        server.start()
-    server.cli("FLUSHALL")
-    return server
 
 
 async def ok_app(scope, receive, send):

@@ -17,17 +17,10 @@ import paceline  # noqa: E402
 import paceline.httpx  # noqa: E402
 import paceline.redis as pr  # noqa: E402
 
-from redis_servers import Server, have, server_binary  # noqa: E402
+from redis_servers import have, server_binary  # noqa: E402
 
 if not have(server_binary()):
     pytest.skip(f"{server_binary()} is not installed", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    s.stop()
 
 
 def upstream(times, status=200, headers=None):

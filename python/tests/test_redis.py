@@ -26,7 +26,11 @@ import paceline.redis as pr  # noqa: E402
 from paceline import _paceline  # noqa: E402
 
 from redis_servers import Cluster, cli_binary, have, server_binary  # noqa: E402
-from redis_fixtures import BINARIES, T0, client, fresh, limiter_of, run, server  # noqa: E402,F401
+from redis_fixtures import BINARIES, T0, client, limiter_of, run  # noqa: E402
+
+# conftest's server and fresh: one server per binary, its scripts flushed per test.
+REDIS_BINARIES = BINARIES
+FLUSH_SCRIPTS = True
 
 if not have(server_binary()):
     pytest.skip(f"{server_binary()} is not installed (bash .ci/run installs it)", allow_module_level=True)

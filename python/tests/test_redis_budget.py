@@ -15,7 +15,11 @@ import redis.asyncio
 
 import paceline
 import paceline.redis as pr
-from redis_fixtures import client, fresh, run, server  # noqa: F401 - fixtures
+from redis_fixtures import BINARIES, client, run
+
+# conftest's server and fresh: one server per binary, its scripts flushed per test.
+REDIS_BINARIES = BINARIES
+FLUSH_SCRIPTS = True
 
 LEASE = 10.0
 

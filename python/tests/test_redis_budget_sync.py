@@ -10,7 +10,11 @@ import redis
 
 import paceline
 import paceline.redis as pr
-from redis_fixtures import client, fresh, run, server  # noqa: F401 - fixtures
+from redis_fixtures import BINARIES, client, run
+
+# conftest's server and fresh: one server per binary, its scripts flushed per test.
+REDIS_BINARIES = BINARIES
+FLUSH_SCRIPTS = True
 
 
 def sync_client(server, **kw):

@@ -1,0 +1,31 @@
+"""Fixtures the test modules share: ``server``, a redis-server of the module's own (one
+per binary the module names in ``REDIS_BINARIES``, where it names them), and ``fresh``,
+that server running and flushed for each test (its script cache too where the module
+sets ``FLUSH_SCRIPTS``). A module that defines a fixture of the same name uses its own."""
+
+import pytest
+
+from redis_servers import Server
+
+
+def pytest_generate_tests(metafunc):
+    binaries = getattr(metafunc.module, "REDIS_BINARIES", None)
+    if binaries and "server" in metafunc.fixturenames:
+        metafunc.parametrize("server", binaries, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def server(request):
+    s = Server(binary=getattr(request, "param", None))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def fresh(request, server):
+    if server.proc is None:
+        server.start()
+    server.cli("FLUSHALL")
+    if getattr(request.module, "FLUSH_SCRIPTS", False):
+        server.cli("SCRIPT", "FLUSH")
+    return server
