@@ -1,7 +1,8 @@
-"""Fixtures the test modules share: ``server``, a redis-server of the module's own (one
-per binary the module names in ``REDIS_BINARIES``, where it names them), and ``fresh``,
-that server running and flushed for each test (its script cache too where the module
-sets ``FLUSH_SCRIPTS``). A module that defines a fixture of the same name uses its own."""
+"""Fixtures the test modules share: ``server``, a redis-server of the module's own, and
+``fresh``, that server running and flushed for each test. A module that names
+``REDIS_BINARIES`` (the paceline.redis tests) gets a server per binary, its script cache
+flushed for each test too. A module that defines a fixture of the same name uses its
+own."""
 
 import pytest
 
@@ -26,6 +27,6 @@ def fresh(request, server):
     if server.proc is None:
         server.start()
     server.cli("FLUSHALL")
-    if getattr(request.module, "FLUSH_SCRIPTS", False):
+    if getattr(request.module, "REDIS_BINARIES", None):
         server.cli("SCRIPT", "FLUSH")
     return server

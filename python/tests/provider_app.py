@@ -22,6 +22,8 @@ import time
 
 import uvicorn
 
+from asgi_calls import body_of
+
 
 class Bucket:
     def __init__(self, rate: float, burst: int) -> None:
@@ -125,12 +127,7 @@ class Provider:
         return pairs
 
     async def app(self, scope, receive, send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await body_of(receive)
         try:
             estimate = int(json.loads(body or b"{}").get("tokens", 1))
         except (ValueError, AttributeError):

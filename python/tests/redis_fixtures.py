@@ -1,7 +1,6 @@
 """What the tests of paceline.redis share: the servers they start (redis-server, and
-valkey-server where installed: a module sets ``REDIS_BINARIES = BINARIES`` and
-``FLUSH_SCRIPTS = True`` for conftest's ``server`` and ``fresh``), and limiters whose calls
-may take 5 s."""
+valkey-server where installed: a module sets ``REDIS_BINARIES = BINARIES`` for
+conftest's ``server`` and ``fresh``), and limiters whose calls may take 5 s."""
 
 import asyncio
 

@@ -16,6 +16,7 @@ import redis.asyncio  # noqa: E402
 
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware  # noqa: E402
 
+from asgi_calls import ok as ok_app  # noqa: E402
 from redis_servers import have, server_binary  # noqa: E402
 
 HOUR = 3600.0
@@ -24,11 +25,6 @@ SLOW_OK = 5.0
 API_KEY = KeySource.header("x-api-key")
 
 needs_redis = pytest.mark.skipif(not have(server_binary()), reason=f"{server_binary()} is not installed")
-
-
-async def ok_app(scope, receive, send):
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"ok"})
 
 
 async def call(app, headers=(), client=("203.0.113.7", 40000)):

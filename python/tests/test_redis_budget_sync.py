@@ -12,9 +12,7 @@ import paceline
 import paceline.redis as pr
 from redis_fixtures import BINARIES, client, run
 
-# conftest's server and fresh: one server per binary, its scripts flushed per test.
-REDIS_BINARIES = BINARIES
-FLUSH_SCRIPTS = True
+REDIS_BINARIES = BINARIES  # conftest's server: one per binary
 
 
 def sync_client(server, **kw):

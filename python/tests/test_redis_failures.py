@@ -22,9 +22,7 @@ import paceline.redis as pr  # noqa: E402
 from redis_servers import Server, have, server_binary  # noqa: E402
 from redis_fixtures import BINARIES, client, limiter_of, run  # noqa: E402
 
-# conftest's server and fresh: one server per binary, its scripts flushed per test.
-REDIS_BINARIES = BINARIES
-FLUSH_SCRIPTS = True
+REDIS_BINARIES = BINARIES  # conftest's server: one per binary
 
 if not have(server_binary()):
     pytest.skip(f"{server_binary()} is not installed (bash .ci/run installs it)", allow_module_level=True)
