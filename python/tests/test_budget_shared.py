@@ -273,31 +273,8 @@ def test_many_waiters_across_processes_keep_the_rate(path):
     each waiter looks again at its own instant, on its loop's timer."""
     budget = paceline.Budget.shared(path, requests=paceline.Rate(200, per=1.0, burst=1), in_flight=1000)
     start = time.time() + 1.5
-    admitted = sum(processes.results(_rate_worker, (budget, 150, start, 2.0), 2, "spawn", exit_zero=False))
+    admitted = sum(processes.results(processes.admissions, (budget, 150, start, 2.0), 2, "spawn", exit_zero=False))
     # 200/s for 2 s, a burst of 1: 400; at least 70 % of it (a loaded machine's margin:
     # two spawned interpreters beside a parallel test run reached 76 %).
     assert admitted >= 280, admitted
     assert admitted <= 400 + 2, admitted
-
-
-def _rate_worker(budget, tasks, start, seconds, out):
-    count = [0]
-
-    async def task():
-        while True:
-            left = start + seconds - time.time()
-            if left <= 0:
-                return
-            try:
-                async with budget.acquire(timeout=left):
-                    if time.time() <= start + seconds:
-                        count[0] += 1
-            except TimeoutError:
-                return
-
-    async def main():
-        await asyncio.sleep(max(0.0, start - time.time()))
-        await asyncio.gather(*(task() for _ in range(tasks)))
-
-    asyncio.run(main())
-    out.put(count[0])
