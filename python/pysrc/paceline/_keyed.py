@@ -54,11 +54,7 @@ class KeyedLimiter(_InAFile):
 
     @classmethod
     def shared(
-        cls,
-        path: "os.PathLike[str] | str",
-        rate: int,
-        per: float = 1.0,
-        burst: Optional[int] = None,
+        cls, path: "os.PathLike[str] | str", rate: int, per: float = 1.0, burst: Optional[int] = None,
         *,
         capacity: int = 65_536,
         execution_bound: bool = True,

@@ -46,11 +46,7 @@ class Limiter(_InAFile):
 
     @classmethod
     def shared(
-        cls,
-        path: "os.PathLike[str] | str",
-        rate: int,
-        per: float = 1.0,
-        burst: Optional[int] = None,
+        cls, path: "os.PathLike[str] | str", rate: int, per: float = 1.0, burst: Optional[int] = None,
         *,
         execution_bound: bool = True,
         on_mismatch: str = "refuse",

@@ -109,10 +109,7 @@ class RateLimitMiddleware:
     """
 
     def __init__(
-        self,
-        app: WSGIApp,
-        limits: Union[Limit, Sequence[Limit]],
-        *,
+        self, app: WSGIApp, limits: Union[Limit, Sequence[Limit]], *,
         headers_on_success: bool = False,
         legacy_headers: bool = False,
         wait_up_to: Optional[float] = None,
@@ -237,11 +234,8 @@ def _run(flow: Any, checker: _Checker) -> Any:
     fleet = checker.fleet
     value: Any = None
     error: Optional[BaseException] = None
-    while True:
-        op = step(flow, value, error)
+    while (op := step(flow, value, error)).__class__ is not Done:
         value = error = None
-        if op.__class__ is Done:
-            return op.verdict
         try:
             if op.__class__ is Prepare:
                 value = fleet.prepare_sync(op.scope, op.subject)
@@ -253,6 +247,7 @@ def _run(flow: Any, checker: _Checker) -> Any:
                 value = _turns(op)
         except BaseException as e:  # noqa: BLE001 - thrown into the flow, which decides
             error = e
+    return op.verdict
 
 
 def _turns(op: Turns) -> Any:
