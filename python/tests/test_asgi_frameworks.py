@@ -10,14 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
 import httpx
 import pytest
 
-import paceline
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware, RouteLimit, exempt
 
 from asgi_calls import call, ok, statuses
@@ -380,7 +378,7 @@ def test_a_waiting_request_reads_at_most_its_buffer_of_body():
 
 
 def test_the_readmes_slowapi_migration_app_behaves_as_slowapis(tmp_path):
-    fastapi = pytest.importorskip("fastapi")
+    pytest.importorskip("fastapi")
     from fastapi import Depends, FastAPI
     from fastapi.testclient import TestClient
 

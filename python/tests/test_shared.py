@@ -232,7 +232,7 @@ async def app(scope, receive, send):
 
 
 def test_uvicorn_workers_enforce_one_quota(tmp_path):
-    uvicorn = pytest.importorskip("uvicorn")  # installed by .ci/run
+    pytest.importorskip("uvicorn")  # installed by .ci/run
     import socket
     import threading
     import urllib.error
