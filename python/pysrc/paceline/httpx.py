@@ -44,7 +44,7 @@ raises or returns junk, or a body over 8 MiB ends the turn keeping its estimate:
 from __future__ import annotations
 
 import time
-from itertools import count
+import itertools
 from typing import Callable, Collection, Generic, Optional, Tuple, TypeVar, Union
 
 import httpx
@@ -321,7 +321,7 @@ class AsyncTransport(_Paced[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport)
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
         hosts, booking, key, deadline = options.start(request)
-        for attempt in count():
+        for attempt in itertools.count():
             try:
                 if hosts is not None:
                     await hosts.acquire(key, _left(deadline))
@@ -351,7 +351,7 @@ class Transport(_Paced[httpx.BaseTransport], httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
         hosts, booking, key, deadline = options.start(request)
-        for attempt in count():
+        for attempt in itertools.count():
             try:
                 if hosts is not None:
                     hosts.acquire_blocking(key, _left(deadline))
