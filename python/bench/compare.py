@@ -1,6 +1,7 @@
 """paceline side by side with aiolimiter, pyrate-limiter and limits, in one run.
 
-    python3 python/bench/compare.py
+    python3 python/bench/compare.py          # every section
+    python3 python/bench/compare.py 0        # only the sections named (0, 1, 2)
 
 0. paceline's acquires that do not wait against the interpreter's floor, measured in
    the same rounds: a builtin C call (`len("a")`) for `try_acquire`, an `await` of a
@@ -20,19 +21,9 @@ import tempfile
 import time
 
 import paceline
+from timing import ROUNDS, per_call
 
-ROUNDS = 7
 N = 50_000
-
-
-def per_call(fn, n=N):
-    """Median nanoseconds per call of `fn` over ROUNDS rounds of `n` calls."""
-    samples = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter_ns()
-        fn(n)
-        samples.append((time.perf_counter_ns() - t0) / n)
-    return statistics.median(samples)
 
 
 def calls(fn, arg, n):
@@ -126,13 +117,13 @@ def no_wait_costs():
     costs = {}
 
     pl = paceline.Limiter(10**9, per=1.0, burst=10**6)
-    costs["paceline try_acquire"] = per_call(lambda n: [pl.try_acquire() for _ in range(n)])
+    costs["paceline try_acquire"] = per_call(lambda n: [pl.try_acquire() for _ in range(n)], N)
 
     async def pl_async(n):
         for _ in range(n):
             await pl.acquire()
 
-    costs["paceline await acquire()"] = per_call(lambda n: asyncio.run(pl_async(n)))
+    costs["paceline await acquire()"] = per_call(lambda n: asyncio.run(pl_async(n)), N)
 
     al = None
 
@@ -142,14 +133,14 @@ def no_wait_costs():
         for _ in range(n):
             await al.acquire()
 
-    costs["aiolimiter await acquire()"] = per_call(lambda n: asyncio.run(al_async(n)))
+    costs["aiolimiter await acquire()"] = per_call(lambda n: asyncio.run(al_async(n)), N)
 
     async def al_has(n):
         limiter = aiolimiter.AsyncLimiter(10**9, 1)
         for _ in range(n):
             limiter.has_capacity()
 
-    costs["aiolimiter has_capacity()"] = per_call(lambda n: asyncio.run(al_has(n)))
+    costs["aiolimiter has_capacity()"] = per_call(lambda n: asyncio.run(al_has(n)), N)
 
     pr = pyrate_limiter.Limiter(pyrate_limiter.Rate(10**9, pyrate_limiter.Duration.SECOND))
     costs["pyrate-limiter try_acquire"] = per_call(
@@ -195,20 +186,34 @@ def volume():
 
 
 def main():
+    sections = set(sys.argv[1:]) or {"0", "1", "2"}
+    if not sections <= {"0", "1", "2"}:
+        sys.exit(f"usage: {sys.argv[0]} [0] [1] [2] (the sections to run; default: all)")
     print(f"Python {sys.version.split()[0]}; paceline, aiolimiter, pyrate-limiter, limits")
-    print("\n0. paceline against the interpreter's floor (medians of %d rounds)" % FLOOR_ROUNDS)
-    for name, ns, floor, floor_ns, goal in floor_costs():
-        ratio = ns / floor_ns
-        met = "met" if ratio <= goal else "NOT met"
-        print(
-            f"   {name:40s} {ns:6.0f} ns   {floor:22s} {floor_ns:5.0f} ns"
-            f"   {ratio:5.2f}x (goal <= {goal}x: {met})"
-        )
+    if "0" in sections:
+        print("\n0. paceline against the interpreter's floor (medians of %d rounds)" % FLOOR_ROUNDS)
+        for name, ns, floor, floor_ns, goal in floor_costs():
+            ratio = ns / floor_ns
+            met = "met" if ratio <= goal else "NOT met"
+            print(
+                f"   {name:40s} {ns:6.0f} ns   {floor:22s} {floor_ns:5.0f} ns"
+                f"   {ratio:5.2f}x (goal <= {goal}x: {met})"
+            )
+    if "1" in sections:
+        no_wait_section()
+    if "2" in sections:
+        volume_section()
+
+
+def no_wait_section():
     costs = no_wait_costs()
     base = costs["aiolimiter await acquire()"]
     print("\n1. one acquire that does not wait (median of %d rounds)" % ROUNDS)
     for name, ns in costs.items():
         print(f"   {name:32s} {ns:8.0f} ns   aiolimiter's await acquire() / this: {base / ns:5.2f}x")
+
+
+def volume_section():
     print("\n2. 20 000 tasks at 10 000/s, burst 1 (ideal span from the first admission to")
     print("   the last: 1.9999 s; wall includes creating the tasks)")
     results = volume()
@@ -218,6 +223,7 @@ def main():
             f"   {name:30s} span {span:6.3f} s ({(span / 1.9999 - 1) * 100:+6.2f} %)"
             f"   wall {wall:6.3f} s   CPU {cpu:6.3f} s ({cpu / al_cpu:4.2f}x aiolimiter's)"
         )
+
 
 if __name__ == "__main__":
     main()

@@ -60,9 +60,27 @@ async def backoff(response: httpx.Response) -> None:
     await asyncio.sleep(float(response.headers.get("retry-after", "1")))
 
 
+Job = Callable[[Send, int, Dict[str, int]], Awaitable[None]]
+
+
+def until_admitted(attempt: Callable[[Send, int], Awaitable[httpx.Response]]) -> Job:
+    """A contender's job: ``attempt(send, prompt)`` (its wait, then the call) again until
+    the API answers other than 429, each refusal counted and backed off as it says."""
+
+    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
+        while True:
+            response = await attempt(send, prompt)
+            if response.status_code != 429:
+                return
+            count["refused"] += 1
+            await backoff(response)
+
+    return job
+
+
 def budget_job(
     scale: int = 1, follow: bool = False, path: Optional[str] = None
-) -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+) -> Job:
     """A paceline.Budget at ``scale`` times the API's limits; with ``follow``, steered by
     the limits and counts the API's fields announce (``Budget.follow``, as the httpx
     transports do); with ``path``, the budget of that file (``Budget.shared``), or, for a
@@ -83,18 +101,18 @@ def budget_job(
     else:
         budget = paceline.Budget.shared(path, on_mismatch="adopt", **rates)
 
-    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
-        while True:
-            async with budget.acquire(tokens=prompt + MAX_TOKENS) as turn:
-                response = await send(prompt)
-                if follow:
-                    budget.follow(response.status_code, response.headers.raw)
-                if response.status_code != 429:
-                    turn.settle(tokens=response.json()["usage"]["total_tokens"])
-                    return
+    async def attempt(send: Send, prompt: int) -> httpx.Response:
+        async with budget.acquire(tokens=prompt + MAX_TOKENS) as turn:
+            response = await send(prompt)
+            if follow:
+                budget.follow(response.status_code, response.headers.raw)
+            if response.status_code != 429:
+                turn.settle(tokens=response.json()["usage"]["total_tokens"])
+            else:
                 turn.release()
-            count["refused"] += 1
-            await backoff(response)
+        return response
+
+    job = until_admitted(attempt)
 
     async def warm() -> None:
         if hasattr(budget, "in_flight") and asyncio.iscoroutinefunction(budget.in_flight):
@@ -104,61 +122,46 @@ def budget_job(
     return job
 
 
-def aiolimiter_requests() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+def aiolimiter_requests() -> Job:
     requests = AsyncLimiter(LIMITS.requests, LIMITS.window)
 
-    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
-        while True:
-            async with requests:
-                response = await send(prompt)
-            if response.status_code != 429:
-                return
-            count["refused"] += 1
-            await backoff(response)
+    async def attempt(send: Send, prompt: int) -> httpx.Response:
+        async with requests:
+            return await send(prompt)
 
-    return job
+    return until_admitted(attempt)
 
 
-def precounting() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+def precounting() -> Job:
     requests = AsyncLimiter(LIMITS.requests, LIMITS.window)
     tokens = AsyncLimiter(LIMITS.tokens, LIMITS.window)
     in_flight = asyncio.Semaphore(LIMITS.concurrency)
 
-    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
-        while True:
-            async with in_flight:
-                await requests.acquire()
-                await tokens.acquire(prompt + MAX_TOKENS)
-                response = await send(prompt)
-            if response.status_code != 429:
-                return
-            count["refused"] += 1
-            await backoff(response)
+    async def attempt(send: Send, prompt: int) -> httpx.Response:
+        async with in_flight:
+            await requests.acquire()
+            await tokens.acquire(prompt + MAX_TOKENS)
+            return await send(prompt)
 
-    return job
+    return until_admitted(attempt)
 
 
-def semaphore_per_second() -> Callable[[Send, int, Dict[str, int]], Awaitable[None]]:
+def semaphore_per_second() -> Job:
     """aiometer's model: at most ``max_at_once`` running, starts spaced by
     ``1 / max_per_second`` (no burst)."""
     in_flight = asyncio.Semaphore(LIMITS.concurrency)
     interval = LIMITS.window / LIMITS.requests
     next_start = [0.0]
 
-    async def job(send: Send, prompt: int, count: Dict[str, int]) -> None:
-        while True:
-            async with in_flight:
-                now = time.monotonic()
-                start_at = max(now, next_start[0])
-                next_start[0] = start_at + interval
-                await asyncio.sleep(start_at - now)
-                response = await send(prompt)
-            if response.status_code != 429:
-                return
-            count["refused"] += 1
-            await backoff(response)
+    async def attempt(send: Send, prompt: int) -> httpx.Response:
+        async with in_flight:
+            now = time.monotonic()
+            start_at = max(now, next_start[0])
+            next_start[0] = start_at + interval
+            await asyncio.sleep(start_at - now)
+            return await send(prompt)
 
-    return job
+    return until_admitted(attempt)
 
 
 CONTENDERS = [

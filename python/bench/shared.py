@@ -15,26 +15,15 @@ import multiprocessing
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 import paceline
+from timing import ROUNDS, per_call
 
-ROUNDS = 7
 HUGE = 10**9
-
-
-def per_call(fn, n):
-    """Median nanoseconds per call of `fn` over ROUNDS rounds of `n` calls."""
-    samples = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter_ns()
-        fn(n)
-        samples.append((time.perf_counter_ns() - t0) / n)
-    return statistics.median(samples)
 
 
 def redis_server():

@@ -6,7 +6,6 @@ the rate and the CPU the processes used.
 ``python python/bench/shared_budget_rate.py [rate] [tasks] [processes] [seconds]``
 (defaults 500 500 4 4)."""
 
-import asyncio
 import multiprocessing
 import os
 import sys
@@ -15,34 +14,17 @@ import time
 
 import paceline
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+from processes import admissions  # noqa: E402
+
 
 def open_budget(path: str, rate: int) -> paceline.Budget:
     return paceline.Budget.shared(path, requests=paceline.Rate(rate, per=1.0), in_flight=2_048)
 
 
 def worker(path: str, rate: int, tasks: int, start: float, seconds: float, out) -> None:
-    budget = open_budget(path, rate)
-    count = [0]
-
-    async def task() -> None:
-        while True:
-            left = start + seconds - time.time()
-            if left <= 0:
-                return
-            try:
-                async with budget.acquire(timeout=left):
-                    if time.time() <= start + seconds:
-                        count[0] += 1
-            except TimeoutError:
-                return
-            await asyncio.sleep(0.001)
-
-    async def main() -> None:
-        await asyncio.sleep(max(0.0, start - time.time()))
-        await asyncio.gather(*(task() for _ in range(tasks)))
-
-    asyncio.run(main())
-    out.put(count[0])
+    admissions(open_budget(path, rate), tasks, start, seconds, out, pause=0.001)
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ import time
 
 import uvicorn
 
+from asgi_calls import body_of
+
 
 class Bucket:
     def __init__(self, rate: float, burst: int) -> None:
@@ -98,19 +100,17 @@ class Provider:
     def fields(self, now: float):
         r, t = self.requests, self.tokens
         pairs = []
-        if self.style == "openai":
+        if self.style in ("openai", "anthropic"):
+            # The field of each dimension's limit, remaining and reset, in each style.
+            field, reset = {
+                "openai": ("x-ratelimit-{what}-{name}", go_duration),
+                "anthropic": ("anthropic-ratelimit-{name}-{what}", rfc3339),
+            }[self.style]
             for name, b in (("requests", r), ("tokens", t)):
                 pairs += [
-                    (f"x-ratelimit-limit-{name}", str(int(b.rate * 60))),
-                    (f"x-ratelimit-remaining-{name}", str(b.remaining(now))),
-                    (f"x-ratelimit-reset-{name}", go_duration(b.reset(now))),
-                ]
-        elif self.style == "anthropic":
-            for name, b in (("requests", r), ("tokens", t)):
-                pairs += [
-                    (f"anthropic-ratelimit-{name}-limit", str(int(b.rate * 60))),
-                    (f"anthropic-ratelimit-{name}-remaining", str(b.remaining(now))),
-                    (f"anthropic-ratelimit-{name}-reset", rfc3339(b.reset(now))),
+                    (field.format(what="limit", name=name), str(int(b.rate * 60))),
+                    (field.format(what="remaining", name=name), str(b.remaining(now))),
+                    (field.format(what="reset", name=name), reset(b.reset(now))),
                 ]
         else:
             state = ", ".join(
@@ -125,12 +125,7 @@ class Provider:
         return pairs
 
     async def app(self, scope, receive, send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await body_of(receive)
         try:
             estimate = int(json.loads(body or b"{}").get("tokens", 1))
         except (ValueError, AttributeError):

@@ -1,35 +1,18 @@
 """What the tests of paceline.redis share: the servers they start (redis-server, and
-valkey-server where installed), a flushed server per test, and limiters whose calls may
-take 5 s."""
+valkey-server where installed: a module sets ``REDIS_BINARIES = BINARIES`` for
+conftest's ``server`` and ``fresh``), and limiters whose calls may take 5 s."""
 
 import asyncio
 
-import pytest
 import redis.asyncio
 
 import paceline.redis as pr
-from redis_servers import Server, have
+from redis_servers import have
 
 # Fixed Redis times (µs) for the test mode.
 T0 = 1_700_000_000_000_000
 
 BINARIES = ["redis-server"] + (["valkey-server"] if have("valkey-server") else [])
-
-
-@pytest.fixture(scope="module", params=BINARIES)
-def server(request):
-    s = Server(binary=request.param)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def fresh(server):
-    if server.proc is None:
-        server.start()
-    server.cli("FLUSHALL")
-    server.cli("SCRIPT", "FLUSH")
-    return server
 
 
 def run(coro):

@@ -19,6 +19,8 @@ import pytest
 
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware
 
+from asgi_calls import sent_by
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOUR = 3600.0
 
@@ -463,17 +465,7 @@ def test_keys_from_a_callable_and_a_header(tmp_path):
         )
 
     async def status(middleware, headers):
-        sent = []
-
-        async def receive():
-            return {"type": "http.request", "body": b""}
-
-        async def send(message):
-            sent.append(message)
-
-        scope = {"type": "http", "method": "GET", "path": "/", "client": ("192.0.2.1", 1),
-                 "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
-        await middleware(scope, receive, send)
+        sent = await sent_by(middleware, headers=headers.items(), client=("192.0.2.1", 1))
         return sent[0]["status"]
 
     async def run():
@@ -511,17 +503,7 @@ def test_a_full_shared_table_answers_503_and_one_file_holds_one_limit(tmp_path):
     )
 
     async def call(key):
-        sent = []
-
-        async def receive():
-            return {"type": "http.request", "body": b""}
-
-        async def send(message):
-            sent.append(message)
-
-        scope = {"type": "http", "method": "GET", "path": "/", "client": ("192.0.2.1", 1),
-                 "headers": [(b"x-api-key", key.encode())]}
-        await middleware(scope, receive, send)
+        sent = await sent_by(middleware, client=("192.0.2.1", 1), raw=[(b"x-api-key", key.encode())])
         start = sent[0]
         return start["status"], dict(start.get("headers", [])), b"".join(
             m.get("body", b"") for m in sent[1:]

@@ -16,7 +16,8 @@ import redis.asyncio  # noqa: E402
 
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware  # noqa: E402
 
-from redis_servers import Server, have, server_binary  # noqa: E402
+from asgi_calls import ok as ok_app  # noqa: E402
+from redis_servers import have, server_binary  # noqa: E402
 
 HOUR = 3600.0
 # Calls may take 5 s, unless a test is about timeouts: a loaded machine is no outage.
@@ -24,26 +25,6 @@ SLOW_OK = 5.0
 API_KEY = KeySource.header("x-api-key")
 
 needs_redis = pytest.mark.skipif(not have(server_binary()), reason=f"{server_binary()} is not installed")
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def fresh(server):
-    if server.proc is None:
-        server.start()
-    server.cli("FLUSHALL")
-    return server
-
-
-async def ok_app(scope, receive, send):
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"ok"})
 
 
 async def call(app, headers=(), client=("203.0.113.7", 40000)):

@@ -13,35 +13,9 @@ import pytest
 
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware, RouteLimit, exempt
 
+from asgi_calls import call, ok, statuses
+
 HOUR = 3600.0
-
-
-async def ok(scope, receive, send):
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"ok"})
-
-
-async def call(app, method="GET", path="/", headers=(), client=("192.0.2.1", 1234), raw=()):
-    """One request through an ASGI app, in this process: (status, headers dict)."""
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": b""}
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "method": method, "path": path, "client": client,
-             "headers": [(k.encode(), v.encode()) for k, v in headers] + list(raw)}
-    await app(scope, receive, send)
-    return sent[0]["status"], {k.decode(): v.decode() for k, v in sent[0]["headers"]}
-
-
-def statuses(app, n, **kw):
-    async def run():
-        return [(await call(app, **kw))[0] for _ in range(n)]
-
-    return asyncio.run(run())
 
 
 def by_query(scope):

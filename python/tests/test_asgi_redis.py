@@ -4,7 +4,6 @@ and client, against a real redis-server started here; the fields against the Rus
 layer's for the same quota; outages; wait mode across servers."""
 
 import asyncio
-import multiprocessing
 import time
 
 import pytest
@@ -15,7 +14,9 @@ import redis.asyncio  # noqa: E402
 import paceline  # noqa: E402
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware, RouteLimit  # noqa: E402
 
-from redis_servers import Server, have, server_binary  # noqa: E402
+import processes  # noqa: E402
+from asgi_calls import ok as ok_app  # noqa: E402
+from redis_servers import have, server_binary  # noqa: E402
 
 if not have(server_binary()):
     pytest.skip(f"{server_binary()} is not installed", allow_module_level=True)
@@ -24,26 +25,6 @@ HOUR = 3600.0
 # Calls may take 5 s, unless a test is about timeouts: a loaded machine is no outage.
 SLOW_OK = 5.0
 PROXY = KeySource.behind_proxies(["127.0.0.1/32"])
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def fresh(server):
-    if server.proc is None:
-        server.start()
-    server.cli("FLUSHALL")
-    return server
-
-
-async def ok_app(scope, receive, send):
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"ok"})
 
 
 async def call(middleware, ip="203.0.113.7", headers=(), receive=None, peer="127.0.0.1"):
@@ -97,16 +78,8 @@ def fleet_server(url, clients, each, out):
 
 
 def test_servers_of_a_fleet_hold_one_bound_per_client(fresh):
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
     clients = [f"198.51.100.{i}" for i in range(1, 21)]
-    procs = [ctx.Process(target=fleet_server, args=(fresh.url, clients, 4, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    results = processes.results(fleet_server, (fresh.url, clients, 4), 3)
     for ip in clients:
         got = sorted(s for statuses in results for s in statuses[ip])
         assert got == [200] * 5 + [429] * 7, (ip, got)

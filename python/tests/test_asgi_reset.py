@@ -12,31 +12,17 @@ import pytest
 
 from paceline.asgi import KeySource, Limit, RateLimitMiddleware, RouteLimit
 
+from asgi_calls import ok as ok_app, sent_by
 from redis_servers import Server, have, server_binary
 
 HOUR = 3600.0
 KEY = KeySource.header("x-api-key")
 
 
-async def ok_app(scope, receive, send):
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"ok"})
-
-
 async def statuses(app, n, key=b"k"):
     out = []
     for _ in range(n):
-        sent = []
-
-        async def receive():
-            return {"type": "http.request", "body": b""}
-
-        async def send(message):
-            sent.append(message)
-
-        scope = {"type": "http", "method": "GET", "path": "/", "client": ("192.0.2.1", 1),
-                 "headers": [(b"x-api-key", key)]}
-        await app(scope, receive, send)
+        sent = await sent_by(app, client=("192.0.2.1", 1), raw=[(b"x-api-key", key)])
         out.append(sent[0]["status"])
     return out
 

@@ -22,6 +22,8 @@ import pytest
 
 import paceline
 
+import processes
+
 CAP = 3
 REQUESTS = paceline.Rate(40, per=1.0, burst=4)  # T = 25 ms
 TOKENS = paceline.Rate(3000, per=1.0, burst=300)
@@ -269,40 +271,10 @@ def test_a_path_that_cannot_name_a_file_is_a_value_error(bad):
 def test_many_waiters_across_processes_keep_the_rate(path):
     """The queue keeps the binding rate with hundreds of asyncio waiters in two processes:
     each waiter looks again at its own instant, on its loop's timer."""
-    ctx = multiprocessing.get_context("spawn")
     budget = paceline.Budget.shared(path, requests=paceline.Rate(200, per=1.0, burst=1), in_flight=1000)
-    out = ctx.Queue()
     start = time.time() + 1.5
-    procs = [ctx.Process(target=_rate_worker, args=(budget, 150, start, 2.0, out)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    admitted = sum(out.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    admitted = sum(processes.results(processes.admissions, (budget, 150, start, 2.0), 2, "spawn", exit_zero=False))
     # 200/s for 2 s, a burst of 1: 400; at least 70 % of it (a loaded machine's margin:
     # two spawned interpreters beside a parallel test run reached 76 %).
     assert admitted >= 280, admitted
     assert admitted <= 400 + 2, admitted
-
-
-def _rate_worker(budget, tasks, start, seconds, out):
-    count = [0]
-
-    async def task():
-        while True:
-            left = start + seconds - time.time()
-            if left <= 0:
-                return
-            try:
-                async with budget.acquire(timeout=left):
-                    if time.time() <= start + seconds:
-                        count[0] += 1
-            except TimeoutError:
-                return
-
-    async def main():
-        await asyncio.sleep(max(0.0, start - time.time()))
-        await asyncio.gather(*(task() for _ in range(tasks)))
-
-    asyncio.run(main())
-    out.put(count[0])

@@ -17,6 +17,8 @@ flask = pytest.importorskip("flask")
 
 from paceline.flask import Limiter  # noqa: E402
 
+from ports import listening  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -124,14 +126,7 @@ def gunicorn(tmp_path):
             command = [part.replace("{port}", str(port)) for part in command]
         proc = subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT)
         servers.append(proc)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
+        if not listening(port, 30, 0.1):
             raise AssertionError("gunicorn did not start: " + open(log.name).read())
         time.sleep(0.5)  # every worker booted
         return port, log.name
@@ -437,13 +432,7 @@ def test_a_redis_over_tls_by_uri(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.05)
+        listening(port, 10, 0.05)
         app = flask.Flask("tls")
         Limiter(app=app, default_limits=["2 per hour"],
                 storage_uri=f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none")

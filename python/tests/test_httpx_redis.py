@@ -3,7 +3,6 @@ redis-server: clients in several processes share one line of turns; the thread t
 local transport that follows the upstream on top of the fleet's."""
 
 import asyncio
-import multiprocessing
 import threading
 import time
 
@@ -17,17 +16,11 @@ import paceline  # noqa: E402
 import paceline.httpx  # noqa: E402
 import paceline.redis as pr  # noqa: E402
 
-from redis_servers import Server, have, server_binary  # noqa: E402
+import processes  # noqa: E402
+from redis_servers import have, server_binary  # noqa: E402
 
 if not have(server_binary()):
     pytest.skip(f"{server_binary()} is not installed", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    s.stop()
 
 
 def upstream(times, status=200, headers=None):
@@ -56,14 +49,7 @@ def fleet_client(url, count, out):
 
 def test_clients_in_several_processes_share_one_line_of_turns(server):
     server.cli("FLUSHALL")
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=fleet_client, args=(server.url, 8, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    times = sorted(t for _ in procs for t in out.get(timeout=60))
-    for p in procs:
-        p.join(timeout=30)
+    times = sorted(t for got in processes.results(fleet_client, (server.url, 8), 3, exit_zero=False) for t in got)
     assert len(times) == 24
     # 24 requests at 20/s with a burst of 1: never two within the interval (the sending
     # is read a moment after each turn, so allow a little), and 23 intervals in all.

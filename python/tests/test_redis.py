@@ -25,8 +25,11 @@ import redis.asyncio.cluster  # noqa: E402
 import paceline.redis as pr  # noqa: E402
 from paceline import _paceline  # noqa: E402
 
+import processes  # noqa: E402
 from redis_servers import Cluster, cli_binary, have, server_binary  # noqa: E402
-from redis_fixtures import BINARIES, T0, client, fresh, limiter_of, run, server  # noqa: E402,F401
+from redis_fixtures import BINARIES, T0, client, limiter_of, run  # noqa: E402
+
+REDIS_BINARIES = BINARIES  # conftest's server: one per binary
 
 if not have(server_binary()):
     pytest.skip(f"{server_binary()} is not installed (bash .ci/run installs it)", allow_module_level=True)
@@ -195,20 +198,12 @@ def _hammer(url, cluster, fixed, seconds, loops, out):
 
 
 def _processes_hold_the_bound_exactly(url, cluster=False):
-    ctx = multiprocessing.get_context("fork")
     total = 0
     # Each phase at one Redis instant (T = 10 ms, burst 7): the first admits the burst (7
     # cells of "shared", 3 checks of 2 cells of "n2"), each later one exactly what
     # refilled since (5 intervals: 5 and 3 × 2; 1 more: 1 and none, 2 do not fit).
     for fixed, expected in ((T0, 7 + 6), (T0 + 50_000, 5 + 6), (T0 + 60_000, 1 + 0)):
-        out = ctx.Queue()
-        procs = [ctx.Process(target=_hammer, args=(url, cluster, fixed, 0.4, 3, out)) for _ in range(4)]
-        for p in procs:
-            p.start()
-        got = [out.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(timeout=30)
-            assert p.exitcode == 0
+        got = processes.results(_hammer, (url, cluster, fixed, 0.4, 3), 4)
         assert sum(got) == expected, (fixed, got)
         total += sum(got)
     return total

@@ -15,7 +15,9 @@ import redis.asyncio
 
 import paceline
 import paceline.redis as pr
-from redis_fixtures import client, fresh, run, server  # noqa: F401 - fixtures
+from redis_fixtures import BINARIES, client, run
+
+REDIS_BINARIES = BINARIES  # conftest's server: one per binary
 
 LEASE = 10.0
 

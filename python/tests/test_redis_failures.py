@@ -20,7 +20,9 @@ import paceline  # noqa: E402
 import paceline.redis as pr  # noqa: E402
 
 from redis_servers import Server, have, server_binary  # noqa: E402
-from redis_fixtures import client, fresh, limiter_of, run, server  # noqa: E402,F401
+from redis_fixtures import BINARIES, client, limiter_of, run  # noqa: E402
+
+REDIS_BINARIES = BINARIES  # conftest's server: one per binary
 
 if not have(server_binary()):
     pytest.skip(f"{server_binary()} is not installed (bash .ci/run installs it)", allow_module_level=True)

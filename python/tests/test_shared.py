@@ -17,19 +17,10 @@ import pytest
 
 import paceline
 
+from asgi_calls import sent_by
+from pacing import SLACK, starts_within
+
 RATE, BURST = 100, 5  # T = 10 ms
-SLACK = 3
-
-
-def starts_within(starts, window):
-    """The most start times that fall in any half-open window of `window` seconds."""
-    starts = sorted(starts)
-    best, j = 0, 0
-    for i, t in enumerate(starts):
-        while starts[j] <= t - window:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
 
 
 def assert_bounded(starts, rate=RATE, burst=BURST):
@@ -241,7 +232,7 @@ async def app(scope, receive, send):
 
 
 def test_uvicorn_workers_enforce_one_quota(tmp_path):
-    uvicorn = pytest.importorskip("uvicorn")  # installed by .ci/run
+    pytest.importorskip("uvicorn")  # installed by .ci/run
     import socket
     import threading
     import urllib.error
@@ -503,18 +494,7 @@ def test_a_new_client_waiting_for_another_processs_claim_never_holds_the_gil(tmp
                 time.sleep(0)
 
         async def request(i):
-            sent = []
-
-            async def receive():
-                return {"type": "http.request", "body": b""}
-
-            async def send(message):
-                sent.append(message)
-
-            scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
-                     "client": (f"10.1.0.{i}", 1)}
-            await middleware(scope, receive, send)
-            return sent[0]["status"]
+            return (await sent_by(middleware, client=(f"10.1.0.{i}", 1)))[0]["status"]
 
         ticker = threading.Thread(target=tick)
         ticker.start()

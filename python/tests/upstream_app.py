@@ -25,6 +25,8 @@ import time
 
 import paceline
 
+from asgi_calls import body_of
+
 state = {}
 
 
@@ -72,12 +74,7 @@ async def app(scope, receive, send):
         return
     path = scope["path"]
     if path == "/config":
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await body_of(receive)
         configure(**json.loads(body))
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})

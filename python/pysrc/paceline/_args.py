@@ -36,13 +36,20 @@ def _timeout(value: object) -> Optional[float]:
     return value
 
 
-def _hold_seconds(value: object) -> float:
+def _finite(value: object, above_zero: bool, not_a_number: str, out_of_range: str) -> float:
+    """``value`` as a float, finite and at least 0 (above 0 with ``above_zero``):
+    ``TypeError`` "<not_a_number>, got <its type>" for anything but an int or a float,
+    ``ValueError`` "<out_of_range>, got <value>" for one out of range (or NaN)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"seconds must be a number, got {type(value).__name__}")
+        raise TypeError(f"{not_a_number}, got {type(value).__name__}")
     value = float(value)
-    if not 0.0 <= value < float("inf"):
-        raise ValueError(f"seconds must be a finite number >= 0, got {value}")
+    if not ((value > 0.0 if above_zero else value >= 0.0) and value < float("inf")):
+        raise ValueError(f"{out_of_range}, got {value}")
     return value
+
+
+def _hold_seconds(value: object) -> float:
+    return _finite(value, False, "seconds must be a number", "seconds must be a finite number >= 0")
 
 
 def _path(path: object) -> str:

@@ -109,7 +109,7 @@ class Booking:
 
 def _is_fleet(budget: Any) -> bool:
     # Without redis-py installed there is no RedisBudget (and nothing to import).
-    fleet = sys.modules.get("paceline._redis_budget")
+    fleet = sys.modules.get("paceline._redis.budget_async")
     return fleet is not None and isinstance(budget, fleet.RedisBudget)
 
 

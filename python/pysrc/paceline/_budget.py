@@ -24,7 +24,8 @@ import asyncio
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
-from ._args import _count, _gid, _path, _timeout, _trusted, _uid
+from ._args import _count, _finite, _timeout
+from ._in_file import _file_args, _file_path, _InAFile
 from ._blocking import tell_if_slow_blocking, tell_when_slow, warn_if_on_a_loop
 from ._paceline import BudgetTurn, new_budget, new_shared_budget
 
@@ -34,12 +35,9 @@ _RESERVED = ("timeout", "in_flight")
 
 
 def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    value = float(value)
-    if not 0.0 <= value < float("inf"):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
-    return value
+    return _finite(
+        value, False, f"{name} must be a number of seconds", f"{name} must be a finite number of seconds >= 0"
+    )
 
 
 def _fields(status: object, headers: Any) -> List[Tuple[str, bytes]]:
@@ -239,7 +237,7 @@ class _Acquiring:
             turn.release()
 
 
-class Budget:
+class Budget(_InAFile):
     """Rates by name (``requests=Rate(500, per=60.0), tokens=Rate(200_000, per=60.0)``)
     and a cap on calls in flight (``in_flight=8``), admitting a caller when every rate
     admits it and a permit is free, first come first served.
@@ -250,6 +248,12 @@ class Budget:
     (``acquire_blocking``) and tasks of any event loop share one queue. A dimension may
     not be named ``timeout`` or ``in_flight``.
     """
+
+    _attach = staticmethod(_attach_budget)
+    _refusal = (
+        "an in-process paceline.Budget cannot be pickled (each process would get a budget "
+        "of its own); use paceline.Budget.shared(path, ...) to share one between processes"
+    )
 
     def __init__(self, *, in_flight: Optional[int] = None, **rates: Rate) -> None:
         in_flight = _checked(rates, in_flight)
@@ -286,28 +290,14 @@ class Budget:
         32 bytes. A shared budget pickles as its path: unpickled in another process, it
         opens the same file (adopting its budget)."""
         in_flight = _checked(rates, in_flight)
-        path = _path(path)
-        uid = _trusted("trust_user", trust_user, _uid)
-        gid = _trusted("trust_group", trust_group, _gid)
+        path, uid, gid = _file_args(path, trust_user, trust_group)
         wanted = [(name, r.count, r.per, r.burst) for name, r in rates.items()]
         self = cls.__new__(cls)
         self._core = new_shared_budget(path, wanted, in_flight, on_mismatch, uid, gid)
         self._shared = (path, tuple(wanted), in_flight, uid, gid)
         return self
 
-    @property
-    def path(self) -> Optional[str]:
-        """The file of a shared budget; ``None`` in-process."""
-        return None if self._shared is None else self._shared[0]
-
-    def __reduce__(self) -> tuple:
-        if self._shared is None:
-            raise TypeError(
-                "an in-process paceline.Budget cannot be pickled (each process would get "
-                "a budget of its own); use paceline.Budget.shared(path, ...) to share one "
-                "between processes"
-            )
-        return (_attach_budget, self._shared)
+    path = property(_file_path, doc="The file of a shared budget; ``None`` in-process.")
 
     def __repr__(self) -> str:
         rates = ", ".join(f"{n}={r!r}" for n, r in self.rates.items())

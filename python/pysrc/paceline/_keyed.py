@@ -5,17 +5,38 @@ from __future__ import annotations
 import os
 from typing import Awaitable, Dict, Optional, Union
 
-from ._args import _MAX_COUNT, _capacity, _count, _gid, _hold_seconds, _path, _quota, _timeout, _trusted, _uid
+from ._args import _MAX_COUNT, _capacity, _count, _hold_seconds, _quota, _timeout
 from ._blocking import _would_wait, warn_if_on_a_loop
-from ._limiter import _PICKLE_HINT
+from ._in_file import _PICKLE_HINT, _file_args, _file_path, _InAFile, _set_core
 from ._paceline import new_keyed_core, new_shared_keyed_core
-from ._waiting import _Waiting, _when_room
+from ._waiting import _when_room
 
-class KeyedLimiter:
+
+def _attach_keyed_limiter(  # type: ignore[no-untyped-def]
+    path, rate, per, burst, capacity, execution_bound, uid=None, gid=None
+):
+    """Unpickles a shared keyed limiter: the same file, whatever quota it holds now."""
+    return KeyedLimiter.shared(
+        path,
+        rate,
+        per,
+        burst,
+        capacity=capacity,
+        execution_bound=execution_bound,
+        on_mismatch="adopt",
+        trust_user=uid,
+        trust_group=gid,
+    )
+
+
+class KeyedLimiter(_InAFile):
     """One quota per key (a ``str``: a client, a tenant, an endpoint), each key exactly
     like its own ``Limiter`` (the burst defaults to ``rate``); ``max_keys`` bounds the keys stored, and a key longer than
     64 bytes is stored as a 128-bit digest of itself (seeded per process), so a client
     that sends a 1 MB key costs no more memory than one that sends a short one."""
+
+    _attach = staticmethod(_attach_keyed_limiter)
+    _refusal = _PICKLE_HINT.format("KeyedLimiter")
 
     def __init__(
         self,
@@ -29,18 +50,11 @@ class KeyedLimiter:
         rate, per, burst = _quota(rate, per, burst)
         if max_keys is not None:
             max_keys = _count("max_keys", max_keys, 1)
-        self._core = new_keyed_core(rate, per, burst, bool(execution_bound), max_keys)
-        self._waiting = _Waiting()
-        self._shared: Optional[tuple] = None
-        self._bind()
+        _set_core(self, KeyedLimiter, new_keyed_core(rate, per, burst, bool(execution_bound), max_keys), None)
 
     @classmethod
     def shared(
-        cls,
-        path: "os.PathLike[str] | str",
-        rate: int,
-        per: float = 1.0,
-        burst: Optional[int] = None,
+        cls, path: "os.PathLike[str] | str", rate: int, per: float = 1.0, burst: Optional[int] = None,
         *,
         capacity: int = 65_536,
         execution_bound: bool = True,
@@ -59,38 +73,16 @@ class KeyedLimiter:
         a 128-bit digest, so they cost the same whatever their length."""
         rate, per, burst = _quota(rate, per, burst)
         capacity = _capacity(capacity)
-        path = _path(path)
-        uid = _trusted("trust_user", trust_user, _uid)
-        gid = _trusted("trust_group", trust_group, _gid)
+        path, uid, gid = _file_args(path, trust_user, trust_group)
         self = cls.__new__(cls)
-        self._core = new_shared_keyed_core(
+        core = new_shared_keyed_core(
             path, rate, per, burst, bool(execution_bound), capacity, on_mismatch, uid, gid
         )
-        self._waiting = _Waiting()
-        self._shared = (path, rate, per, burst, capacity, bool(execution_bound), uid, gid)
-        self._bind()
+        shared = (path, rate, per, burst, capacity, bool(execution_bound), uid, gid)
+        _set_core(self, KeyedLimiter, core, shared)
         return self
 
-    @property
-    def path(self) -> Optional[str]:
-        """The file of a shared limiter; ``None`` in-process."""
-        return None if self._shared is None else self._shared[0]
-
-    def __reduce__(self) -> tuple:
-        if self._shared is None:
-            raise TypeError(_PICKLE_HINT.format("KeyedLimiter"))
-        return (_attach_keyed_limiter, self._shared)
-
-    def _bind(self) -> None:
-        """As ``Limiter._bind``: the Rust core's ``try_acquire`` and ``acquire`` on this
-        object, unless a subclass overrides them."""
-        core = self._core
-        core.bind(self._acquire)
-        cls = type(self)
-        if cls.try_acquire is KeyedLimiter.try_acquire:
-            self.try_acquire = core.try_acquire  # type: ignore[method-assign]
-        if cls.acquire is KeyedLimiter.acquire:
-            self.acquire = core.acquire  # type: ignore[method-assign]
+    path = property(_file_path, doc="The file of a shared limiter; ``None`` in-process.")
 
     @staticmethod
     def _key(key: object) -> str:
@@ -175,19 +167,3 @@ class KeyedLimiter:
         on it (see ``Limiter.reset``)."""
         self._core.reset(self._key(key))
         self._waiting.moved()
-
-
-def _attach_keyed_limiter(  # type: ignore[no-untyped-def]
-    path, rate, per, burst, capacity, execution_bound, uid=None, gid=None
-):
-    return KeyedLimiter.shared(
-        path,
-        rate,
-        per,
-        burst,
-        capacity=capacity,
-        execution_bound=execution_bound,
-        on_mismatch="adopt",
-        trust_user=uid,
-        trust_group=gid,
-    )

@@ -5,20 +5,27 @@ from __future__ import annotations
 import os
 from typing import Awaitable, Dict, Optional, Union
 
-from ._args import _MAX_COUNT, _count, _gid, _hold_seconds, _path, _quota, _timeout, _trusted, _uid
+from ._args import _MAX_COUNT, _count, _hold_seconds, _quota, _timeout
 from ._blocking import _would_wait, warn_if_on_a_loop
+from ._in_file import _PICKLE_HINT, _file_args, _file_path, _InAFile, _set_core
 from ._paceline import new_core, new_shared_core
-from ._waiting import _Waiting
-
-_PICKLE_HINT = (
-    "cannot pickle an in-process paceline.{0}: a copy in another process would be a "
-    "limiter of its own, letting the quota through once per process. To share one quota "
-    "across processes (multiprocessing, a ProcessPoolExecutor, gunicorn workers), use "
-    "paceline.{0}.shared(path, ...): it pickles as its path and quota."
-)
 
 
-class Limiter:
+def _attach_limiter(path, rate, per, burst, execution_bound, uid=None, gid=None):  # type: ignore[no-untyped-def]
+    """Unpickles a shared limiter: the same file, whatever quota it holds now."""
+    return Limiter.shared(
+        path,
+        rate,
+        per,
+        burst,
+        execution_bound=execution_bound,
+        on_mismatch="adopt",
+        trust_user=uid,
+        trust_group=gid,
+    )
+
+
+class Limiter(_InAFile):
     """``rate`` cells per ``per`` seconds, at most ``burst`` at once (default: ``rate``;
     ``burst=1`` paces one at a time). At most ``burst + w * rate / per`` pass in any
     window of ``w`` seconds.
@@ -28,22 +35,18 @@ class Limiter:
     the moment work runs, after event-loop stalls (see the module docs).
     """
 
+    _attach = staticmethod(_attach_limiter)
+    _refusal = _PICKLE_HINT.format("Limiter")
+
     def __init__(
         self, rate: int, per: float = 1.0, burst: Optional[int] = None, *, execution_bound: bool = True
     ) -> None:
         rate, per, burst = _quota(rate, per, burst)
-        self._core = new_core(rate, per, burst, bool(execution_bound))
-        self._waiting = _Waiting()
-        self._shared: Optional[tuple] = None
-        self._bind()
+        _set_core(self, Limiter, new_core(rate, per, burst, bool(execution_bound)), None)
 
     @classmethod
     def shared(
-        cls,
-        path: "os.PathLike[str] | str",
-        rate: int,
-        per: float = 1.0,
-        burst: Optional[int] = None,
+        cls, path: "os.PathLike[str] | str", rate: int, per: float = 1.0, burst: Optional[int] = None,
         *,
         execution_bound: bool = True,
         on_mismatch: str = "refuse",
@@ -69,27 +72,13 @@ class Limiter:
         every process). A shared limiter pickles as its absolute path and quota:
         unpickled in another process, it opens the same file (adopting its quota)."""
         rate, per, burst = _quota(rate, per, burst)
-        path = _path(path)
-        uid = _trusted("trust_user", trust_user, _uid)
-        gid = _trusted("trust_group", trust_group, _gid)
+        path, uid, gid = _file_args(path, trust_user, trust_group)
         self = cls.__new__(cls)
-        self._core = new_shared_core(
-            path, rate, per, burst, bool(execution_bound), on_mismatch, uid, gid
-        )
-        self._waiting = _Waiting()
-        self._shared = (path, rate, per, burst, bool(execution_bound), uid, gid)
-        self._bind()
+        core = new_shared_core(path, rate, per, burst, bool(execution_bound), on_mismatch, uid, gid)
+        _set_core(self, Limiter, core, (path, rate, per, burst, bool(execution_bound), uid, gid))
         return self
 
-    @property
-    def path(self) -> Optional[str]:
-        """The file of a shared limiter; ``None`` in-process."""
-        return None if self._shared is None else self._shared[0]
-
-    def __reduce__(self) -> tuple:
-        if self._shared is None:
-            raise TypeError(_PICKLE_HINT.format("Limiter"))
-        return (_attach_limiter, self._shared)
+    path = property(_file_path, doc="The file of a shared limiter; ``None`` in-process.")
 
     @classmethod
     def per_second(cls, rate: int, burst: Optional[int] = None, **kw: bool) -> "Limiter":
@@ -110,19 +99,6 @@ class Limiter:
     def burst(self) -> int:
         """The most cells ever admitted at once."""
         return self._core.burst()
-
-    def _bind(self) -> None:
-        """Makes ``try_acquire`` and ``acquire`` the Rust core's own methods on this
-        object (no Python frame per call), unless a subclass overrides them. An
-        ``acquire`` that must wait comes back to ``_acquire``, which the core holds (a
-        cycle with this object that the garbage collector sees and breaks)."""
-        core = self._core
-        core.bind(self._acquire)
-        cls = type(self)
-        if cls.try_acquire is Limiter.try_acquire:
-            self.try_acquire = core.try_acquire  # type: ignore[method-assign]
-        if cls.acquire is Limiter.acquire:
-            self.acquire = core.acquire  # type: ignore[method-assign]
 
     def try_acquire(self, n: int = 1) -> bool:
         """Takes ``n`` cells now if they fit and nobody waits ahead; never waits."""
@@ -216,17 +192,3 @@ class Limiter:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _attach_limiter(path, rate, per, burst, execution_bound, uid=None, gid=None):  # type: ignore[no-untyped-def]
-    """Unpickles a shared limiter: the same file, whatever quota it holds now."""
-    return Limiter.shared(
-        path,
-        rate,
-        per,
-        burst,
-        execution_bound=execution_bound,
-        on_mismatch="adopt",
-        trust_user=uid,
-        trust_group=gid,
-    )

@@ -44,7 +44,8 @@ raises or returns junk, or a body over 8 MiB ends the turn keeping its estimate:
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection, Optional, Tuple, Union
+import itertools
+from typing import Callable, Collection, Generic, Optional, Tuple, TypeVar, Union
 
 import httpx
 
@@ -134,18 +135,45 @@ class _Options:
         self.retries = retries
         self.retry_methods = frozenset(m.upper() for m in retry_methods)
 
-    def retry(self, request: httpx.Request, response: httpx.Response, attempt: int) -> bool:
-        return (
+    def start(self, request: httpx.Request) -> Tuple[Optional[Hosts], Optional[Booking], str, Optional[float]]:
+        """What a request waits on (the hosts' limiter, the budget's booking), its
+        upstream key (``""`` without a limiter) and the deadline of its waits (the
+        client's ``pool`` timeout; ``None``: none), left in the request for a fleet
+        transport under this one."""
+        hosts = self.hosts
+        key = "" if hosts is None else hosts.key(_host(request.url))
+        timeout = _pool_timeout(request)
+        if timeout is None:
+            return hosts, self.booking, key, None
+        deadline = request.extensions[_DEADLINE] = time.monotonic() + timeout
+        return hosts, self.booking, key, deadline
+
+    def answered(self, request, response, key: str, sent, turn: Optional[Turn], attempt: int, wrap) -> bool:
+        """Follows ``response`` (the upstream's follower, the budget) and hands its turn
+        on (``_after``): whether the request is sent again (a 429 of an idempotent
+        request with retries left)."""
+        hosts = self.hosts
+        if hosts is not None:
+            hosts.observe(key, response.status_code, _headers(response), sent)
+        retry = (
             response.status_code == 429
             and attempt < self.retries
             and request.method.upper() in self.retry_methods
             # A body that was streamed cannot be sent again.
             and isinstance(request.stream, httpx.ByteStream)
         )
+        _after(self, request, response, turn, retry, wrap)
+        return retry
 
 
 def _left(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _give_back(turn: Optional[Turn]) -> None:
+    """The turn of a request that was not sent (or whose sending failed) ends."""
+    if turn is not None:
+        turn.release()
 
 
 class _Body:
@@ -245,15 +273,19 @@ def _hosts(options: "_Options") -> Hosts:
     return options.hosts
 
 
-class AsyncTransport(httpx.AsyncBaseTransport):
-    """An ``httpx.AsyncClient`` transport: every request waits its turn on ``limiter``
-    and its upstream's follower, and on ``budget`` (see the module docs), then goes
-    through ``transport`` (httpx's default one unless given)."""
+_Under = TypeVar("_Under", httpx.AsyncBaseTransport, httpx.BaseTransport)
+
+
+class _Paced(Generic[_Under]):
+    """What ``AsyncTransport`` and ``Transport`` share: their arguments, the options
+    they make, the transport under them (``_default()`` unless given)."""
+
+    _default: Callable[[], _Under]
 
     def __init__(
         self,
         limiter: Union[Limiter, KeyedLimiter, None] = None,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
+        transport: Optional[_Under] = None,
         *,
         key: Optional[Callable[[str], str]] = None,
         retries: int = 2,
@@ -269,7 +301,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             limiter, key, retries, retry_methods, max_hold, above_configured, revert_after,
             budget, cost, settle_from,
         )
-        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self._transport: _Under = transport if transport is not None else self._default()
 
     def pace(self, host: str):
         """The pace ``host``'s follower keeps now (``name``, or ``name:port`` unless the
@@ -278,16 +310,18 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         hosts = _hosts(self._options)
         return hosts.followers.quota(hosts.key(host))
 
+
+class AsyncTransport(_Paced[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport):
+    """An ``httpx.AsyncClient`` transport: every request waits its turn on ``limiter``
+    and its upstream's follower, and on ``budget`` (see the module docs), then goes
+    through ``transport`` (httpx's default one unless given)."""
+
+    _default = httpx.AsyncHTTPTransport
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
-        hosts, booking = options.hosts, options.booking
-        key = "" if hosts is None else hosts.key(_host(request.url))
-        timeout = _pool_timeout(request)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if deadline is not None:
-            request.extensions[_DEADLINE] = deadline
-        attempt = 0
-        while True:
+        hosts, booking, key, deadline = options.start(request)
+        for attempt in itertools.count():
             try:
                 if hosts is not None:
                     await hosts.acquire(key, _left(deadline))
@@ -298,62 +332,26 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 sent = None if hosts is None else hosts.sent(key)
                 response = await self._transport.handle_async_request(request)
             except BaseException:
-                if turn is not None:
-                    turn.release()
+                _give_back(turn)
                 raise
-            if hosts is not None:
-                hosts.observe(key, response.status_code, _headers(response), sent)
-            retry = options.retry(request, response, attempt)
-            _after(options, request, response, turn, retry, _AsyncSettling)
-            if not retry:
+            if not options.answered(request, response, key, sent, turn, attempt, _AsyncSettling):
                 return response
             await response.aclose()
-            attempt += 1
 
     async def aclose(self) -> None:
         await self._transport.aclose()
 
 
-class Transport(httpx.BaseTransport):
+class Transport(_Paced[httpx.BaseTransport], httpx.BaseTransport):
     """An ``httpx.Client`` transport: the same as ``AsyncTransport``, for threads (the
     wait releases the GIL and answers Ctrl-C)."""
 
-    def __init__(
-        self,
-        limiter: Union[Limiter, KeyedLimiter, None] = None,
-        transport: Optional[httpx.BaseTransport] = None,
-        *,
-        key: Optional[Callable[[str], str]] = None,
-        retries: int = 2,
-        retry_methods: Collection[str] = IDEMPOTENT,
-        max_hold: float = 300.0,
-        above_configured: bool = False,
-        revert_after: Optional[float] = None,
-        budget: Optional[Budget] = None,
-        cost: Optional[Callable[[httpx.Request], object]] = None,
-        settle_from: Optional[Callable[[httpx.Response], object]] = None,
-    ) -> None:
-        self._options = _Options(
-            limiter, key, retries, retry_methods, max_hold, above_configured, revert_after,
-            budget, cost, settle_from,
-        )
-        self._transport = transport if transport is not None else httpx.HTTPTransport()
-
-    def pace(self, host: str):
-        """As ``AsyncTransport.pace``."""
-        hosts = _hosts(self._options)
-        return hosts.followers.quota(hosts.key(host))
+    _default = httpx.HTTPTransport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         options = self._options
-        hosts, booking = options.hosts, options.booking
-        key = "" if hosts is None else hosts.key(_host(request.url))
-        timeout = _pool_timeout(request)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if deadline is not None:
-            request.extensions[_DEADLINE] = deadline
-        attempt = 0
-        while True:
+        hosts, booking, key, deadline = options.start(request)
+        for attempt in itertools.count():
             try:
                 if hosts is not None:
                     hosts.acquire_blocking(key, _left(deadline))
@@ -366,23 +364,47 @@ class Transport(httpx.BaseTransport):
                 sent = None if hosts is None else hosts.sent(key)
                 response = self._transport.handle_request(request)
             except BaseException:
-                if turn is not None:
-                    turn.release()
+                _give_back(turn)
                 raise
-            if hosts is not None:
-                hosts.observe(key, response.status_code, _headers(response), sent)
-            retry = options.retry(request, response, attempt)
-            _after(options, request, response, turn, retry, _Settling)
-            if not retry:
+            if not options.answered(request, response, key, sent, turn, attempt, _Settling):
                 return response
             response.close()
-            attempt += 1
 
     def close(self) -> None:
         self._transport.close()
 
 
-class AsyncFleetTransport(httpx.AsyncBaseTransport):
+class _FleetPaced(Generic[_Under]):
+    """What ``AsyncFleetTransport`` and ``FleetTransport`` share: their arguments, the
+    check of the limiter (a ``paceline.redis`` class, ``_wants``; ``_refusal`` says what
+    to use instead), the transport under them (``_default()`` unless given)."""
+
+    _default: Callable[[], _Under]
+    _wants: str
+    _refusal: str
+
+    def __init__(
+        self,
+        limiter: object,
+        transport: Optional[_Under] = None,
+        *,
+        key: Union[str, Callable[[str], str], None] = None,
+        max_wait: Optional[float] = None,
+    ) -> None:
+        from . import redis
+
+        if not isinstance(limiter, getattr(redis, self._wants)):
+            raise TypeError(
+                f"limiter must be a paceline.redis.{self._wants} ({self._refusal}), got "
+                f"{type(limiter).__name__}"
+            )
+        self._limiter = limiter
+        self._key = _fleet_key(key)
+        self._max_wait = max_wait
+        self._transport: _Under = transport if transport is not None else self._default()
+
+
+class AsyncFleetTransport(_FleetPaced[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport):
     """An ``httpx.AsyncClient`` transport that paces requests by a fleet-wide limiter
     (``paceline.redis.RedisLimiter``): every request waits its booked turn in Redis, in
     one first-come-first-served line with every process and host that uses the same
@@ -402,25 +424,9 @@ class AsyncFleetTransport(httpx.AsyncBaseTransport):
     booking it.
     """
 
-    def __init__(
-        self,
-        limiter: object,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
-        *,
-        key: Union[str, Callable[[str], str], None] = None,
-        max_wait: Optional[float] = None,
-    ) -> None:
-        from .redis import RedisLimiter
-
-        if not isinstance(limiter, RedisLimiter):
-            raise TypeError(
-                "limiter must be a paceline.redis.RedisLimiter (for httpx.Client and a "
-                f"SyncRedisLimiter, use FleetTransport), got {type(limiter).__name__}"
-            )
-        self._limiter = limiter
-        self._key = _fleet_key(key)
-        self._max_wait = max_wait
-        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+    _default = httpx.AsyncHTTPTransport
+    _wants = "RedisLimiter"
+    _refusal = "for httpx.Client and a SyncRedisLimiter, use FleetTransport"
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         wait, pool = _fleet_wait(request, self._max_wait)
@@ -436,29 +442,13 @@ class AsyncFleetTransport(httpx.AsyncBaseTransport):
         await self._transport.aclose()
 
 
-class FleetTransport(httpx.BaseTransport):
+class FleetTransport(_FleetPaced[httpx.BaseTransport], httpx.BaseTransport):
     """An ``httpx.Client`` transport: the same as ``AsyncFleetTransport``, for threads,
     on a ``paceline.redis.SyncRedisLimiter`` (the wait blocks the calling thread)."""
 
-    def __init__(
-        self,
-        limiter: object,
-        transport: Optional[httpx.BaseTransport] = None,
-        *,
-        key: Union[str, Callable[[str], str], None] = None,
-        max_wait: Optional[float] = None,
-    ) -> None:
-        from .redis import SyncRedisLimiter
-
-        if not isinstance(limiter, SyncRedisLimiter):
-            raise TypeError(
-                "limiter must be a paceline.redis.SyncRedisLimiter (for httpx.AsyncClient "
-                f"and a RedisLimiter, use AsyncFleetTransport), got {type(limiter).__name__}"
-            )
-        self._limiter = limiter
-        self._key = _fleet_key(key)
-        self._max_wait = max_wait
-        self._transport = transport if transport is not None else httpx.HTTPTransport()
+    _default = httpx.HTTPTransport
+    _wants = "SyncRedisLimiter"
+    _refusal = "for httpx.AsyncClient and a RedisLimiter, use AsyncFleetTransport"
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         wait, pool = _fleet_wait(request, self._max_wait)

@@ -50,7 +50,7 @@ from typing import Any, Optional, Tuple, Union
 
 from . import KeyedLimiter, Limiter
 from ._args import _timeout
-from ._redis_core import (
+from ._redis.core import (
     _REFUND_RETRY,
     _REFUND_SHA,
     _REFUND_TIMEOUT,
@@ -72,10 +72,10 @@ from ._redis_core import (
     _TooFar,
     _Turn,
 )
-from ._redis_budget import FleetTurn, RedisBudget
-from ._redis_budget_sync import SyncFleetTurn, SyncRedisBudget
-from ._redis_sync import SyncRedisLimiter
-from ._redis_wire import _AsyncWire
+from ._redis.budget_async import FleetTurn, RedisBudget
+from ._redis.budget_sync import SyncFleetTurn, SyncRedisBudget
+from ._redis.limiter_sync import SyncRedisLimiter
+from ._redis.wire import _AsyncWire
 
 __all__ = [
     "RedisLimiter",
@@ -113,14 +113,8 @@ class RedisLimiter(_Base, _AsyncWire):
     """
 
     def __init__(
-        self,
-        client: Any,
-        rate: int,
-        per: float = 1.0,
-        burst: Optional[int] = None,
-        *,
-        prefix: str = "paceline",
-        timeout: float = 0.25,
+        self, client: Any, rate: int, per: float = 1.0, burst: Optional[int] = None, *,
+        prefix: str = "paceline", timeout: float = 0.25,
         on_failure: Union[str, Limiter, KeyedLimiter] = "closed",
     ) -> None:
         if not _is_async_client(client):

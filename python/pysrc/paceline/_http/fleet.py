@@ -167,7 +167,7 @@ class FleetLimit:
     def trouble(self, e: BaseException, key: str) -> None:
         """Logs Redis's trouble, once a minute: per limit while Redis cannot answer, per
         key for a value Redis answered about (a corrupt value under one key)."""
-        from .._redis_core import RedisRejected
+        from .._redis.core import RedisRejected
 
         about = key if isinstance(e, RedisRejected) else None
         now = time.monotonic()
@@ -219,7 +219,7 @@ def _unavailable(e: BaseException) -> Answer:
     """503 with ``Retry-After: 1`` and no ``RateLimit`` field: the client spent nothing.
     The body says which trouble: Redis out of reach (or too slow), or Redis answering
     with an error (a value it holds that is not a limit's, say: logged)."""
-    from .._redis_core import RedisRejected
+    from .._redis.core import RedisRejected
 
     if isinstance(e, RedisRejected):
         body = (
@@ -323,19 +323,19 @@ class FleetLimits:
         """``prepare`` for a sync server: a function returning an awaitable is an error."""
         steps = self._asks(scope, subject)
         value = None
-        while True:
-            try:
-                value = steps.send(value)
-            except StopIteration as done:
-                return done.value
-            if hasattr(value, "__await__"):
-                if hasattr(value, "close"):
-                    value.close()  # never awaited: no warning about it
-                steps.close()
-                raise TypeError(
-                    "a limit's key, cost or exemption function is async, and this server "
-                    "is not: make it a plain function"
-                )
+        try:
+            # Each value goes back as it is, until one is awaitable.
+            while not hasattr(value := steps.send(value), "__await__"):
+                pass
+        except StopIteration as done:
+            return done.value
+        if hasattr(value, "close"):
+            value.close()  # never awaited: no warning about it
+        steps.close()
+        raise TypeError(
+            "a limit's key, cost or exemption function is async, and this server is not: "
+            "make it a plain function"
+        )
 
     def _plan(self, asks: List[Ask]) -> Union[Answer, List[Tuple[FleetLimit, str, int]]]:
         """The limits to ask, or the answer a request gets without asking Redis (a
@@ -362,7 +362,7 @@ class FleetLimits:
     async def check(self, asks: List[Ask]) -> Tuple[Optional[Answer], List[Tuple[bytes, bytes]]]:
         """Without wait mode: ``(refusal, fields)``, the refusal to answer with
         (``None``: pass) and the fields to add to an admitted response."""
-        from .._redis_core import RedisLimitError
+        from .._redis.core import RedisLimitError
 
         fields: List[Tuple[bytes, bytes]] = []
         plan = self._plan(asks)
@@ -387,7 +387,7 @@ class FleetLimits:
         comes after ``deadline`` (``time.monotonic()``). Also gives, by position, the
         limits whose Redis could not answer, whose failure policy then decides without a
         second call (so an outage is answered within one call timeout)."""
-        from .._redis_core import RedisLimitError, RedisUnavailable
+        from .._redis.core import RedisLimitError, RedisUnavailable
 
         plan = self._plan(asks)
         if isinstance(plan, Answer):
@@ -432,7 +432,7 @@ class FleetLimits:
         """Wait mode: books every limit's turn within what is left of ``deadline``:
         ``(refusal, fields, booked, instant)``, ``instant`` the latest turn
         (``time.monotonic()``). A refusal has given back what was booked."""
-        from .._redis_core import RedisLimitError, _TooFar
+        from .._redis.core import RedisLimitError, _TooFar
 
         fields: List[Tuple[bytes, bytes]] = []
         booked: List[Booked] = []
@@ -482,7 +482,7 @@ class FleetLimits:
         answer is left out. A refusal that has no wait (a cost past a burst, a missing
         key) is answered as it is, and so is a limit in Redis that can never admit the
         request (its cost past that limit's burst)."""
-        from .._redis_core import RedisLimitError
+        from .._redis.core import RedisLimitError
 
         if refused.limit is None or not any(name == b"retry-after" for name, _ in refused.headers):
             return refused  # not a wait: nothing to make longer

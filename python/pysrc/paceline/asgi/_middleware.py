@@ -116,10 +116,7 @@ class RateLimitMiddleware:
     """
 
     def __init__(
-        self,
-        app: ASGIApp,
-        limits: Union[Limit, Sequence[Limit]],
-        *,
+        self, app: ASGIApp, limits: Union[Limit, Sequence[Limit]], *,
         headers_on_success: bool = False,
         legacy_headers: bool = False,
         wait_up_to: Optional[float] = None,
@@ -133,12 +130,8 @@ class RateLimitMiddleware:
             raise ValueError(f"wait_buffer must be an int of bytes >= 0, got {wait_buffer!r}")
         self._buffer = wait_buffer
         self._checker = _Checker(
-            limits,
-            headers_on_success=headers_on_success,
-            legacy_headers=legacy_headers,
-            wait_up_to=wait_up_to,
-            on_missing_key=on_missing_key,
-            on_refusal=on_refusal,
+            limits, headers_on_success=headers_on_success, legacy_headers=legacy_headers,
+            wait_up_to=wait_up_to, on_missing_key=on_missing_key, on_refusal=on_refusal,
             exempt=exempt,
         )
 
@@ -192,11 +185,8 @@ class RateLimitMiddleware:
         flow = with_fleet(checker, scope, scope, arrived)
         value: Any = None
         error: Optional[BaseException] = None
-        while True:
-            op = step(flow, value, error)
+        while (op := step(flow, value, error)).__class__ is not Done:
             value = error = None
-            if op.__class__ is Done:
-                break
             try:
                 if op.__class__ is Prepare:
                     value = await fleet.prepare(op.scope, op.subject)

@@ -48,13 +48,8 @@ class RouteLimit:
         exempt: Optional[Callable[[Scope], bool]] = None,
     ) -> None:
         self._checker = _Checker(
-            limits,
-            headers_on_success=headers_on_success,
-            legacy_headers=legacy_headers,
-            wait_up_to=None,
-            on_missing_key=on_missing_key,
-            on_refusal=None,
-            exempt=exempt,
+            limits, headers_on_success=headers_on_success, legacy_headers=legacy_headers,
+            wait_up_to=None, on_missing_key=on_missing_key, on_refusal=None, exempt=exempt,
         )
         if self._checker.fleet is not None:
             raise ValueError(

@@ -109,10 +109,7 @@ class RateLimitMiddleware:
     """
 
     def __init__(
-        self,
-        app: WSGIApp,
-        limits: Union[Limit, Sequence[Limit]],
-        *,
+        self, app: WSGIApp, limits: Union[Limit, Sequence[Limit]], *,
         headers_on_success: bool = False,
         legacy_headers: bool = False,
         wait_up_to: Optional[float] = None,
@@ -122,12 +119,8 @@ class RateLimitMiddleware:
     ) -> None:
         self.app = app
         self._checker = _Checker(
-            limits,
-            headers_on_success=headers_on_success,
-            legacy_headers=legacy_headers,
-            wait_up_to=wait_up_to,
-            on_missing_key=on_missing_key,
-            on_refusal=on_refusal,
+            limits, headers_on_success=headers_on_success, legacy_headers=legacy_headers,
+            wait_up_to=wait_up_to, on_missing_key=on_missing_key, on_refusal=on_refusal,
             exempt=exempt,
         )
         _no_async(self._checker)
@@ -241,11 +234,8 @@ def _run(flow: Any, checker: _Checker) -> Any:
     fleet = checker.fleet
     value: Any = None
     error: Optional[BaseException] = None
-    while True:
-        op = step(flow, value, error)
+    while (op := step(flow, value, error)).__class__ is not Done:
         value = error = None
-        if op.__class__ is Done:
-            return op.verdict
         try:
             if op.__class__ is Prepare:
                 value = fleet.prepare_sync(op.scope, op.subject)
@@ -257,6 +247,7 @@ def _run(flow: Any, checker: _Checker) -> Any:
                 value = _turns(op)
         except BaseException as e:  # noqa: BLE001 - thrown into the flow, which decides
             error = e
+    return op.verdict
 
 
 def _turns(op: Turns) -> Any:

@@ -19,9 +19,9 @@ except ImportError as e:  # pragma: no cover - the message is the point
         "paceline.redis runs on redis-py: pip install 'paceline[redis]' (or redis>=5)"
     ) from e
 
-from . import KeyedLimiter, Limiter
-from ._args import _count, _quota
-from ._paceline import (
+from .. import KeyedLimiter, Limiter
+from .._args import _count, _finite, _quota
+from .._paceline import (
     REDIS_DECIDE_SCRIPT as DECIDE_SCRIPT,
     REDIS_MAX_WINDOW_NS as MAX_WINDOW_NS,
     REDIS_REFUND_SCRIPT as REFUND_SCRIPT,
@@ -124,6 +124,15 @@ def _answered(e: BaseException) -> Optional[RedisLimitError]:
     return RedisRejected(f"Redis refused the rate-limit call: {message}")
 
 
+def _unanswered(e: BaseException) -> RedisLimitError:
+    """The exception to raise for a call with no decision to fall back on: what Redis
+    answered (see ``_answered``), else ``RedisUnavailable``."""
+    answered = _answered(e)
+    if answered is not None:
+        return answered
+    return RedisUnavailable(f"Redis unreachable or too slow: {_describe(e)}")
+
+
 # What asyncio says of a connection used on another loop than its own, or after it.
 _LOOP_GONE = "loop"
 
@@ -175,12 +184,9 @@ def _prefix(prefix: object) -> str:
 
 
 def _call_timeout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {type(value).__name__}")
-    value = float(value)
-    if not 0.0 < value < float("inf"):
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {value}")
-    return value
+    return _finite(
+        value, True, "timeout must be a number of seconds", "timeout must be a positive, finite number of seconds"
+    )
 
 
 def _policy(on_failure: object) -> Union[str, Limiter, KeyedLimiter]:

@@ -1,4 +1,5 @@
-"""``paceline.redis.SyncRedisBudget``: the fleet budget for threads, on ``redis.Redis``.
+"""``paceline.redis.SyncRedisBudget``: the fleet budget for threads, on ``redis.Redis``:
+the thread shell around ``budget``'s decisions.
 
 The same decisions, value and keys as ``RedisBudget`` (a budget of the same prefix, name
 and rates is one budget for both), each call blocking its thread. A synchronous call
@@ -11,57 +12,36 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional
 
-from ._args import _timeout
-from ._budget import Rate, _costs, _fields, _seconds
-from ._paceline import FLEET_RENEW_EVERY
-from ._redis_budget import (
-    _END_RETRY,
-    _END_RETRY_MAX,
-    _EPOCHS_FRESH,
-    _MAX_CONFLICTS,
-    _Contended,
-    _FleetCommon,
-    _int,
-    _log,
-    _LEASE,
-)
-from ._redis_core import (
-    RedisLimitError,
-    RedisRejected,
-    RedisUnavailable,
-    _answered,
-    _describe,
-    _is_async_client,
-    _rexc,
-)
-from ._redis_sync import _socket_timeout
-from ._redis_wire import _SCRIPTS, BUDGET_READ_SHA, BUDGET_WRITE_SHA
+from .._args import _timeout
+from .._budget import Rate, _costs
+from .._paceline import FLEET_RENEW_EVERY
+from .budget import _END_RETRY, _END_RETRY_MAX, _EPOCHS_FRESH, _MAX_CONFLICTS, Decide
+from .budget import _Contended, _contended, _FleetCommon, _TurnCore
+from .core import RedisLimitError, RedisRejected, RedisUnavailable, _rexc, _unanswered
+from .limiter_sync import _sync_bound
+from .wire import _SCRIPTS
 
 
-class SyncFleetTurn:
+class SyncFleetTurn(_TurnCore):
     """An admitted turn of a ``SyncRedisBudget``: ``settle(**costs)`` or ``release()``
     ends it (blocking for one transaction; while Redis cannot answer, a daemon thread
     sends the end again until it lands, and the call raises ``RedisUnavailable``);
     ``with turn:`` releases it at the end of the block unless settled, never raising for
     Redis."""
 
-    __slots__ = ("_budget", "_ticket", "_cells", "_ended")
+    __slots__ = ("_ended",)
 
     def __init__(self, budget: "SyncRedisBudget", ticket: int, cells: List[int]) -> None:
-        self._budget = budget
-        self._ticket = ticket
-        self._cells = cells
+        super().__init__(budget, ticket, cells)
         self._ended = False
 
     def settle(self, **costs: int) -> None:
         """Ends the turn with the real costs (``tokens=812``); ``ValueError`` for a
         dimension the budget does not have (the turn is left as it was); ``RuntimeError``
         if it has already ended."""
-        if self._ended:
-            raise RuntimeError("the turn has already ended")
-        actual = self._budget._core.settled(_costs(costs))
+        actual = self._settled(self._ended, costs)
         self._ended = True
         self._budget._end(self._ticket, self._cells, actual, turn=True)
 
@@ -75,14 +55,6 @@ class SyncFleetTurn:
     def ended(self) -> bool:
         """Whether the turn has been settled or released."""
         return self._ended
-
-    def cost(self, name: str) -> Optional[int]:
-        """The cells charged to ``name`` at admission (``None`` for a name the budget
-        lacks)."""
-        try:
-            return self._cells[self._budget._core.index(name)]
-        except ValueError:
-            return None
 
     def __enter__(self) -> "SyncFleetTurn":
         return self
@@ -107,33 +79,25 @@ class SyncRedisBudget(_FleetCommon):
     retry policy's part). A thread interrupted while it waits (Ctrl-C) gives its place
     up."""
 
+
     def __init__(
-        self,
-        client: Any,
-        name: str,
-        *,
-        in_flight: Optional[int] = None,
-        prefix: str = "paceline",
-        **rates: Rate,
+        self, client: Any, name: str, *, in_flight: Optional[int] = None,
+        prefix: str = "paceline", **rates: Rate
     ) -> None:
-        if _is_async_client(client) or not hasattr(client, "execute_command"):
-            raise TypeError(
-                "SyncRedisBudget takes a synchronous redis-py client (redis.Redis), got "
-                f"{type(client).__name__}; for redis.asyncio use paceline.redis.RedisBudget"
-            )
-        bound = _socket_timeout(client)
-        if bound is None:
-            raise ValueError(
-                "the client has no socket_timeout, so a Redis that stops answering would "
-                "block every caller for ever: make it with one, e.g. redis.Redis(..., "
-                "socket_timeout=0.25, socket_connect_timeout=0.25, retry=Retry(NoBackoff(), 0))"
-            )
-        super().__init__(client, name, in_flight, prefix, bound or 1.0, rates)
+        bound = _sync_bound(
+            client,
+            "SyncRedisBudget takes a synchronous redis-py client (redis.Redis), got "
+            f"{type(client).__name__}; for redis.asyncio use paceline.redis.RedisBudget",
+            "the client has no socket_timeout, so a Redis that stops answering would "
+            "block every caller for ever: make it with one, e.g. redis.Redis(..., "
+            "socket_timeout=0.25, socket_connect_timeout=0.25, retry=Retry(NoBackoff(), 0))",
+        )
+        super().__init__(client, name, in_flight, prefix, bound, rates)
         self._transacting = threading.Lock()
         self._queueing = threading.Lock()
         self._counting = threading.Lock()
         self._renewing = False
-        self._epochs_read: Optional[Tuple[Tuple[int, int], float]] = None
+        self._epochs_read: Optional[tuple] = None  # ((head, queue), read at)
 
     def _forked(self) -> None:
         self._queueing = threading.Lock()
@@ -149,16 +113,9 @@ class SyncRedisBudget(_FleetCommon):
             except _rexc.NoScriptError:
                 return execute("EVAL", _SCRIPTS[args[1]], *args[2:])
         except Exception as e:
-            answered = _answered(e)
-            if answered is not None:
-                raise answered from e
-            raise RedisUnavailable(f"Redis unreachable or too slow: {_describe(e)}") from e
+            raise _unanswered(e) from e
 
-    def _transact(
-        self,
-        decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]],
-        urgent: bool = False,
-    ) -> Tuple[Any, Tuple[int, int, int]]:
+    def _transact(self, decide: Decide, urgent: bool = False) -> tuple:
         """As ``RedisBudget._transact``: this client's threads one at a time, an urgent
         one behind at most one other."""
         if urgent:
@@ -167,26 +124,18 @@ class SyncRedisBudget(_FleetCommon):
         with self._queueing, self._transacting:
             return self._transact_now(decide)
 
-    def _transact_now(
-        self, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
-    ) -> Tuple[Any, Tuple[int, int, int]]:
-        k1, k2 = self._keys
+    def _transact_now(self, decide: Decide) -> tuple:
         for _ in range(_MAX_CONFLICTS):
-            reply = self._call(("EVALSHA", BUDGET_READ_SHA, 2, k1, k2))
-            result, write, epochs = self._decided(reply, decide)
-            if write is None:
+            result, write, epochs = self._decided(self._call(self._read_args), decide)
+            if write is None or int(self._call(write)) == 1:
                 return result, epochs
-            written = self._call(("EVALSHA", BUDGET_WRITE_SHA, 2, k1, k2, *write))
-            if int(written) == 1:
-                return result, epochs
-        raise _Contended("other clients kept writing the budget first; nothing was done (try again)")
+        raise _contended()
 
-    def _epochs(self) -> Tuple[int, int]:
+    def _epochs(self) -> tuple:
         read = self._epochs_read
         if read is not None and time.monotonic() - read[1] < _EPOCHS_FRESH:
             return read[0]
-        head, queue = self._call(("HMGET", self._keys[1], "head", "queue"))
-        epochs = (_int(head), _int(queue))
+        epochs = self._epochs_of(self._call(self._read_epochs_args))
         self._epochs_read = (epochs, time.monotonic())
         return epochs
 
@@ -211,22 +160,13 @@ class SyncRedisBudget(_FleetCommon):
                     self._renewing = False
                     return
             try:
-                self._transact(lambda v, s, m, o: (None, self._core.renew(v, s, m, o)))
+                self._transact(self._renewal())
             except Exception:  # noqa: BLE001 - tried again next round; a lease outlasts three
                 pass
 
     def _end_once(self, ticket: int, cells: List[int], actual: Optional[list], turn: bool) -> None:
-        found, _ = self._transact(
-            lambda v, s, m, o: self._core.end(v, s, m, o, ticket, cells, actual), urgent=True
-        )
-        if not found and turn:
-            _log.warning(
-                "paceline: a turn of the fleet budget %r had already been ended for it (its "
-                "client could not renew its lease for %s s, or Redis lost the budget): the "
-                "cap did not count it meanwhile",
-                self._name,
-                _LEASE,
-            )
+        found, _ = self._transact(self._ending(ticket, cells, actual), urgent=True)
+        self._ended_found(found, turn)
 
     def _end(self, ticket: int, cells: List[int], actual: Optional[list], turn: bool) -> None:
         """Ends caller ``ticket`` now; while Redis cannot answer, a daemon thread sends the
@@ -279,19 +219,16 @@ class SyncRedisBudget(_FleetCommon):
         try:
             while True:
                 try:
-                    _, (head, queue, read_at) = self._transact(
-                        lambda v, s, m, o: (None, waiter.decide(v, s, m, o)), waiter.urgent()
-                    )
+                    _, epochs = self._transact(self._asking(waiter), waiter.urgent())
                 except _Contended:
                     time.sleep(0.001)
                     continue
-                ticket = waiter.answer(head, queue, read_at)
+                ticket, again = self._answer(waiter, epochs)
                 if ticket is not None:
                     return SyncFleetTurn(self, ticket, cells)
-                again = waiter.look(None, time.monotonic_ns())
                 while again is not None:
                     time.sleep(again)
-                    again = waiter.look(self._epochs(), time.monotonic_ns())
+                    again = self._looked(waiter, self._epochs())
         except BaseException:
             self._leave(waiter.ticket(), cells)
             raise
@@ -300,14 +237,7 @@ class SyncRedisBudget(_FleetCommon):
         """A turn now, or ``None``; never waits."""
         cells = self._core.cells(_costs(costs))
         self._hold()
-        seen: List[int] = []
-
-        def decide(v: Optional[bytes], s: int, m: int, o: int) -> Tuple[Any, Any]:
-            ticket, write = self._core.try_now(v, s, m, o, cells)
-            if ticket is not None:
-                seen.append(ticket)
-            return ticket, write
-
+        decide, seen = self._trying(cells)
         try:
             ticket, _ = self._transact(decide)
         except BaseException:
@@ -320,9 +250,7 @@ class SyncRedisBudget(_FleetCommon):
 
     def remaining(self, name: str) -> int:
         """As ``RedisBudget.remaining``."""
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {type(name).__name__}")
-        index = self._core.index(name)
+        index = self._index(name)
         return self._transact(self._core.look)[0][2][index]
 
     def in_flight(self) -> int:
@@ -335,18 +263,12 @@ class SyncRedisBudget(_FleetCommon):
 
     def wait_time(self, **costs: int) -> float:
         """As ``RedisBudget.wait_time``."""
-        cells = self._core.cells(_costs(costs))
-        return self._transact(lambda v, s, m, o: self._core.wait_time(v, s, m, o, cells))[0]
+        return self._transact(self._timing(costs))[0]
 
     def follow(self, status: int, headers: Any, *, max_hold: float = 300.0) -> int:
         """As ``RedisBudget.follow``."""
-        max_hold = _seconds("max_hold", max_hold)
-        fields = _fields(status, headers)
-        return self._transact(
-            lambda v, s, m, o: self._core.follow(v, s, m, o, status, fields, max_hold)
-        )[0]
+        return self._transact(self._following(status, headers, max_hold))[0]
 
     def hold_for(self, seconds: float) -> None:
         """As ``RedisBudget.hold_for``."""
-        seconds = _seconds("seconds", seconds)
-        self._transact(lambda v, s, m, o: (None, self._core.hold(v, s, m, o, seconds)))
+        self._transact(self._holding(seconds))

@@ -10,8 +10,8 @@ import os
 import weakref
 from typing import Any, Dict, Optional, Union
 
-from ._paceline import BUDGET_READ_SCRIPT, BUDGET_WRITE_SCRIPT
-from ._redis_core import (
+from .._paceline import BUDGET_READ_SCRIPT, BUDGET_WRITE_SCRIPT
+from .core import (
     _DECIDE_SHA_B,
     _REFUND_SHA,
     _REFUND_TIMEOUT,

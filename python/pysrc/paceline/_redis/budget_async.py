@@ -1,62 +1,26 @@
 """``paceline.redis.RedisBudget``: a ``paceline.Budget`` for every process and host that
-uses one Redis, on a redis-py asyncio client.
-
-The decisions, the value's format in Redis and the waiters' cadence are the Rust crate's
-(``paceline::budget::fleet``, in the package's extension); this module only carries them
-over redis-py: each call reads the budget's value with the server's time
-(``BUDGET_READ_SCRIPT``), decides, and writes the value back only where no other client
-wrote in between (``BUDGET_WRITE_SCRIPT``, a compare-and-set on the value's generation),
-deciding again from a fresh read where one did. A Rust ``paceline::redis::RedisBudget``
-of the same prefix, name and rates shares the budget.
+uses one Redis, on a redis-py asyncio client: the asyncio shell around ``budget``'s
+decisions, which sends their calls, waits, and holds its callers per event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import secrets
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
-from ._args import _timeout
-from ._blocking import tell_when_slow
-from ._budget import Rate, _checked, _costs, _fields, _seconds
-from ._paceline import FLEET_LEASE as _LEASE
-from ._paceline import FLEET_RENEW_EVERY, FleetForeign, new_fleet_budget
-from ._redis_core import RedisLimitError, RedisRejected, RedisUnavailable, _answered
-from ._redis_core import _call_timeout, _describe, _is_async_client, _key, _prefix
-from ._redis_wire import BUDGET_READ_SHA, BUDGET_WRITE_SHA, _AsyncWire
-
-_log = logging.getLogger("paceline")
-
-# Writes overtaken by another client's, in a row, before a call gives up.
-_MAX_CONFLICTS = 200
-
-# How long an end waits between its tries while Redis cannot answer (it tries until it
-# lands, or its process goes and its lease lapses).
-_END_RETRY = 0.2
-_END_RETRY_MAX = 2.0
-
-# How long an epochs' read serves the other waiters of its event loop.
-_EPOCHS_FRESH = 0.0005
+from .._args import _timeout
+from .._blocking import tell_when_slow
+from .._budget import Rate, _costs
+from .._paceline import FLEET_RENEW_EVERY
+from .budget import _END_RETRY, _END_RETRY_MAX, _EPOCHS_FRESH, _MAX_CONFLICTS, Decide
+from .budget import _Contended, _contended, _FleetCommon, _TurnCore
+from .core import RedisLimitError, RedisRejected, RedisUnavailable, _is_async_client, _unanswered
+from .wire import _AsyncWire
 
 
-class _Contended(RedisLimitError):
-    """Other clients kept writing the budget first: nothing was done. A waiter asks again
-    (its place is kept); other calls raise it."""
-
-
-def _int(value: Any) -> int:
-    return 0 if value is None else int(value)
-
-
-def _owner() -> int:
-    return secrets.randbits(63) | 1
-
-
-class FleetTurn:
+class FleetTurn(_TurnCore):
     """An admitted turn of a ``RedisBudget``: an in-flight permit and a charge in every
     dimension over the fleet, until it ends.
 
@@ -67,21 +31,17 @@ class FleetTurn:
     answer the end is sent again until it lands; ``await`` raises
     ``RedisUnavailable`` once a try could not reach Redis (it goes on trying)."""
 
-    __slots__ = ("_budget", "_ticket", "_cells", "_ending")
+    __slots__ = ("_ending",)
 
     def __init__(self, budget: "RedisBudget", ticket: int, cells: List[int]) -> None:
-        self._budget = budget
-        self._ticket = ticket
-        self._cells = cells
+        super().__init__(budget, ticket, cells)
         self._ending: "Optional[asyncio.Future[None]]" = None
 
     def settle(self, **costs: int) -> "asyncio.Future[None]":
         """Ends the turn with the real costs (``tokens=812``); a dimension not named keeps
         its charge. ``ValueError`` for a dimension the budget does not have (the turn is
         left as it was); ``RuntimeError`` if it has already ended."""
-        if self._ending is not None:
-            raise RuntimeError("the turn has already ended")
-        actual = self._budget._core.settled(_costs(costs))
+        actual = self._settled(self._ending is not None, costs)
         self._ending = self._budget._end_soon(self._ticket, self._cells, actual)
         return self._ending
 
@@ -95,14 +55,6 @@ class FleetTurn:
     def ended(self) -> bool:
         """Whether the turn has been settled or released."""
         return self._ending is not None
-
-    def cost(self, name: str) -> Optional[int]:
-        """The cells charged to ``name`` at admission (``None`` for a name the budget
-        lacks)."""
-        try:
-            return self._cells[self._budget._core.index(name)]
-        except ValueError:
-            return None
 
     async def __aenter__(self) -> "FleetTurn":
         return self
@@ -144,85 +96,6 @@ class _FleetAcquiring:
             await self._budget._ended(turn.release())
 
 
-class _FleetCommon:
-    """What the asyncio and the thread forms of the fleet budget share: the rules, the
-    keys, the client's owner id, the callers it holds, and reading a read's reply."""
-
-    def __init__(
-        self,
-        client: Any,
-        name: str,
-        in_flight: Optional[int],
-        prefix: str,
-        timeout: float,
-        rates: Dict[str, Rate],
-    ) -> None:
-        in_flight = _checked(rates, in_flight)
-        self._name = _key(name)
-        if "}" in self._name:
-            # The name is the keys' hash tag: a "}" would end it early, and put the
-            # budget's two keys on different slots of a cluster.
-            raise ValueError(f"a budget's name must not hold '}}', got {name!r}")
-        self._core = new_fleet_budget(
-            [(n, r.count, r.per, r.burst) for n, r in rates.items()], in_flight
-        )
-        self._client = client
-        self._timeout = _call_timeout(timeout)
-        self._prefix = _prefix(prefix)
-        base = f"{self._prefix}:{{{self._name}}}"
-        self._keys = (f"{base}:budget", f"{base}:epochs")
-        self._owner, self._pid = _owner(), os.getpid()
-        # Callers of this client on record (waiters and turns): its lease is renewed
-        # while there are any.
-        self._held = 0
-
-    def __repr__(self) -> str:
-        rates = ", ".join(f"{n}={r!r}" for n, r in self.rates.items())
-        return (
-            f"{type(self).__name__}({self._name!r}, {rates}, in_flight={self._core.cap()}, "
-            f"prefix={self._prefix!r})"
-        )
-
-    @property
-    def rates(self) -> Dict[str, Rate]:
-        """The dimensions and their rates."""
-        return {
-            name: Rate(burst, per=interval * burst / 1e9, burst=burst)
-            for name, interval, burst in self._core.rates()
-        }
-
-    @property
-    def name(self) -> str:
-        """The budget's name in Redis."""
-        return self._name
-
-    def _forked(self) -> None:
-        """A forked child's reset of what the parent's threads or loops held."""
-
-    def _me(self) -> int:
-        # A forked child is a client of its own.
-        if os.getpid() != self._pid:
-            self._owner, self._pid = _owner(), os.getpid()
-            self._held = 0
-            self._forked()
-        return self._owner
-
-    def _decided(
-        self, reply: Any, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
-    ) -> Tuple[Any, Any, Tuple[int, int, int]]:
-        """The decision on a read's reply: ``(result, write, (head, queue, read at))``."""
-        value, secs, micros, head, queue = reply
-        if isinstance(value, str):
-            value = value.encode("ascii", "replace")
-        try:
-            result, write = decide(value or None, int(secs), int(micros), self._me())
-        except FleetForeign as e:
-            raise RedisRejected(f"{e} ({self._keys[0]}); it is left as it is") from None
-        # The local time of the read: the server's time was read then (half a round trip
-        # before, at most), so a waiter's instants are reckoned from it.
-        return result, write, (_int(head), _int(queue), time.monotonic_ns())
-
-
 class RedisBudget(_FleetCommon, _AsyncWire):
     """Rates by name and a cap on calls in flight, as ``paceline.Budget``, for every
     process and host that uses the same Redis, ``prefix``, ``name`` and rates, on a
@@ -257,15 +130,12 @@ class RedisBudget(_FleetCommon, _AsyncWire):
     one slot of a cluster).
     """
 
+    # Why a client could not renew its lease, in the log (``_FleetCommon._ended_found``).
+    _LEASE_LAPSED = ": an event loop blocked, a process stopped, Redis out of reach; or "
+
     def __init__(
-        self,
-        client: Any,
-        name: str,
-        *,
-        in_flight: Optional[int] = None,
-        prefix: str = "paceline",
-        timeout: float = 0.25,
-        **rates: Rate,
+        self, client: Any, name: str, *, in_flight: Optional[int] = None,
+        prefix: str = "paceline", timeout: float = 0.25, **rates: Rate
     ) -> None:
         if not _is_async_client(client):
             raise TypeError(
@@ -298,16 +168,9 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         try:
             return await self._run(args, self._timeout)
         except Exception as e:
-            answered = _answered(e)
-            if answered is not None:
-                raise answered from e
-            raise RedisUnavailable(f"Redis unreachable or too slow: {_describe(e)}") from e
+            raise _unanswered(e) from e
 
-    async def _transact(
-        self,
-        decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]],
-        urgent: bool = False,
-    ) -> Tuple[Any, Tuple[int, int, int]]:
+    async def _transact(self, decide: Decide, urgent: bool = False) -> Tuple[Any, Tuple[int, int, int]]:
         """``decide(value, secs, micros, owner) -> (result, write)`` on a fresh read, the
         write sent where it needs one; again from a new read where another client wrote
         first. The result and the epochs read. The tasks of one event loop take their
@@ -327,27 +190,15 @@ class RedisBudget(_FleetCommon, _AsyncWire):
             async with turns:
                 return await self._transact_now(decide)
 
-    async def _transact_now(
-        self, decide: Callable[[Optional[bytes], int, int, int], Tuple[Any, Any]]
-    ) -> Tuple[Any, Tuple[int, int, int]]:
-        k1, k2 = self._keys
+    async def _transact_now(self, decide: Decide) -> Tuple[Any, Tuple[int, int, int]]:
         for conflict in range(_MAX_CONFLICTS):
-            reply = await self._call(("EVALSHA", BUDGET_READ_SHA, 2, k1, k2))
-            result, write, epochs = self._decided(reply, decide)
-            if write is None:
-                return result, epochs
-            expect, new, ttl_ms, moved_head, moved_queue = write
-            written = await self._call(
-                ("EVALSHA", BUDGET_WRITE_SHA, 2, k1, k2, expect, new, ttl_ms, moved_head, moved_queue)
-            )
-            if int(written) == 1:
+            result, write, epochs = self._decided(await self._call(self._read_args), decide)
+            if write is None or int(await self._call(write)) == 1:
                 return result, epochs
             if conflict >= 8:
                 # Many clients at once: let the others through.
                 await asyncio.sleep(0.0001 * (conflict % 8 + 1))
-        raise _Contended(
-            "other clients kept writing the budget first; nothing was done (try again)"
-        )
+        raise _contended()
 
     async def _epochs(self) -> Tuple[int, int]:
         """The two epochs. The waiters of one event loop share their reads: one read in
@@ -368,8 +219,7 @@ class RedisBudget(_FleetCommon, _AsyncWire):
 
     async def _read_epochs(self, shared: list) -> Tuple[int, int]:
         try:
-            head, queue = await self._call(("HMGET", self._keys[1], "head", "queue"))
-            shared[1], shared[2] = (_int(head), _int(queue)), time.monotonic()
+            shared[1], shared[2] = self._epochs_of(await self._call(self._read_epochs_args)), time.monotonic()
             return shared[1]
         finally:
             shared[0] = None
@@ -391,7 +241,7 @@ class RedisBudget(_FleetCommon, _AsyncWire):
             if self._held == 0:
                 return
             try:
-                await self._transact(lambda v, s, m, o: (None, self._core.renew(v, s, m, o)))
+                await self._transact(self._renewal())
             except Exception:  # noqa: BLE001 - tried again next round; a lease outlasts three
                 pass
 
@@ -436,19 +286,8 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         try:
             while True:
                 try:
-                    found, _ = await self._transact(
-                        lambda v, s, m, o: self._core.end(v, s, m, o, ticket, cells, actual),
-                        urgent=True,
-                    )
-                    if not found and turn:
-                        _log.warning(
-                            "paceline: a turn of the fleet budget %r had already been ended "
-                            "for it (its client could not renew its lease for %s s: an "
-                            "event loop blocked, a process stopped, Redis out of reach; or "
-                            "Redis lost the budget): the cap did not count it meanwhile",
-                            self._name,
-                            _LEASE,
-                        )
+                    found, _ = await self._transact(self._ending(ticket, cells, actual), urgent=True)
+                    self._ended_found(found, turn)
                     break
                 except (RedisUnavailable, RedisLimitError) as e:
                     if isinstance(e, RedisRejected):
@@ -487,19 +326,16 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         try:
             while True:
                 try:
-                    _, (head, queue, read_at) = await self._transact(
-                        lambda v, s, m, o: (None, waiter.decide(v, s, m, o)), waiter.urgent()
-                    )
+                    _, epochs = await self._transact(self._asking(waiter), waiter.urgent())
                 except _Contended:
                     await asyncio.sleep(0.001)
                     continue
-                ticket = waiter.answer(head, queue, read_at)
+                ticket, again = self._answer(waiter, epochs)
                 if ticket is not None:
                     return FleetTurn(self, ticket, cells)
-                again = waiter.look(None, time.monotonic_ns())
                 while again is not None:
                     await asyncio.sleep(again)
-                    again = waiter.look(await self._epochs(), time.monotonic_ns())
+                    again = self._looked(waiter, await self._epochs())
         except BaseException:
             # Cancelled, a deadline, Redis gone: the place is given up (in the
             # background), nothing was spent.
@@ -523,14 +359,7 @@ class RedisBudget(_FleetCommon, _AsyncWire):
         never waits."""
         cells = self._core.cells(_costs(costs))
         self._hold()
-        seen: List[int] = []
-
-        def decide(v: Optional[bytes], s: int, m: int, o: int) -> Tuple[Any, Any]:
-            ticket, write = self._core.try_now(v, s, m, o, cells)
-            if ticket is not None:
-                seen.append(ticket)
-            return ticket, write
-
+        decide, seen = self._trying(cells)
         try:
             ticket, _ = await self._transact(decide)
         except BaseException:
@@ -555,9 +384,7 @@ class RedisBudget(_FleetCommon, _AsyncWire):
     async def remaining(self, name: str) -> int:
         """Cells of ``name`` its rate would admit right now over the fleet; spends
         nothing."""
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {type(name).__name__}")
-        index = self._core.index(name)
+        index = self._index(name)
         return (await self._look())[2][index]
 
     async def in_flight(self) -> int:
@@ -571,26 +398,17 @@ class RedisBudget(_FleetCommon, _AsyncWire):
     async def wait_time(self, **costs: int) -> float:
         """Seconds a turn of ``costs`` would wait for its rates if asked for now
         (``inf``: never); spends nothing."""
-        cells = self._core.cells(_costs(costs))
-        result, _ = await self._transact(
-            lambda v, s, m, o: self._core.wait_time(v, s, m, o, cells)
-        )
+        result, _ = await self._transact(self._timing(costs))
         return result
 
     async def follow(self, status: int, headers: Any, *, max_hold: float = 300.0) -> int:
         """Steers the budget by what a response said, for the whole fleet: as
         ``paceline.Budget.follow``. Returns how many of its dimensions the response
         reported."""
-        max_hold = _seconds("max_hold", max_hold)
-        fields = _fields(status, headers)
-        result, _ = await self._transact(
-            lambda v, s, m, o: self._core.follow(v, s, m, o, status, fields, max_hold),
-            urgent=True,
-        )
+        result, _ = await self._transact(self._following(status, headers, max_hold), urgent=True)
         return result
 
     async def hold_for(self, seconds: float) -> None:
         """Admits nothing for ``seconds`` from now, over the fleet (a longer hold already
         in force stays)."""
-        seconds = _seconds("seconds", seconds)
-        await self._transact(lambda v, s, m, o: (None, self._core.hold(v, s, m, o, seconds)))
+        await self._transact(self._holding(seconds))

@@ -6,10 +6,10 @@ import threading
 import time
 from typing import Any, Optional, Union
 
-from . import KeyedLimiter, Limiter
-from ._args import _timeout
-from ._blocking import warn_if_on_a_loop
-from ._redis_core import (
+from .. import KeyedLimiter, Limiter
+from .._args import _timeout
+from .._blocking import warn_if_on_a_loop
+from .core import (
     DECIDE_SCRIPT,
     REFUND_SCRIPT,
     RedisUnavailable,
@@ -41,6 +41,18 @@ def _socket_timeout(client: Any) -> Optional[float]:
     return kwargs.get("socket_timeout")
 
 
+def _sync_bound(client: Any, not_sync: str, unbounded: str) -> float:
+    """What bounds each call on a synchronous client: its ``socket_timeout`` (1 s where
+    it cannot be told). ``TypeError(not_sync)`` for a client that is not a synchronous
+    redis-py one, ``ValueError(unbounded)`` for one without a socket timeout."""
+    if _is_async_client(client) or not hasattr(client, "execute_command"):
+        raise TypeError(not_sync)
+    bound = _socket_timeout(client)
+    if bound is None:
+        raise ValueError(unbounded)
+    return bound or 1.0
+
+
 class SyncRedisLimiter(_Base):
     """The same limiter for threads, on a synchronous redis-py client (``redis.Redis``, or
     ``redis.cluster.RedisCluster``): ``try_acquire``, ``remaining`` and ``wait_time``
@@ -61,32 +73,22 @@ class SyncRedisLimiter(_Base):
     """
 
     def __init__(
-        self,
-        client: Any,
-        rate: int,
-        per: float = 1.0,
-        burst: Optional[int] = None,
-        *,
-        prefix: str = "paceline",
-        on_failure: Union[str, Limiter, KeyedLimiter] = "closed",
+        self, client: Any, rate: int, per: float = 1.0, burst: Optional[int] = None, *,
+        prefix: str = "paceline", on_failure: Union[str, Limiter, KeyedLimiter] = "closed",
     ) -> None:
-        if _is_async_client(client) or not hasattr(client, "execute_command"):
-            raise TypeError(
-                "SyncRedisLimiter takes a synchronous redis-py client (redis.Redis or "
-                f"redis.cluster.RedisCluster), got {type(client).__name__}; for "
-                "redis.asyncio use paceline.redis.RedisLimiter"
-            )
-        bound = _socket_timeout(client)
-        if bound is None:
-            raise ValueError(
-                "the client has no socket_timeout, so a Redis that stops answering would "
-                "block every caller for ever and the failure policy would never apply: "
-                "make it with one, e.g. redis.Redis(..., socket_timeout=0.25, "
-                "socket_connect_timeout=0.25, retry=Retry(NoBackoff(), 0)) (Retry from "
-                "redis.retry, NoBackoff from redis.backoff: without it redis-py retries 3 "
-                "times, with backoff, before the policy applies)"
-            )
-        super().__init__(client, rate, per, burst, prefix, bound or 1.0, on_failure)
+        bound = _sync_bound(
+            client,
+            "SyncRedisLimiter takes a synchronous redis-py client (redis.Redis or "
+            f"redis.cluster.RedisCluster), got {type(client).__name__}; for "
+            "redis.asyncio use paceline.redis.RedisLimiter",
+            "the client has no socket_timeout, so a Redis that stops answering would "
+            "block every caller for ever and the failure policy would never apply: "
+            "make it with one, e.g. redis.Redis(..., socket_timeout=0.25, "
+            "socket_connect_timeout=0.25, retry=Retry(NoBackoff(), 0)) (Retry from "
+            "redis.retry, NoBackoff from redis.backoff: without it redis-py retries 3 "
+            "times, with backoff, before the policy applies)",
+        )
+        super().__init__(client, rate, per, burst, prefix, bound, on_failure)
         self._refund_lock = threading.Lock()
 
     def _send(self, args: tuple) -> Any:
