@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 from .. import KeyedLimiter, Limiter
 from .._args import _timeout
@@ -51,6 +51,15 @@ def _sync_bound(client: Any, not_sync: str, unbounded: str) -> float:
     if bound is None:
         raise ValueError(unbounded)
     return bound or 1.0
+
+
+class NoAnswer(Exception):
+    """Redis did not answer a booking (unreachable, or slower than the client's
+    timeout): ``cause`` is what the client raised."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class SyncRedisLimiter(_Base):
@@ -130,6 +139,24 @@ class SyncRedisLimiter(_Base):
             timeout = _timeout(timeout)
         if n == 0:
             return
+        try:
+            wait, give_back = self._book(key, n, timeout)
+        except NoAnswer as e:
+            self._acquire_on_failure(key, n, timeout, e.cause)
+            return
+        if wait > 0:
+            try:
+                warn_if_on_a_loop(lambda: True, "paceline.redis.RedisLimiter's `await limiter.acquire(key)`")
+                time.sleep(wait / 1e9)
+            except BaseException:
+                give_back()
+                raise
+
+    def _book(self, key: str, n: int, timeout: Optional[float]) -> Tuple[int, Callable[[], None]]:
+        """Books ``n`` cells of ``key`` (both checked) within ``timeout``: the
+        nanoseconds until the turn, and what gives the booking back. ``NoAnswer`` when
+        Redis did not answer (the booking, if it was made, is given back from a daemon
+        thread), ``RedisRejected`` when it refused, ``TimeoutError`` past ``timeout``."""
         booking = _booking_id()
         args = self._decide_args(key, self._interval * n, self._extra(timeout), booking)
         try:
@@ -141,21 +168,13 @@ class SyncRedisLimiter(_Base):
             answered = _answered(e)
             if answered is not None:
                 raise answered from e
-            self._acquire_on_failure(key, n, timeout, e)
-            return
+            raise NoAnswer(e) from e
         except BaseException:
             self._give_back(args[3], booking)
             raise
         if reply[0] != 1:
             raise self._too_far(int(reply[1]))
-        wait = int(reply[2])
-        if wait > 0:
-            try:
-                warn_if_on_a_loop(lambda: True, "paceline.redis.RedisLimiter's `await limiter.acquire(key)`")
-                time.sleep(wait / 1e9)
-            except BaseException:
-                self._give_back(args[3], booking)
-                raise
+        return int(reply[2]), lambda: self._give_back(args[3], booking)
 
     def _acquire_on_failure(
         self, key: str, n: int, timeout: Optional[float], e: BaseException

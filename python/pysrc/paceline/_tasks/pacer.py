@@ -264,28 +264,18 @@ class Pacer:
 
 def _book_redis(limiter: Any, key: str, policy: str, booked: Booked) -> float:
     """Books one turn of ``key`` in Redis: the seconds until it comes."""
-    from .._redis_core import RedisUnavailable, _answered, _booking_id, _describe
-    from .._redis_core import _key as checked
+    from .._redis.core import RedisUnavailable, _describe, _key
+    from .._redis.limiter_sync import NoAnswer
 
-    key = checked(key)
-    booking = _booking_id()
-    args = limiter._decide_args(key, limiter._interval, limiter._extra(None), booking)
     try:
-        reply = limiter._send(args)
-    except Exception as e:
-        # Booked or not, the answer did not come: the refund is sent from a daemon thread.
-        limiter._give_back_later(args[3], booking)
-        answered = _answered(e)
-        if answered is not None:
-            raise answered from e
+        wait, give_back = limiter._book(_key(key), 1, None)
+    except NoAnswer as e:
         if policy == "open":
-            _log.warning("paceline: Redis unreachable, a paced task runs unlimited (policy open): %s", _describe(e))
+            _log.warning("paceline: Redis unreachable, a paced task runs unlimited (policy open): %s", _describe(e.cause))
             return 0.0
-        raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {_describe(e)}") from e
-    booked._refunds.append(lambda: limiter._give_back(args[3], booking))
-    if reply[0] != 1:
-        raise RuntimeError(f"Redis refused a paced task's turn {int(reply[1]) / 1e9:.0f} s away")
-    return int(reply[2]) / 1e9
+        raise RedisUnavailable(f"Redis unreachable or too slow, failing closed: {_describe(e.cause)}") from e.cause
+    booked._refunds.append(give_back)
+    return wait / 1e9
 
 
 #: One synchronous Redis client per URI and process.

@@ -172,7 +172,7 @@ def paced_call(shell: Shell, queue: Queue, fn: Callable[..., Any], args: tuple, 
 
 
 def _take_turn(shell: Shell, pacer: Pacer, queue: Queue, args: tuple, kwargs: Dict[str, Any]) -> None:
-    from .._redis_core import RedisUnavailable
+    from .._redis.core import RedisUnavailable
 
     key = pacer.key_of(args, kwargs)
     try:
