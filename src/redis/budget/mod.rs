@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use super::conn::Conn;
-use super::limiter::within;
+use super::conn::{within, Conn};
 use super::policy::Failure;
 use super::RedisDenied;
 use crate::budget::fleet::{
