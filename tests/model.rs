@@ -51,15 +51,21 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
+/// A quota, and operations on it that advance the clock by up to `intervals` of its
+/// emission intervals at a time.
+fn quota_and_ops(intervals: u64) -> impl Strategy<Value = (Quota, Vec<Op>)> {
+    quota().prop_flat_map(move |q| {
+        let step = q.emission_interval().as_nanos() as u64 * intervals;
+        (Just(q), ops(step.max(2)))
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn every_decision_wait_and_remaining_equal_the_model(
-        (quota, ops) in quota().prop_flat_map(|q| {
-            let step = q.emission_interval().as_nanos() as u64 * 3;
-            (Just(q), ops(step.max(2)))
-        })
+        (quota, ops) in quota_and_ops(3)
     ) {
         let clock = ManualClock::new();
         let limiter = Limiter::with_clock(quota, clock.clone());
@@ -130,10 +136,7 @@ proptest! {
 
     #[test]
     fn no_window_admits_more_than_burst_plus_its_length_over_the_interval(
-        (quota, ops) in quota().prop_flat_map(|q| {
-            let step = q.emission_interval().as_nanos() as u64 * 2;
-            (Just(q), ops(step.max(2)))
-        })
+        (quota, ops) in quota_and_ops(2)
     ) {
         let clock = ManualClock::new();
         let limiter = Limiter::with_clock(quota, clock.clone());
