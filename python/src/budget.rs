@@ -19,7 +19,7 @@ use paceline::upstream::DimensionSignal;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::args::{max_wait, quota};
+use crate::args::{max_wait, quota, rate_rows};
 use crate::shared::{open_options, shared_error};
 use crate::wait::{calling, unparker, SIGNAL_CHECK};
 
@@ -248,13 +248,7 @@ impl BudgetCore {
             Kind::Local(b) => b.dimensions().collect(),
             Kind::Shared(b) => b.dimensions().collect(),
         };
-        rates
-            .into_iter()
-            .map(|(n, q)| {
-                let interval = u64::try_from(q.emission_interval().as_nanos()).unwrap_or(u64::MAX);
-                (n.to_owned(), interval, q.burst())
-            })
-            .collect()
+        rate_rows(rates.into_iter())
     }
 
     /// The in-flight cap as the budget holds it.

@@ -16,7 +16,7 @@ use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::args::{max_wait, quota};
+use crate::args::{max_wait, quota, rate_rows};
 use crate::budget::{budget_error, hold_seconds};
 
 create_exception!(
@@ -277,13 +277,7 @@ fleet_methods! {
 
             /// The dimensions, sorted by name: `(name, interval in ns, burst)`.
             fn rates(&self) -> Vec<(String, u64, u32)> {
-                self.rules
-                    .dimensions()
-                    .map(|(n, q)| {
-                        let interval = u64::try_from(q.emission_interval().as_nanos()).unwrap_or(u64::MAX);
-                        (n.to_owned(), interval, q.burst())
-                    })
-                    .collect()
+                rate_rows(self.rules.dimensions())
             }
 
             /// The in-flight cap.
