@@ -16,6 +16,17 @@ use paceline::clock::ManualClock;
 use paceline::http::{KeySource, Limit, RateLimitLayer};
 use paceline::Quota;
 
+/// Serves `layer` (on the real clock) around a `200 ok` route on an ephemeral loopback
+/// port.
+pub(crate) async fn serve_real(layer: RateLimitLayer) -> SocketAddr {
+    serve_router(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await
+}
+
 /// Serves `layer` around a `200 ok` route on an ephemeral loopback port.
 pub(crate) async fn serve(layer: RateLimitLayer<ManualClock>) -> SocketAddr {
     serve_router(
