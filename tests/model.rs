@@ -60,6 +60,33 @@ fn quota_and_ops(intervals: u64) -> impl Strategy<Value = (Quota, Vec<Op>)> {
     })
 }
 
+/// Runs `ops` on a limiter of `quota` and on the model side by side: every decision and
+/// every remaining count the same. Time stops at `u64::MAX` ns, as the clock's does.
+fn same_as_the_model(quota: Quota, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let limiter = Limiter::with_clock(quota, clock.clone());
+    let mut model = Model::new(quota);
+    let mut now = 0u128;
+    for op in ops {
+        match op {
+            Op::Advance(d) => {
+                clock.advance(Duration::from_nanos(d));
+                now = (now + u128::from(d)).min(u128::from(u64::MAX));
+            }
+            Op::Check => {
+                let real = limiter.check().map_err(Denied::from);
+                prop_assert_eq!(Outcome::of(real), model.check_n(now, 1));
+            }
+            Op::CheckN(n) => {
+                prop_assert_eq!(Outcome::of(limiter.check_n(n)), model.check_n(now, n));
+            }
+            Op::Remaining => {}
+        }
+        prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -67,29 +94,7 @@ proptest! {
     fn every_decision_wait_and_remaining_equal_the_model(
         (quota, ops) in quota_and_ops(3)
     ) {
-        let clock = ManualClock::new();
-        let limiter = Limiter::with_clock(quota, clock.clone());
-        let mut model = Model::new(quota);
-        let mut now = 0u128;
-        for op in ops {
-            match op {
-                Op::Advance(d) => {
-                    clock.advance(Duration::from_nanos(d));
-                    now += u128::from(d);
-                }
-                Op::Check => {
-                    let real = limiter.check().map_err(Denied::from);
-                    prop_assert_eq!(Outcome::of(real), model.check_n(now, 1));
-                }
-                Op::CheckN(n) => {
-                    prop_assert_eq!(Outcome::of(limiter.check_n(n)), model.check_n(now, n));
-                }
-                Op::Remaining => {
-                    prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
-                }
-            }
-            prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
-        }
+        same_as_the_model(quota, ops)?;
     }
 
     #[test]
@@ -111,27 +116,7 @@ proptest! {
         let quota = Quota::try_new(1, Duration::from_nanos(interval))
             .unwrap()
             .with_burst(burst);
-        let clock = ManualClock::new();
-        let limiter = Limiter::with_clock(quota, clock.clone());
-        let mut model = Model::new(quota);
-        let mut now = 0u128;
-        for op in ops {
-            match op {
-                Op::Advance(d) => {
-                    clock.advance(Duration::from_nanos(d));
-                    now = (now + u128::from(d)).min(u128::from(u64::MAX));
-                }
-                Op::Check => {
-                    let real = limiter.check().map_err(Denied::from);
-                    prop_assert_eq!(Outcome::of(real), model.check_n(now, 1));
-                }
-                Op::CheckN(n) => {
-                    prop_assert_eq!(Outcome::of(limiter.check_n(n)), model.check_n(now, n));
-                }
-                Op::Remaining => {}
-            }
-            prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
-        }
+        same_as_the_model(quota, ops)?;
     }
 
     #[test]

@@ -25,8 +25,8 @@ use paceline::Quota;
 
 mod common;
 use common::children::{
-    assert_bounded, finish, kill_at_random_points, logged, logging_vars, monotonic, role_and_file,
-    spawn, var, Log, CHILD_ARGS,
+    assert_bounded, finish, finish_all, kill_at_random_points, logged, logging_vars, monotonic,
+    role_and_file, spawn, var, Log, CHILD_ARGS,
 };
 use common::dir::Dir;
 
@@ -260,17 +260,13 @@ fn assert_within_budget(records: &[Record]) {
 #[test]
 fn processes_share_the_rates_and_the_in_flight_cap() {
     let (dir, file, _) = opened("budget-share");
-    let children: Vec<_> = (0..4)
-        .map(|i| {
-            spawn(
-                "hammer",
-                &logging_vars(&dir.0, &file, i, 3.0, ("PACELINE_HOLD_MS", HOLD_MS)),
-            )
-        })
-        .collect();
-    for child in children {
-        finish(child, Duration::from_secs(60));
-    }
+    let start = |i| {
+        spawn(
+            "hammer",
+            &logging_vars(&dir.0, &file, i, 3.0, ("PACELINE_HOLD_MS", HOLD_MS)),
+        )
+    };
+    finish_all((0..4).map(start).collect());
     let records = records(&dir.0);
     assert!(records.len() >= 30, "only {} turns in 3 s", records.len());
     assert_within_budget(&records);

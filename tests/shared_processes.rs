@@ -20,8 +20,8 @@ use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
 
 mod common;
 use common::children::{
-    assert_bounded, finish, kill_at_random_points, logged, logging_vars, monotonic, most_in_window,
-    role_and_file, spawn, var, Log,
+    assert_bounded, finish, finish_all, kill_at_random_points, logged, logging_vars, monotonic,
+    most_in_window, role_and_file, spawn, var, Log,
 };
 use common::dir::Dir;
 use paceline::Quota;
@@ -160,17 +160,13 @@ fn eight_processes_checking_and_waiting_share_one_quota() {
     // Made before the children, so they all attach to one file.
     SharedLimiter::open(&file, quota()).unwrap();
     let started = monotonic();
-    let children: Vec<_> = (0..8)
-        .map(|i| {
-            spawn(
-                "hammer",
-                &logging_vars(&dir.0, &file, i, 3.0, ("PACELINE_THREADS", 3)),
-            )
-        })
-        .collect();
-    for child in children {
-        finish(child, Duration::from_secs(60));
-    }
+    let start = |i| {
+        spawn(
+            "hammer",
+            &logging_vars(&dir.0, &file, i, 3.0, ("PACELINE_THREADS", 3)),
+        )
+    };
+    finish_all((0..8).map(start).collect());
     let ended = monotonic();
     let all = brackets(&dir.0);
     assert_bounded(&all, &WINDOWS, BURST, T_NS);
@@ -254,17 +250,13 @@ fn keyed_processes_share_each_keys_quota() {
     let dir = Dir::new("keyed");
     let file = dir.0.join("keys");
     SharedKeyedLimiter::open(&file, quota(), 1024).unwrap();
-    let children: Vec<_> = (0..4)
-        .map(|i| {
-            spawn(
-                "keyed",
-                &logging_vars(&dir.0, &file, i, 2.0, ("PACELINE_THREADS", 2)),
-            )
-        })
-        .collect();
-    for child in children {
-        finish(child, Duration::from_secs(60));
-    }
+    let start = |i| {
+        spawn(
+            "keyed",
+            &logging_vars(&dir.0, &file, i, 2.0, ("PACELINE_THREADS", 2)),
+        )
+    };
+    finish_all((0..4).map(start).collect());
     // Eight keys: together at most 8 times one key's bound in any window.
     let all = brackets(&dir.0);
     for w in [20_000_000u64, 200_000_000, 1_000_000_000] {

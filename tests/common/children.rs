@@ -80,6 +80,13 @@ pub(crate) fn finish(mut child: Child, limit: Duration) -> String {
     }
 }
 
+/// Waits for every one of `children`, a minute each at most ([`finish`]).
+pub(crate) fn finish_all(children: Vec<Child>) {
+    for child in children {
+        finish(child, Duration::from_secs(60));
+    }
+}
+
 /// An append-only log of records of `N` words: one `write` each, so a child killed at any
 /// point leaves every record it finished.
 pub(crate) struct Log(File);
@@ -192,8 +199,6 @@ pub(crate) fn kill_at_random_points(
         killed += 1;
         running.push(replace());
     }
-    for child in running {
-        finish(child, Duration::from_secs(60));
-    }
+    finish_all(running);
     killed
 }
