@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use paceline::clock::ManualClock;
 use paceline::http::{KeySource, Limit, RateLimitLayer};
-use paceline::redis::{FailurePolicy, RedisDenied, RedisLimiter};
+use paceline::redis::{FailurePolicy, RedisDenied};
 use paceline::Quota;
 
 #[path = "support/http_server.rs"]
@@ -214,13 +214,10 @@ async fn a_redis_limiter_counts_decisions_failures_and_what_its_policy_decided()
     let prometheus = prometheus();
     let server = Server::start();
     let quota = Quota::per_minute(2);
-    let closed = RedisLimiter::connect(&server.url(), quota)
+    let closed = server.limiter(quota).await.with_prefix("metrics-closed");
+    let open = server
+        .limiter(quota)
         .await
-        .unwrap()
-        .with_prefix("metrics-closed");
-    let open = RedisLimiter::connect(&server.url(), quota)
-        .await
-        .unwrap()
         .with_prefix("metrics-open")
         .on_failure(FailurePolicy::FailOpen)
         .with_timeout(Duration::from_millis(200));

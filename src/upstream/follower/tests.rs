@@ -20,6 +20,11 @@ fn left_for_a_second(f: &Follower<ManualClock>, status: u16, left: &str) -> Opti
     respond(f, status, &fields)
 }
 
+/// A success announcing `text` as its `RateLimit-Policy`.
+fn announce(f: &Follower<ManualClock>, text: &str) -> Option<Duration> {
+    respond(f, 200, &[("ratelimit-policy", text)])
+}
+
 fn respond(f: &Follower<ManualClock>, status: u16, headers: &[(&str, &str)]) -> Option<Duration> {
     let signal = Signal::read(
         status,
@@ -326,28 +331,14 @@ fn hostile_values_are_capped_or_ignored() {
     // Absurd policies: a rate past the configured one is capped; a policy repeated a
     // thousand times costs what 32 do.
     let (f, _) = follower(config);
-    respond(
-        &f,
-        200,
-        &[(
-            "ratelimit-policy",
-            "\"a\";q=18446744073709551615;w=0.000000001",
-        )],
-    );
+    announce(&f, "\"a\";q=18446744073709551615;w=0.000000001");
     assert!((pace(&f) - 100.0).abs() < 0.01);
     let many = "\"a\";q=1;w=1,".repeat(1_000);
-    respond(&f, 200, &[("ratelimit-policy", &many)]);
+    announce(&f, &many);
     assert_eq!(f.announced(), Some(1.0));
     // Zero and negative values are ignored.
     let (f, _) = follower(config);
-    respond(
-        &f,
-        200,
-        &[(
-            "ratelimit-policy",
-            "\"a\";q=0;w=1, \"b\";q=5;w=0, \"c\";q=-5;w=1",
-        )],
-    );
+    announce(&f, "\"a\";q=0;w=1, \"b\";q=5;w=0, \"c\";q=-5;w=1");
     assert_eq!(f.announced(), None);
 }
 
@@ -362,7 +353,7 @@ fn a_first_refusal_of_one_rounded_second_at_a_fast_announced_pace_holds_two_inte
         ("ratelimit", "\"api\";r=0;t=1"),
         ("retry-after", "1"),
     ];
-    respond(&f, 200, &[("ratelimit-policy", "\"api\";q=50;w=1")]);
+    announce(&f, "\"api\";q=50;w=1");
     let interval = Duration::from_secs_f64(1.0 / pace(&f));
     let hold = respond(&f, 429, &fields).unwrap();
     assert!(hold <= 2 * interval + MS, "{hold:?}");
@@ -371,7 +362,7 @@ fn a_first_refusal_of_one_rounded_second_at_a_fast_announced_pace_holds_two_inte
     assert_eq!(respond(&f, 429, &fields), Some(Duration::from_secs(1)));
     // A success ends the run; a longer Retry-After, or one without an announced pace,
     // holds as it says.
-    respond(&f, 200, &[("ratelimit-policy", "\"api\";q=50;w=1")]);
+    announce(&f, "\"api\";q=50;w=1");
     assert_eq!(
         respond(
             &f,

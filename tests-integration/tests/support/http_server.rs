@@ -96,3 +96,13 @@ pub(crate) async fn get_plain(addr: SocketAddr) -> Reply {
 pub(crate) fn per_ip(clock: &ManualClock, quota: Quota) -> Limit<ManualClock> {
     Limit::with_clock("per-ip", quota, KeySource::peer_ip(), clock.clone())
 }
+
+/// Keyed by the `x-api-key` header.
+pub(crate) fn api_key() -> KeySource {
+    KeySource::header(http::HeaderName::from_static("x-api-key"))
+}
+
+/// A limit `per-key` ([`api_key`]) of `quota` on `clock`.
+pub(crate) fn per_key(clock: &ManualClock, quota: Quota) -> Limit<ManualClock> {
+    Limit::with_clock("per-key", quota, api_key(), clock.clone())
+}
