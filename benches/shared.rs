@@ -59,14 +59,7 @@ fn one_thread(allowed: bool, rounds: usize, n: u64) {
         ("in-process", &|| local.check().is_ok()),
         ("shared file", &|| shared.check().is_ok()),
     ];
-    let mut ns = vec![Vec::new(); contenders.len()];
-    for round in 0..rounds {
-        for k in 0..contenders.len() {
-            let i = (k + round) % contenders.len();
-            ns[i].push(time(n, contenders[i].1));
-        }
-    }
-    let medians: Vec<f64> = ns.iter_mut().map(|v| common::spread(v).0).collect();
+    let medians = medians_of_rounds(rounds, n, &contenders);
     for ((name, _), m) in contenders.iter().zip(&medians) {
         println!(
             "shared {:<7} 1 thread  {name:<12} {m:6.1} ns/check  vs in-process {:.2}x",
@@ -75,6 +68,19 @@ fn one_thread(allowed: bool, rounds: usize, n: u64) {
         );
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// Each contender's median ns per call over `rounds` rounds of `n` calls, the order
+/// rotated from round to round so that none always runs first.
+fn medians_of_rounds(rounds: usize, n: u64, contenders: &[(&str, &dyn Fn() -> bool)]) -> Vec<f64> {
+    let mut ns = vec![Vec::new(); contenders.len()];
+    for round in 0..rounds {
+        for k in 0..contenders.len() {
+            let i = (k + round) % contenders.len();
+            ns[i].push(time(n, contenders[i].1));
+        }
+    }
+    ns.iter_mut().map(|v| common::spread(v).0).collect()
 }
 
 /// `check_key` on 1000 stored keys, in turn: the shared table's beside the in-process
@@ -100,14 +106,7 @@ fn keyed_one_thread(rounds: usize, n: u64) {
         ("in-process", &|| local.check_key(key()).is_ok()),
         ("shared file", &|| shared.check_key(key()).is_ok()),
     ];
-    let mut ns = vec![Vec::new(); contenders.len()];
-    for round in 0..rounds {
-        for k in 0..contenders.len() {
-            let i = (k + round) % contenders.len();
-            ns[i].push(time(n, contenders[i].1));
-        }
-    }
-    let medians: Vec<f64> = ns.iter_mut().map(|v| common::spread(v).0).collect();
+    let medians = medians_of_rounds(rounds, n, &contenders);
     for ((name, _), m) in contenders.iter().zip(&medians) {
         println!(
             "shared keyed   1 thread  {name:<12} {m:6.1} ns/check  vs in-process {:.2}x  (1000 stored keys)",

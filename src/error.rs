@@ -210,14 +210,7 @@ impl core::error::Error for Denied {}
 
 debug_as_display!(NotUntil, InsufficientCapacity, Denied);
 
-impl From<NotUntil> for Denied {
-    fn from(e: NotUntil) -> Self {
-        Denied::NotUntil(e)
-    }
-}
-
-impl From<InsufficientCapacity> for Denied {
-    fn from(e: InsufficientCapacity) -> Self {
-        Denied::InsufficientCapacity(e)
-    }
-}
+from_variants!(Denied {
+    NotUntil(NotUntil),
+    InsufficientCapacity(InsufficientCapacity),
+});

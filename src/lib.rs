@@ -93,6 +93,18 @@ macro_rules! debug_as_display {
     )+};
 }
 
+/// `From` each wrapped error for an error enum: `Enum { Variant(Source), ... }` makes a
+/// `Source` into `Enum::Variant`.
+macro_rules! from_variants {
+    ($enum:ty { $($variant:ident($source:ty)),+ $(,)? }) => {$(
+        impl From<$source> for $enum {
+            fn from(e: $source) -> Self {
+                Self::$variant(e)
+            }
+        }
+    )+};
+}
+
 // Three layers, bottom up: `gcra` (the pure arithmetic), `cell` (the one atomic word; with
 // `quota_cell`, the quota read beside it), and the adapters (`wait` and `clock`, the
 // limiters in `limiter` and `keyed`, `reservation`, `stream`, and the integrations in

@@ -51,39 +51,50 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
+/// A quota, and operations on it that advance the clock by up to `intervals` of its
+/// emission intervals at a time.
+fn quota_and_ops(intervals: u64) -> impl Strategy<Value = (Quota, Vec<Op>)> {
+    quota().prop_flat_map(move |q| {
+        let step = q.emission_interval().as_nanos() as u64 * intervals;
+        (Just(q), ops(step.max(2)))
+    })
+}
+
+/// Runs `ops` on a limiter of `quota` and on the model side by side: every decision and
+/// every remaining count the same. Time stops at `u64::MAX` ns, as the clock's does.
+fn same_as_the_model(quota: Quota, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let limiter = Limiter::with_clock(quota, clock.clone());
+    let mut model = Model::new(quota);
+    let mut now = 0u128;
+    for op in ops {
+        match op {
+            Op::Advance(d) => {
+                clock.advance(Duration::from_nanos(d));
+                now = (now + u128::from(d)).min(u128::from(u64::MAX));
+            }
+            Op::Check => {
+                let real = limiter.check().map_err(Denied::from);
+                prop_assert_eq!(Outcome::of(real), model.check_n(now, 1));
+            }
+            Op::CheckN(n) => {
+                prop_assert_eq!(Outcome::of(limiter.check_n(n)), model.check_n(now, n));
+            }
+            Op::Remaining => {}
+        }
+        prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn every_decision_wait_and_remaining_equal_the_model(
-        (quota, ops) in quota().prop_flat_map(|q| {
-            let step = q.emission_interval().as_nanos() as u64 * 3;
-            (Just(q), ops(step.max(2)))
-        })
+        (quota, ops) in quota_and_ops(3)
     ) {
-        let clock = ManualClock::new();
-        let limiter = Limiter::with_clock(quota, clock.clone());
-        let mut model = Model::new(quota);
-        let mut now = 0u128;
-        for op in ops {
-            match op {
-                Op::Advance(d) => {
-                    clock.advance(Duration::from_nanos(d));
-                    now += u128::from(d);
-                }
-                Op::Check => {
-                    let real = limiter.check().map_err(Denied::from);
-                    prop_assert_eq!(Outcome::of(real), model.check_n(now, 1));
-                }
-                Op::CheckN(n) => {
-                    prop_assert_eq!(Outcome::of(limiter.check_n(n)), model.check_n(now, n));
-                }
-                Op::Remaining => {
-                    prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
-                }
-            }
-            prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
-        }
+        same_as_the_model(quota, ops)?;
     }
 
     #[test]
@@ -105,35 +116,12 @@ proptest! {
         let quota = Quota::try_new(1, Duration::from_nanos(interval))
             .unwrap()
             .with_burst(burst);
-        let clock = ManualClock::new();
-        let limiter = Limiter::with_clock(quota, clock.clone());
-        let mut model = Model::new(quota);
-        let mut now = 0u128;
-        for op in ops {
-            match op {
-                Op::Advance(d) => {
-                    clock.advance(Duration::from_nanos(d));
-                    now = (now + u128::from(d)).min(u128::from(u64::MAX));
-                }
-                Op::Check => {
-                    let real = limiter.check().map_err(Denied::from);
-                    prop_assert_eq!(Outcome::of(real), model.check_n(now, 1));
-                }
-                Op::CheckN(n) => {
-                    prop_assert_eq!(Outcome::of(limiter.check_n(n)), model.check_n(now, n));
-                }
-                Op::Remaining => {}
-            }
-            prop_assert_eq!(u128::from(limiter.remaining()), model.remaining(now));
-        }
+        same_as_the_model(quota, ops)?;
     }
 
     #[test]
     fn no_window_admits_more_than_burst_plus_its_length_over_the_interval(
-        (quota, ops) in quota().prop_flat_map(|q| {
-            let step = q.emission_interval().as_nanos() as u64 * 2;
-            (Just(q), ops(step.max(2)))
-        })
+        (quota, ops) in quota_and_ops(2)
     ) {
         let clock = ManualClock::new();
         let limiter = Limiter::with_clock(quota, clock.clone());

@@ -9,10 +9,10 @@
 
 #![cfg(unix)]
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::future::Future;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -24,7 +24,10 @@ use paceline::shared::{OnMismatch, SharedBudget, SharedBudgetError, SharedError}
 use paceline::Quota;
 
 mod common;
-use common::children::{monotonic, spawn, CHILD_ARGS};
+use common::children::{
+    assert_bounded, finish, finish_all, kill_at_random_points, logged, logging_vars, monotonic,
+    role_and_file, spawn, var, Log, CHILD_ARGS,
+};
 use common::dir::Dir;
 
 /// Requests: 40 per second (T = 25 ms), bursts of 4.
@@ -42,39 +45,42 @@ const HOLD_MS: u64 = 100;
 /// every waiter looks).
 const QUICKLY: Duration = Duration::from_millis(600);
 
+/// The requests' rate: 40 per second, bursts of [`REQUEST_BURST`].
+fn requests() -> Quota {
+    Quota::per_second(40).with_burst(REQUEST_BURST as u32)
+}
+
+/// The tokens' rate: [`TOKENS_PER_SECOND`], bursts of [`TOKEN_BURST`].
+fn tokens() -> Quota {
+    Quota::per_second(TOKENS_PER_SECOND as u32).with_burst(TOKEN_BURST as u32)
+}
+
+/// The budget of the tests: both rates, at most [`CAP`] turns in flight.
 fn open(path: &Path) -> SharedBudget {
     SharedBudget::builder()
-        .rate(
-            "requests",
-            Quota::per_second(40).with_burst(REQUEST_BURST as u32),
-        )
-        .rate(
-            "tokens",
-            Quota::per_second(TOKENS_PER_SECOND as u32).with_burst(TOKEN_BURST as u32),
-        )
+        .rate("requests", requests())
+        .rate("tokens", tokens())
         .in_flight(CAP)
         .open(path)
         .unwrap()
 }
 
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
+/// A directory of the test's own, named `name`, and the budget in it (`budget`), opened.
+fn opened(name: &str) -> (Dir, PathBuf, SharedBudget) {
+    let dir = Dir::new(name);
+    let file = dir.path("budget");
+    let budget = open(&file);
+    (dir, file, budget)
 }
 
-/// Waits for `child` up to `limit`; kills it and fails if it is still running then.
-fn finish(mut child: Child, limit: Duration) {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "child failed: {status}");
-            return;
-        }
-        if started.elapsed() > limit {
-            child.kill().unwrap();
-            panic!("a child hung: killed after {limit:?}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+/// A thread that waits up to 10 s for a turn of one token on `budget`.
+fn one_token_waiter(budget: &SharedBudget) -> thread::JoinHandle<Result<(), SharedBudgetError>> {
+    let budget = budget.clone();
+    thread::spawn(move || {
+        budget
+            .acquire_blocking_within(&[("tokens", 1)], Duration::from_secs(10))
+            .map(drop)
+    })
 }
 
 /// Reads `child`'s stdout until a line starting with `word`.
@@ -100,61 +106,19 @@ struct Record {
     tokens: u64,
 }
 
-/// An append-only log of records, one `write` each (a killed child leaves whole ones).
-struct Log(File);
-
-impl Log {
-    fn create(path: &Path) -> Log {
-        Log(OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)
-            .unwrap())
-    }
-
-    fn record(&self, r: Record) {
-        let mut bytes = [0u8; 32];
-        for (i, v) in [r.asked, r.came, r.ended, r.tokens].into_iter().enumerate() {
-            bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_ne_bytes());
-        }
-        (&self.0).write_all(&bytes).unwrap();
-    }
-}
-
+/// The records of every child's log in `dir`, by when they asked.
 fn records(dir: &Path) -> Vec<Record> {
-    let mut all = Vec::new();
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "log") {
-            let bytes = fs::read(&path).unwrap();
-            all.extend(bytes.chunks_exact(32).map(|c| {
-                let w = |i: usize| u64::from_ne_bytes(c[8 * i..8 * i + 8].try_into().unwrap());
-                Record {
-                    asked: w(0),
-                    came: w(1),
-                    ended: w(2),
-                    tokens: w(3),
-                }
-            }));
-        }
-    }
+    let mut all: Vec<_> = logged(dir)
+        .into_iter()
+        .map(|[asked, came, ended, tokens]| Record {
+            asked,
+            came,
+            ended,
+            tokens,
+        })
+        .collect();
     all.sort_unstable_by_key(|r| r.asked);
     all
-}
-
-/// The most admissions provably inside one window of `w` ns.
-fn most_in_window(records: &[Record], w: u64) -> usize {
-    let mut best = 0;
-    for (i, r) in records.iter().enumerate() {
-        let inside = records[i..]
-            .iter()
-            .take_while(|s| s.asked <= r.asked + w)
-            .filter(|s| s.came <= r.asked + w)
-            .count();
-        best = best.max(inside);
-    }
-    best
 }
 
 /// The most turns provably in flight at one instant.
@@ -197,28 +161,19 @@ fn hammer(budget: &SharedBudget, log: &Log, until: Instant, seed: u64, awaits: b
         let tokens = 50 + x % 101;
         let ended = monotonic();
         turn.settle(&[("tokens", tokens as u32)]).unwrap();
-        log.record(Record {
-            asked,
-            came,
-            ended,
-            tokens,
-        });
+        log.record([asked, came, ended, tokens]);
     }
 }
 
 #[test]
 #[ignore = "a child process of the tests in this file, started by them"]
 fn child() {
-    let Ok(role) = std::env::var("PACELINE_CHILD") else {
+    let Some((role, path)) = role_and_file() else {
         return;
     };
-    let path = PathBuf::from(var("PACELINE_FILE"));
     if role == "open" {
         match SharedBudget::builder()
-            .rate(
-                "requests",
-                Quota::per_second(40).with_burst(REQUEST_BURST as u32),
-            )
+            .rate("requests", requests())
             .options(OnMismatch::Adopt)
             .open(&path)
         {
@@ -233,7 +188,7 @@ fn child() {
             let secs: f64 = var("PACELINE_SECS").parse().unwrap();
             let log = Arc::new(Log::create(Path::new(&var("PACELINE_LOG"))));
             let until = Instant::now() + Duration::from_secs_f64(secs);
-            let seed: u64 = var("PACELINE_SEED").parse().unwrap();
+            let seed: u64 = var("PACELINE_INDEX").parse().unwrap();
             let hold: u64 = var("PACELINE_HOLD_MS").parse().unwrap();
             let workers: Vec<_> = (0..3u64)
                 .map(|t| {
@@ -278,34 +233,10 @@ fn child() {
     }
 }
 
-fn hammer_vars(
-    dir: &Dir,
-    file: &Path,
-    i: usize,
-    secs: f64,
-    hold_ms: u64,
-) -> Vec<(&'static str, String)> {
-    vec![
-        ("PACELINE_HOLD_MS", hold_ms.to_string()),
-        ("PACELINE_FILE", file.display().to_string()),
-        (
-            "PACELINE_LOG",
-            dir.path(&format!("{i}.log")).display().to_string(),
-        ),
-        ("PACELINE_SECS", secs.to_string()),
-        ("PACELINE_SEED", i.to_string()),
-    ]
-}
-
 fn assert_within_budget(records: &[Record]) {
-    for w in [50_000_000, 250_000_000, 1_000_000_000] {
-        let most = most_in_window(records, w);
-        let bound = (REQUEST_BURST + w / REQUEST_T + 1) as usize;
-        assert!(
-            most <= bound,
-            "{most} requests in {w} ns; the bound is {bound}"
-        );
-    }
+    let requests: Vec<_> = records.iter().map(|r| (r.asked, r.came)).collect();
+    let windows = [50_000_000, 250_000_000, 1_000_000_000];
+    assert_bounded(&requests, &windows, REQUEST_BURST, REQUEST_T);
     let most = most_in_flight(records);
     assert!(
         most <= CAP as usize,
@@ -328,15 +259,14 @@ fn assert_within_budget(records: &[Record]) {
 
 #[test]
 fn processes_share_the_rates_and_the_in_flight_cap() {
-    let dir = Dir::new("budget-share");
-    let file = dir.path("budget");
-    open(&file);
-    let children: Vec<_> = (0..4)
-        .map(|i| spawn("hammer", &hammer_vars(&dir, &file, i, 3.0, HOLD_MS)))
-        .collect();
-    for child in children {
-        finish(child, Duration::from_secs(60));
-    }
+    let (dir, file, _) = opened("budget-share");
+    let start = |i| {
+        spawn(
+            "hammer",
+            &logging_vars(&dir.0, &file, i, 3.0, ("PACELINE_HOLD_MS", HOLD_MS)),
+        )
+    };
+    finish_all((0..4).map(start).collect());
     let records = records(&dir.0);
     assert!(records.len() >= 30, "only {} turns in 3 s", records.len());
     assert_within_budget(&records);
@@ -354,36 +284,19 @@ fn processes_share_the_rates_and_the_in_flight_cap() {
 
 #[test]
 fn processes_killed_at_random_points_leave_the_others_served_and_bounded() {
-    let dir = Dir::new("budget-kill");
-    let file = dir.path("budget");
-    open(&file);
+    let (dir, file, _) = opened("budget-kill");
     let mut next = 0usize;
-    let mut running: Vec<Child> = (0..4)
-        .map(|_| {
-            next += 1;
-            spawn("hammer", &hammer_vars(&dir, &file, next, 4.0, 10))
-        })
-        .collect();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let until = Instant::now() + Duration::from_secs(3);
-    let mut killed = 0;
-    while Instant::now() < until {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        thread::sleep(Duration::from_millis(50 + x % 250));
-        // SIGKILL, at whatever instruction the victim is on: holding turns, waiting for
-        // a permit, or inside the file's lock.
-        let mut victim = running.swap_remove((x % running.len() as u64) as usize);
-        victim.kill().unwrap();
-        victim.wait().unwrap();
-        killed += 1;
+    let mut start = |secs| {
         next += 1;
-        running.push(spawn("hammer", &hammer_vars(&dir, &file, next, 1.5, 10)));
-    }
-    for child in running {
-        finish(child, Duration::from_secs(60));
-    }
+        let vars = logging_vars(&dir.0, &file, next, secs, ("PACELINE_HOLD_MS", 10));
+        spawn("hammer", &vars)
+    };
+    let running = (0..4).map(|_| start(4.0)).collect();
+    // Killed holding turns, waiting for a permit, or inside the file's lock.
+    let until = Instant::now() + Duration::from_secs(3);
+    let killed = kill_at_random_points(running, until, 50..300, 0x9e37_79b9_7f4a_7c15, || {
+        start(1.5)
+    });
     assert!(killed >= 5, "only {killed} kills");
     assert_within_budget(&records(&dir.0));
     // The budget is whole: every permit can be had again.
@@ -401,9 +314,7 @@ fn processes_killed_at_random_points_leave_the_others_served_and_bounded() {
 
 #[test]
 fn the_permits_of_a_killed_process_return_to_the_others() {
-    let dir = Dir::new("budget-held");
-    let file = dir.path("budget");
-    let budget = open(&file);
+    let (_dir, file, budget) = opened("budget-held");
     let mut holder = spawn("hold", &[("PACELINE_FILE", file.display().to_string())]);
     expect_line(&mut holder, "READY");
     assert_eq!(budget.in_flight().unwrap(), CAP);
@@ -412,14 +323,7 @@ fn the_permits_of_a_killed_process_return_to_the_others() {
         Err(SharedBudgetError::Budget(BudgetError::WouldWait))
     ));
     // A waiter, then the kill: the waiter gets a permit without asking again.
-    let waiter = {
-        let budget = budget.clone();
-        thread::spawn(move || {
-            budget
-                .acquire_blocking_within(&[("tokens", 1)], Duration::from_secs(10))
-                .map(drop)
-        })
-    };
+    let waiter = one_token_waiter(&budget);
     thread::sleep(Duration::from_millis(100));
     // Killed and not yet reaped (a zombie, as under a parent that reaps late): gone.
     holder.kill().unwrap();
@@ -433,9 +337,7 @@ fn the_permits_of_a_killed_process_return_to_the_others() {
 
 #[test]
 fn a_heavy_caller_of_one_process_is_not_overtaken_by_light_ones_of_another() {
-    let dir = Dir::new("budget-fifo");
-    let file = dir.path("budget");
-    let budget = open(&file);
+    let (_dir, file, budget) = opened("budget-fifo");
     // Every token spent: 300 come back in 100 ms, 10 in 3.3 ms.
     let spent = budget.try_acquire(&[("tokens", 300)]).unwrap();
     drop(spent);
@@ -476,22 +378,13 @@ fn a_heavy_caller_of_one_process_is_not_overtaken_by_light_ones_of_another() {
 
 #[test]
 fn a_waiter_behind_a_killed_head_moves_up() {
-    let dir = Dir::new("budget-dead-head");
-    let file = dir.path("budget");
-    let budget = open(&file);
+    let (_dir, file, budget) = opened("budget-dead-head");
     let mut turns: Vec<_> = (0..CAP)
         .map(|_| budget.try_acquire(&[("tokens", 1)]).unwrap())
         .collect();
     let mut head = spawn("queue", &[("PACELINE_FILE", file.display().to_string())]);
     expect_line(&mut head, "QUEUED");
-    let waiter = {
-        let budget = budget.clone();
-        thread::spawn(move || {
-            budget
-                .acquire_blocking_within(&[("tokens", 1)], Duration::from_secs(10))
-                .map(drop)
-        })
-    };
+    let waiter = one_token_waiter(&budget);
     thread::sleep(Duration::from_millis(100));
     assert_eq!(budget.waiting().unwrap(), 2);
     head.kill().unwrap();
@@ -504,9 +397,7 @@ fn a_waiter_behind_a_killed_head_moves_up() {
 
 #[test]
 fn a_file_removed_under_its_processes_is_made_again_and_shared_again() {
-    let dir = Dir::new("budget-removed");
-    let file = dir.path("budget");
-    let first = open(&file);
+    let (_dir, file, first) = opened("budget-removed");
     let held = first.try_acquire(&[("tokens", 1)]).unwrap();
     fs::remove_file(&file).unwrap();
     // A process that opens the path now makes a new file; the one that had it open goes
@@ -535,9 +426,7 @@ fn a_process_of_another_pid_namespace_is_refused() {
         eprintln!("skipped: needs root and unshare to start a process in a PID namespace");
         return;
     }
-    let dir = Dir::new("budget-pidns");
-    let file = dir.path("budget");
-    open(&file);
+    let (_dir, file, _) = opened("budget-pidns");
     // Ids recorded there name other processes here: a live holder would look gone, a
     // dead one alive. Refused at opening, with the reason.
     let out = Command::new("unshare")
@@ -585,9 +474,7 @@ fn plant_lock(file: &Path, holder: u64) {
 
 #[test]
 fn a_lock_left_by_a_dead_process_is_taken_over_and_one_held_by_a_live_one_is_not() {
-    let dir = Dir::new("budget-lock");
-    let file = dir.path("budget");
-    let budget = open(&file);
+    let (_dir, file, budget) = opened("budget-lock");
     let turn = budget.try_acquire(&[("tokens", 10)]).unwrap();
 
     let mut gone = Command::new("true").spawn().unwrap();
@@ -626,9 +513,7 @@ fn a_lock_left_by_a_dead_process_is_taken_over_and_one_held_by_a_live_one_is_not
 
 #[test]
 fn a_forked_childs_copy_of_a_turn_ends_nothing() {
-    let dir = Dir::new("budget-fork");
-    let file = dir.path("budget");
-    let budget = open(&file);
+    let (_dir, _, budget) = opened("budget-fork");
     let turn = budget.try_acquire(&[("tokens", 10)]).unwrap();
     // SAFETY: the child only drops the turn it copied and exits at once.
     let pid = unsafe { libc::fork() };
@@ -651,9 +536,7 @@ fn a_forked_childs_copy_of_a_turn_ends_nothing() {
 
 #[test]
 fn a_file_of_another_budget_is_refused_or_adopted_and_never_taken_for_a_limiter() {
-    let dir = Dir::new("budget-mismatch");
-    let file = dir.path("budget");
-    open(&file);
+    let (_dir, file, _) = opened("budget-mismatch");
     let other = SharedBudget::builder()
         .rate("requests", Quota::per_second(5))
         .open(&file)
@@ -665,14 +548,8 @@ fn a_file_of_another_budget_is_refused_or_adopted_and_never_taken_for_a_limiter(
     assert!(other.to_string().contains("tokens"), "{other}");
     // The same rates named in another order are the same budget.
     let reordered = SharedBudget::builder()
-        .rate(
-            "tokens",
-            Quota::per_second(TOKENS_PER_SECOND as u32).with_burst(TOKEN_BURST as u32),
-        )
-        .rate(
-            "requests",
-            Quota::per_second(40).with_burst(REQUEST_BURST as u32),
-        )
+        .rate("tokens", tokens())
+        .rate("requests", requests())
         .in_flight(CAP)
         .open(&file)
         .unwrap();

@@ -19,6 +19,7 @@ use paceline::shared::{
 use paceline::Quota;
 
 mod common;
+use common::children::{monotonic, spawn, CHILD_ARGS};
 use common::dir::Dir as Shm;
 
 const NOBODY: u32 = 65534;
@@ -28,11 +29,7 @@ const NOBODY: u32 = 65534;
 fn can_switch_user() -> bool {
     // SAFETY: `geteuid` has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let setpriv = Command::new("setpriv")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if root && setpriv {
+    if root && installed("setpriv") {
         return true;
     }
     let why = "needs root and setpriv to run a process as another user";
@@ -42,6 +39,59 @@ fn can_switch_user() -> bool {
     );
     eprintln!("skipped: {why}");
     false
+}
+
+/// A sticky directory for a test that acts as another user, or `None` where this run
+/// cannot ([`can_switch_user`]).
+fn other_user_dir(name: &str) -> Option<Shm> {
+    can_switch_user().then(|| Shm::sticky(name))
+}
+
+/// Whether `program` is installed (it answers `--version`).
+fn installed(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs `command` (a program and its arguments) as `nobody`, with no groups; whether it
+/// succeeded.
+fn nobody_runs<S: AsRef<std::ffi::OsStr>>(command: &[S]) -> bool {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(command)
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// Runs `setfacl` with `args` on `path`; whether it succeeded.
+fn setfacl(args: &[&str], path: &Path) -> bool {
+    Command::new("setfacl")
+        .args(args)
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Asserts that opening a shared file was refused with a message that says `because`.
+fn assert_refused<T: std::fmt::Debug>(opened: Result<T, SharedError>, because: &str) {
+    let refused = opened.unwrap_err();
+    assert!(refused.to_string().contains(because), "{refused}");
+}
+
+/// Asserts that opening a limiter at `path` is refused with a message that says `because`,
+/// and makes no file there (nor where a link there leads).
+fn assert_open_refused(path: &Path, because: &str) {
+    assert_refused(SharedLimiter::open(path, Quota::per_second(1)), because);
+    assert!(!path.exists(), "a file was made at {}", path.display());
+}
+
+/// Makes directory `path` with `mode`.
+fn make_dir(path: &Path, mode: u32) {
+    fs::create_dir(path).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
 }
 
 /// This test binary, copied where `nobody` can run it (the build directory may be under a
@@ -69,14 +119,7 @@ fn as_nobody(shm: &Shm, role: &str, vars: &[(&str, &Path)], groups: &str) -> Str
     }
     command
         .arg(binary_for_others(shm))
-        .args([
-            "child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(CHILD_ARGS)
         .env("PACELINE_CHILD", role)
         .env_remove("RUST_BACKTRACE")
         .stdout(Stdio::piped())
@@ -165,10 +208,9 @@ fn child() {
 
 #[test]
 fn another_users_file_at_the_path_is_refused_and_left_as_it_is() {
-    if !can_switch_user() {
+    let Some(shm) = other_user_dir("planted") else {
         return;
-    }
-    let shm = Shm::sticky("planted");
+    };
     // `nobody` plants an empty file anyone can write where the service will look.
     let planted = shm.path("api");
     as_nobody(&shm, "plant-empty", &[("PACELINE_PATH", &planted)], "");
@@ -195,10 +237,9 @@ fn another_users_file_at_the_path_is_refused_and_left_as_it_is() {
     // set any quota in it), unless the caller trusts that user.
     let theirs = shm.path("theirs");
     as_nobody(&shm, "make", &[("PACELINE_PATH", &theirs)], "");
-    let refused = SharedLimiter::open(&theirs, Quota::per_second(10)).unwrap_err();
-    assert!(
-        refused.to_string().contains("another user owns it"),
-        "{refused}"
+    assert_refused(
+        SharedLimiter::open(&theirs, Quota::per_second(10)),
+        "another user owns it",
     );
     let trusted = OpenOptions::new().trust_user(NOBODY);
     assert!(SharedLimiter::open_with(&theirs, Quota::per_second(10), trusted).is_ok());
@@ -206,10 +247,9 @@ fn another_users_file_at_the_path_is_refused_and_left_as_it_is() {
 
 #[test]
 fn another_user_can_neither_take_over_nor_truncate_the_services_file() {
-    if !can_switch_user() {
+    let Some(shm) = other_user_dir("ours") else {
         return;
-    }
-    let shm = Shm::sticky("ours");
+    };
     let path = shm.path("api");
     let service = SharedLimiter::open(&path, Quota::per_second(10)).unwrap();
     let said = as_nobody(&shm, "take-over", &[("PACELINE_PATH", &path)], "");
@@ -224,10 +264,9 @@ fn another_user_can_neither_take_over_nor_truncate_the_services_file() {
 
 #[test]
 fn a_link_another_user_plants_is_never_followed() {
-    if !can_switch_user() {
+    let Some(shm) = other_user_dir("link") else {
         return;
-    }
-    let shm = Shm::sticky("link");
+    };
     let victim = shm.path("victim-dir");
     fs::create_dir(&victim).unwrap();
     let target = victim.join("made-by-the-service");
@@ -245,10 +284,9 @@ fn a_link_another_user_plants_is_never_followed() {
 
 #[test]
 fn users_of_a_trusted_group_share_one_file() {
-    if !can_switch_user() {
+    let Some(shm) = other_user_dir("group") else {
         return;
-    }
-    let shm = Shm::sticky("group");
+    };
     let path = shm.path("per-client");
     // The service (root) makes the file for group `nobody` (65534): mode 0660.
     let options = OpenOptions::new().trust_group(NOBODY);
@@ -299,13 +337,8 @@ fn a_lock_someone_holds_on_the_file_delays_no_one() {
 /// process would while it holds the bucket.
 fn hold_first_bucket(path: &Path, pid: u32) {
     use std::os::unix::fs::FileExt;
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid, writable `timespec`.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    let claim = u64::from(pid) << 32 | (now.tv_sec as u64 & 0xffff_ffff);
+    let seconds = monotonic() / 1_000_000_000;
+    let claim = u64::from(pid) << 32 | (seconds & 0xffff_ffff);
     let file = fs::OpenOptions::new().write(true).open(path).unwrap();
     file.write_at(&claim.to_ne_bytes(), 512).unwrap();
 }
@@ -346,20 +379,10 @@ fn a_claimer_stopped_at_random_points_never_blocks_another_processs_new_keys() {
     let shm = Shm::sticky("sigstop");
     let path = shm.path("keys");
     let limiter = SharedKeyedLimiter::open(&path, quick(), 64).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("PACELINE_CHILD", "claim-forever")
-        .env("PACELINE_PATH", &path)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(
+        "claim-forever",
+        &[("PACELINE_PATH", path.to_str().unwrap().to_owned())],
+    );
     let pid = child.id() as libc::pid_t;
     std::thread::sleep(Duration::from_millis(200));
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -453,14 +476,8 @@ fn a_directory_another_user_owns_or_anyone_can_swap_files_in_is_refused() {
     let shm = Shm::sticky("dirs");
     // Anyone can write it and it is not sticky: anyone could replace the file.
     let open_dir = shm.path("open");
-    fs::create_dir(&open_dir).unwrap();
-    fs::set_permissions(&open_dir, fs::Permissions::from_mode(0o777)).unwrap();
-    let refused = SharedLimiter::open(open_dir.join("f"), Quota::per_second(1)).unwrap_err();
-    assert!(
-        refused.to_string().contains("others can remove or replace"),
-        "{refused}"
-    );
-    assert!(!open_dir.join("f").exists());
+    make_dir(&open_dir, 0o777);
+    assert_open_refused(&open_dir.join("f"), "others can remove or replace");
     if !can_switch_user() {
         return;
     }
@@ -473,27 +490,8 @@ fn a_directory_another_user_owns_or_anyone_can_swap_files_in_is_refused() {
         theirs.display(),
         planted.display()
     );
-    let made = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "sh",
-            "-c",
-            &code,
-        ])
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let refused = SharedLimiter::open(planted.join("f"), Quota::per_second(1)).unwrap_err();
-    assert!(
-        refused.to_string().contains("another user owns it"),
-        "{refused}"
-    );
-    assert!(
-        !theirs.join("f").exists(),
-        "a file was made in nobody's directory"
-    );
+    assert!(nobody_runs(&["sh", "-c", &code]));
+    assert_open_refused(&planted.join("f"), "another user owns it");
 }
 
 #[test]
@@ -502,33 +500,19 @@ fn a_way_to_the_file_that_someone_else_could_change_is_refused() {
     // The file's own directory is private, but the one above it anyone can write and is
     // not sticky: anyone could move another directory into its place.
     let open_dir = shm.path("open-above");
-    fs::create_dir(&open_dir).unwrap();
-    fs::set_permissions(&open_dir, fs::Permissions::from_mode(0o777)).unwrap();
+    make_dir(&open_dir, 0o777);
     let private = open_dir.join("private");
-    fs::create_dir(&private).unwrap();
-    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
-    let refused = SharedLimiter::open(private.join("f"), Quota::per_second(1)).unwrap_err();
-    assert!(
-        refused.to_string().contains("on the way to the file"),
-        "{refused}"
-    );
-    assert!(!private.join("f").exists());
+    make_dir(&private, 0o700);
+    assert_open_refused(&private.join("f"), "on the way to the file");
     // A directory whose mode says only its owner writes it, and whose access ACL lets
     // another user write it too: the file's own directory, and one above it.
     let acl_dir = shm.path("acl");
-    fs::create_dir(&acl_dir).unwrap();
-    fs::set_permissions(&acl_dir, fs::Permissions::from_mode(0o755)).unwrap();
+    make_dir(&acl_dir, 0o755);
     let inner = acl_dir.join("inner");
     fs::create_dir(&inner).unwrap();
-    let set = Command::new("setfacl")
-        .args(["-m", "u:65534:rwx"])
-        .arg(&acl_dir)
-        .status();
-    if set.is_ok_and(|s| s.success()) {
+    if setfacl(&["-m", "u:65534:rwx"], &acl_dir) {
         for path in [acl_dir.join("f"), inner.join("f")] {
-            let refused = SharedLimiter::open(&path, Quota::per_second(1)).unwrap_err();
-            assert!(refused.to_string().contains("ACL"), "{refused}");
-            assert!(!path.exists());
+            assert_open_refused(&path, "ACL");
         }
     } else {
         eprintln!("skipped the ACL case: setfacl failed (no ACLs on this file system?)");
@@ -541,37 +525,23 @@ fn a_way_to_the_file_that_someone_else_could_change_is_refused() {
     let ours = shm.path("ours");
     fs::create_dir(&ours).unwrap();
     let link = shm.path("their-link");
-    let made = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "ln",
-            "-s",
-        ])
-        .arg(&ours)
-        .arg(&link)
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let refused = SharedLimiter::open(link.join("f"), Quota::per_second(1)).unwrap_err();
-    assert!(
-        refused.to_string().contains("a link on the way"),
-        "{refused}"
-    );
-    assert!(!ours.join("f").exists());
+    assert!(nobody_runs(&[
+        "ln".as_ref(),
+        "-s".as_ref(),
+        ours.as_os_str(),
+        link.as_os_str()
+    ]));
+    assert_open_refused(&link.join("f"), "a link on the way");
 }
 
 #[test]
 fn a_trusted_group_does_not_trust_a_file_its_non_member_made_in_a_setgid_directory() {
-    if !can_switch_user() {
+    let Some(shm) = other_user_dir("setgid") else {
         return;
-    }
-    let shm = Shm::sticky("setgid");
+    };
     // A sticky, set-group-id directory of group root (0), which nobody is not in.
     let dir = shm.path("team");
-    fs::create_dir(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o3777)).unwrap();
+    make_dir(&dir, 0o3777);
     let planted = dir.join("limit");
     as_nobody(&shm, "make", &[("PACELINE_PATH", &planted)], "");
     assert_eq!(
@@ -580,19 +550,15 @@ fn a_trusted_group_does_not_trust_a_file_its_non_member_made_in_a_setgid_directo
         "the directory's group"
     );
     let options = OpenOptions::new().trust_group(0);
-    let refused = SharedLimiter::open_with(&planted, Quota::per_second(10), options).unwrap_err();
-    assert!(
-        refused.to_string().contains("another user owns it"),
-        "{refused}"
+    assert_refused(
+        SharedLimiter::open_with(&planted, Quota::per_second(10), options),
+        "another user owns it",
     );
 }
 
 #[test]
 fn a_default_acl_gives_no_one_else_a_new_file_and_a_file_with_an_acl_is_refused() {
-    let has_setfacl = Command::new("setfacl")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let has_setfacl = installed("setfacl");
     if !has_setfacl || !can_switch_user() {
         eprintln!("skipped: needs setfacl, root and setpriv");
         assert!(
@@ -605,36 +571,21 @@ fn a_default_acl_gives_no_one_else_a_new_file_and_a_file_with_an_acl_is_refused(
     let dir = shm.path("team");
     fs::create_dir(&dir).unwrap();
     // The directory gives every new file an entry for nobody, read and write.
-    let set = |args: &[&str], path: &Path| {
-        let ok = Command::new("setfacl")
-            .args(args)
-            .arg(path)
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    };
-    set(&["-d", "-m", "u:65534:rw"], &dir);
+    assert!(setfacl(&["-d", "-m", "u:65534:rw"], &dir));
     // SAFETY: `getegid` has no preconditions.
     let group = unsafe { libc::getegid() };
     let path = dir.join("limit");
-    SharedLimiter::open_with(
-        &path,
-        Quota::per_second(10),
-        OpenOptions::new().trust_group(group),
-    )
-    .unwrap();
+    let open = || {
+        let options = OpenOptions::new().trust_group(group);
+        SharedLimiter::open_with(&path, Quota::per_second(10), options)
+    };
+    open().unwrap();
     let said = as_nobody(&shm, "truncate", &[("PACELINE_PATH", &path)], "");
     assert!(
         said.starts_with("refused: "),
         "nobody could write the new file: {said}"
     );
     // A file someone gave an ACL entry is refused: its mode does not say who can write it.
-    set(&["-m", "u:65534:rw"], &path);
-    let refused = SharedLimiter::open_with(
-        &path,
-        Quota::per_second(10),
-        OpenOptions::new().trust_group(group),
-    )
-    .unwrap_err();
-    assert!(refused.to_string().contains("access ACL"), "{refused}");
+    assert!(setfacl(&["-m", "u:65534:rw"], &path));
+    assert_refused(open(), "access ACL");
 }

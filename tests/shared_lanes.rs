@@ -25,11 +25,7 @@ fn outcome(checked: Result<(), Denied>) -> &'static str {
 
 /// The three steps, on lanes of another file.
 fn stepwise(booked: &SharedLimiter, exec: &SharedLimiter, n: u32) -> Result<(), Denied> {
-    if !exec.peek_n(n)?.is_zero() {
-        return Err(exec.check_n(n).unwrap_err());
-    }
-    booked.check_n(n)?;
-    exec.check_n(n)
+    common::stepwise!(booked, exec, peek_n, check_n, n)
 }
 
 fn stepwise_key(
@@ -38,11 +34,7 @@ fn stepwise_key(
     key: &str,
     n: u32,
 ) -> Result<(), Denied> {
-    if !exec.peek_key_n(key, n)?.is_zero() {
-        return Err(exec.check_key_n(key, n).unwrap_err());
-    }
-    booked.check_key_n(key, n)?;
-    exec.check_key_n(key, n)
+    common::stepwise!(booked, exec, peek_key_n, check_key_n, key, n)
 }
 
 /// A step of a run: a caller taking both lanes at once, or a late turn's work taking the

@@ -10,11 +10,8 @@
 
 #![cfg(unix)]
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::fs;
+use std::path::Path;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -22,80 +19,28 @@ use std::time::{Duration, Instant};
 use paceline::shared::{SharedKeyedLimiter, SharedLimiter};
 
 mod common;
-use common::children::{monotonic, spawn};
+use common::children::{
+    assert_bounded, finish, finish_all, kill_at_random_points, logged, logging_vars, monotonic,
+    most_in_window, role_and_file, spawn, var, Log,
+};
 use common::dir::Dir;
 use paceline::Quota;
 
 /// 200 per second (T = 5 ms), bursts of 10.
 const T_NS: u64 = 5_000_000;
 const BURST: u64 = 10;
+/// The windows the bound is checked over, in nanoseconds.
+const WINDOWS: [u64; 4] = [20_000_000, 100_000_000, 500_000_000, 1_000_000_000];
 
 fn quota() -> Quota {
     Quota::per_second(200).with_burst(BURST as u32)
 }
 
-/// Waits for `child` up to `limit`; kills it and fails if it is still running then.
-fn finish(mut child: Child, limit: Duration) -> String {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut out = String::new();
-            std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
-            assert!(status.success(), "child failed: {status}; said {out}");
-            return out;
-        }
-        if started.elapsed() > limit {
-            child.kill().unwrap();
-            panic!("a child hung: killed after {limit:?}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Admission brackets `(earliest, latest)` from every log file in `dir`.
 fn brackets(dir: &Path) -> Vec<(u64, u64)> {
-    let mut all = Vec::new();
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "log") {
-            let bytes = fs::read(&path).unwrap();
-            all.extend(bytes.chunks_exact(16).map(|c| {
-                (
-                    u64::from_ne_bytes(c[..8].try_into().unwrap()),
-                    u64::from_ne_bytes(c[8..].try_into().unwrap()),
-                )
-            }));
-        }
-    }
+    let mut all: Vec<_> = logged(dir).into_iter().map(|[e, l]| (e, l)).collect();
     all.sort_unstable();
     all
-}
-
-/// The most admissions provably inside one window of `w` ns (module docs).
-fn most_in_window(brackets: &[(u64, u64)], w: u64) -> usize {
-    let mut best = 0;
-    for (i, &(start, _)) in brackets.iter().enumerate() {
-        // Brackets sorted by their start: every later one starts inside the window; count
-        // those that also end in it.
-        let inside = brackets[i..]
-            .iter()
-            .take_while(|&&(s, _)| s <= start + w)
-            .filter(|&&(_, e)| e <= start + w)
-            .count();
-        best = best.max(inside);
-    }
-    best
-}
-
-fn assert_bounded(brackets: &[(u64, u64)], burst: u64, t_ns: u64) {
-    for w in [20_000_000, 100_000_000, 500_000_000, 1_000_000_000] {
-        let most = most_in_window(brackets, w);
-        let bound = (burst + w / t_ns + 1) as usize;
-        assert!(
-            most <= bound,
-            "{most} admissions in a {w} ns window; the bound is {bound}"
-        );
-    }
 }
 
 /// Admissions whose bracket ends within `[from, to]`.
@@ -104,32 +49,6 @@ fn count_between(brackets: &[(u64, u64)], from: u64, to: u64) -> u64 {
         .iter()
         .filter(|&&(_, e)| e >= from && e <= to)
         .count() as u64
-}
-
-/// An append-only log of brackets: one `write` each, so a child killed at any point
-/// leaves every record it finished.
-struct Log(File);
-
-impl Log {
-    fn create(path: &Path) -> Log {
-        Log(OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)
-            .unwrap())
-    }
-
-    fn record(&self, earliest: u64, latest: u64) {
-        let mut record = [0u8; 16];
-        record[..8].copy_from_slice(&earliest.to_ne_bytes());
-        record[8..].copy_from_slice(&latest.to_ne_bytes());
-        (&self.0).write_all(&record).unwrap();
-    }
-}
-
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
 }
 
 /// One thread of a hammering child: `mode` 0 checks, 1 blocks for booked turns, 2 awaits
@@ -149,7 +68,7 @@ fn hammer(
             let key = format!("key-{}", i % keys);
             let before = monotonic();
             if keyed.check_key(&key).is_ok() {
-                log.record(before, monotonic());
+                log.record([before, monotonic()]);
             }
             continue;
         }
@@ -158,7 +77,7 @@ fn hammer(
             0 => {
                 let before = monotonic();
                 if limiter.check().is_ok() {
-                    log.record(before, monotonic());
+                    log.record([before, monotonic()]);
                 }
             }
             _ => {
@@ -171,7 +90,7 @@ fn hammer(
                 } else {
                     futures::executor::block_on(turn);
                 }
-                log.record(before + wait, after + wait);
+                log.record([before + wait, after + wait]);
             }
         }
     }
@@ -180,15 +99,14 @@ fn hammer(
 #[test]
 #[ignore = "a child process of the tests in this file, started by them"]
 fn child() {
-    let Ok(role) = std::env::var("PACELINE_CHILD") else {
+    let Some((role, path)) = role_and_file() else {
         return;
     };
-    let path = PathBuf::from(var("PACELINE_FILE"));
     match role.as_str() {
         "hammer" | "keyed" => {
             let secs: f64 = var("PACELINE_SECS").parse().unwrap();
             let threads: u64 = var("PACELINE_THREADS").parse().unwrap();
-            let mode: u64 = var("PACELINE_MODE").parse().unwrap();
+            let mode = var("PACELINE_INDEX").parse::<u64>().unwrap() % 3;
             let log = Arc::new(Log::create(Path::new(&var("PACELINE_LOG"))));
             let until = Instant::now() + Duration::from_secs_f64(secs);
             let direct =
@@ -235,25 +153,6 @@ fn child() {
     }
 }
 
-fn hammer_vars(
-    dir: &Dir,
-    file: &Path,
-    i: usize,
-    secs: f64,
-    threads: u64,
-) -> Vec<(&'static str, String)> {
-    vec![
-        ("PACELINE_FILE", file.display().to_string()),
-        (
-            "PACELINE_LOG",
-            dir.0.join(format!("{i}.log")).display().to_string(),
-        ),
-        ("PACELINE_SECS", secs.to_string()),
-        ("PACELINE_THREADS", threads.to_string()),
-        ("PACELINE_MODE", (i % 3).to_string()),
-    ]
-}
-
 #[test]
 fn eight_processes_checking_and_waiting_share_one_quota() {
     let dir = Dir::new("eight");
@@ -261,15 +160,16 @@ fn eight_processes_checking_and_waiting_share_one_quota() {
     // Made before the children, so they all attach to one file.
     SharedLimiter::open(&file, quota()).unwrap();
     let started = monotonic();
-    let children: Vec<_> = (0..8)
-        .map(|i| spawn("hammer", &hammer_vars(&dir, &file, i, 3.0, 3)))
-        .collect();
-    for child in children {
-        finish(child, Duration::from_secs(60));
-    }
+    let start = |i| {
+        spawn(
+            "hammer",
+            &logging_vars(&dir.0, &file, i, 3.0, ("PACELINE_THREADS", 3)),
+        )
+    };
+    finish_all((0..8).map(start).collect());
     let ended = monotonic();
     let all = brackets(&dir.0);
-    assert_bounded(&all, BURST, T_NS);
+    assert_bounded(&all, &WINDOWS, BURST, T_NS);
     // Every process's callers together keep the limiter busy: the rate is the quota's.
     let (from, to) = (
         started + 1_000_000_000,
@@ -291,46 +191,20 @@ fn processes_killed_at_random_points_leave_the_others_served_and_bounded() {
     SharedLimiter::open(&file, quota()).unwrap();
     let secs = 4.0;
     let mut next = 0usize;
-    let mut running: Vec<(usize, Child, Instant)> = (0..6)
-        .map(|_| {
-            next += 1;
-            (
-                next,
-                spawn("hammer", &hammer_vars(&dir, &file, next, secs, 2)),
-                Instant::now(),
-            )
-        })
-        .collect();
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut killed = 0;
-    let mut replacements = Vec::new();
-    let run_until = Instant::now() + Duration::from_secs_f64(secs - 1.0);
-    while Instant::now() < run_until {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        thread::sleep(Duration::from_millis(100 + x % 300));
-        // SIGKILL, at whatever instruction the victim is on.
-        let victim = (x % running.len() as u64) as usize;
-        let (_, mut child, _) = running.swap_remove(victim);
-        child.kill().unwrap();
-        child.wait().unwrap();
-        killed += 1;
+    let mut start = |secs| {
         next += 1;
-        replacements.push(next);
-        running.push((
-            next,
-            spawn("hammer", &hammer_vars(&dir, &file, next, 1.5, 2)),
-            Instant::now(),
-        ));
-    }
-    for (_, child, _) in running {
-        finish(child, Duration::from_secs(60));
-    }
+        let vars = logging_vars(&dir.0, &file, next, secs, ("PACELINE_THREADS", 2));
+        spawn("hammer", &vars)
+    };
+    let running = (0..6).map(|_| start(secs)).collect();
+    let until = Instant::now() + Duration::from_secs_f64(secs - 1.0);
+    let killed = kill_at_random_points(running, until, 100..400, 0x2545_f491_4f6c_dd1d, || {
+        start(1.5)
+    });
     assert!(killed >= 5, "only {killed} kills");
-    assert_bounded(&brackets(&dir.0), BURST, T_NS);
+    assert_bounded(&brackets(&dir.0), &WINDOWS, BURST, T_NS);
     // The processes that attached after the kills were served.
-    for id in replacements.iter().rev().take(3) {
+    for id in next - 2..=next {
         let log = fs::read(dir.0.join(format!("{id}.log"))).unwrap();
         assert!(log.len() >= 16, "replacement {id} was never admitted");
     }
@@ -376,12 +250,13 @@ fn keyed_processes_share_each_keys_quota() {
     let dir = Dir::new("keyed");
     let file = dir.0.join("keys");
     SharedKeyedLimiter::open(&file, quota(), 1024).unwrap();
-    let children: Vec<_> = (0..4)
-        .map(|i| spawn("keyed", &hammer_vars(&dir, &file, i, 2.0, 2)))
-        .collect();
-    for child in children {
-        finish(child, Duration::from_secs(60));
-    }
+    let start = |i| {
+        spawn(
+            "keyed",
+            &logging_vars(&dir.0, &file, i, 2.0, ("PACELINE_THREADS", 2)),
+        )
+    };
+    finish_all((0..4).map(start).collect());
     // Eight keys: together at most 8 times one key's bound in any window.
     let all = brackets(&dir.0);
     for w in [20_000_000u64, 200_000_000, 1_000_000_000] {
@@ -409,7 +284,7 @@ fn a_forked_child_shares_the_parents_quota() {
         while Instant::now() < until {
             let before = monotonic();
             if limiter.check().is_ok() {
-                log.record(before, monotonic());
+                log.record([before, monotonic()]);
             }
             if keyed.check_key("one key").is_ok() {
                 keyed_admitted += 1;
@@ -436,7 +311,7 @@ fn a_forked_child_shares_the_parents_quota() {
     // SAFETY: `pid` is our child.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-    assert_bounded(&brackets(&dir.0), BURST, T_NS);
+    assert_bounded(&brackets(&dir.0), &WINDOWS, BURST, T_NS);
     let theirs: u64 = fs::read_to_string(dir.0.join("child.keyed"))
         .unwrap()
         .parse()

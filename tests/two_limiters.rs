@@ -9,6 +9,8 @@ use paceline::clock::ManualClock;
 use paceline::{Denied, KeyedLimiter, Limiter, Quota, TextKey};
 use proptest::prelude::*;
 
+mod common;
+
 fn outcome(checked: Result<(), Denied>) -> &'static str {
     match checked {
         Ok(()) => "admitted",
@@ -22,11 +24,7 @@ fn stepwise(
     exec: &Limiter<ManualClock>,
     n: u32,
 ) -> Result<(), Denied> {
-    if !exec.peek_n(n)?.is_zero() {
-        return Err(exec.check_n(n).unwrap_err());
-    }
-    booked.check_n(n)?;
-    exec.check_n(n)
+    common::stepwise!(booked, exec, peek_n, check_n, n)
 }
 
 #[derive(Debug, Clone)]
@@ -77,11 +75,7 @@ fn stepwise_key(
     key: &TextKey,
     n: u32,
 ) -> Result<(), Denied> {
-    if !exec.peek_key_n(key, n)?.is_zero() {
-        return Err(exec.check_key_n(key, n).unwrap_err());
-    }
-    booked.check_key_n(key, n)?;
-    exec.check_key_n(key, n)
+    common::stepwise!(booked, exec, peek_key_n, check_key_n, key, n)
 }
 
 #[derive(Debug, Clone)]

@@ -9,7 +9,9 @@ mod http_request;
 
 use axum::body::Body;
 use harness::Op;
-use http_request::{call, governor_layer, paceline_layer, paceline_layer_on, Returning, Sparse};
+use http_request::{
+    call, governor_layer, paceline_layer, paceline_layer_on, Returning, Sparse, GOVERNOR_GENEROUS,
+};
 use tower_governor::key_extractor::SmartIpKeyExtractor;
 
 /// paceline's key source: the client the proxy names, the proxy being the peer
@@ -31,7 +33,7 @@ fn workload(name: &str) -> Option<Op> {
         "http_proxied/governor"
         | "http_proxied_returning/governor"
         | "http_proxied_sparse/governor" => {
-            call::<_, Body>(governor_layer(SmartIpKeyExtractor), true)
+            call::<_, Body>(governor_layer(SmartIpKeyExtractor, GOVERNOR_GENEROUS), true)
         }
         "http_proxied/paceline" => call::<_, Body>(paceline_layer(behind_local_proxy()), true),
         "http_proxied_returning/paceline" => {

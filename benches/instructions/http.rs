@@ -85,34 +85,26 @@ pub fn paceline_refusing(
     ))
 }
 
-/// tower-governor's layer, as spent.
-pub fn governor_refusing<K, B>(
-    extractor: K,
-) -> tower_governor::GovernorLayer<K, governor::middleware::NoOpMiddleware, B>
-where
-    K: tower_governor::key_extractor::KeyExtractor,
-{
-    tower_governor::GovernorLayer::new(
-        tower_governor::governor::GovernorConfigBuilder::default()
-            .per_second(60)
-            .burst_size(1)
-            .key_extractor(extractor)
-            .finish()
-            .expect("a valid tower-governor config"),
-    )
-}
+/// tower-governor's rate as spent: a cell a minute, bursts of one.
+pub const GOVERNOR_SPENT: (std::time::Duration, u32) = (std::time::Duration::from_secs(60), 1);
 
-/// tower-governor's layer, as generous, with the key extractor `K`.
+/// tower-governor's rate as generous: a cell a microsecond, bursts of a million.
+pub const GOVERNOR_GENEROUS: (std::time::Duration, u32) =
+    (std::time::Duration::from_nanos(1_000), 1_000_000);
+
+/// tower-governor's layer: one cell per `period`, bursts of `burst` ([`GOVERNOR_SPENT`],
+/// [`GOVERNOR_GENEROUS`]), keyed by `extractor`.
 pub fn governor_layer<K, B>(
     extractor: K,
+    (period, burst): (std::time::Duration, u32),
 ) -> tower_governor::GovernorLayer<K, governor::middleware::NoOpMiddleware, B>
 where
     K: tower_governor::key_extractor::KeyExtractor,
 {
     tower_governor::GovernorLayer::new(
         tower_governor::governor::GovernorConfigBuilder::default()
-            .per_nanosecond(1_000)
-            .burst_size(1_000_000)
+            .period(period)
+            .burst_size(burst)
             .key_extractor(extractor)
             .finish()
             .expect("a valid tower-governor config"),
@@ -134,7 +126,10 @@ where
         "bare" => call::<_, B>(tower::layer::util::Identity::new(), false),
         "paceline" => call::<_, B>(paceline_layer(paceline::http::KeySource::peer_ip()), false),
         "governor" => call::<_, B>(
-            governor_layer(tower_governor::key_extractor::PeerIpKeyExtractor),
+            governor_layer(
+                tower_governor::key_extractor::PeerIpKeyExtractor,
+                GOVERNOR_GENEROUS,
+            ),
             false,
         ),
         "paceline-refused" => call::<_, B>(
@@ -142,7 +137,10 @@ where
             false,
         ),
         "governor-refused" => call::<_, B>(
-            governor_refusing(tower_governor::key_extractor::PeerIpKeyExtractor),
+            governor_layer(
+                tower_governor::key_extractor::PeerIpKeyExtractor,
+                GOVERNOR_SPENT,
+            ),
             false,
         ),
         "floor-refused" => call_answering::<_, B>(

@@ -54,6 +54,18 @@ pub(crate) fn quota(count: u32, per: f64, burst: u32) -> PyResult<Quota> {
         .map_err(invalid)
 }
 
+/// A budget's dimensions as Python reads them: `(name, interval in ns, burst)`.
+pub(crate) fn rate_rows<'a>(
+    dimensions: impl Iterator<Item = (&'a str, Quota)>,
+) -> Vec<(String, u64, u32)> {
+    dimensions
+        .map(|(name, q)| {
+            let interval = u64::try_from(q.emission_interval().as_nanos()).unwrap_or(u64::MAX);
+            (name.to_owned(), interval, q.burst())
+        })
+        .collect()
+}
+
 /// A number of seconds as Python writes a float: `1e+300`, not three hundred digits.
 pub(crate) struct Seconds(f64);
 

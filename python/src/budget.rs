@@ -8,9 +8,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::{self, Thread};
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::thread;
 use std::time::{Duration, SystemTime};
 
 use paceline::budget::{Acquire, Budget, BudgetError, Turn};
@@ -19,9 +19,9 @@ use paceline::upstream::DimensionSignal;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::args::{max_wait, quota};
+use crate::args::{max_wait, quota, rate_rows};
 use crate::shared::{open_options, shared_error};
-use crate::wait::SIGNAL_CHECK;
+use crate::wait::{calling, unparker, SIGNAL_CHECK};
 
 /// Locks, ignoring poisoning: every section below leaves its value whole.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -165,7 +165,7 @@ impl BudgetCore {
         timeout: Option<f64>,
     ) -> PyResult<BudgetTurn> {
         let mut future = self.future(&costs_, timeout)?;
-        let waker = Waker::from(Arc::new(Unpark(thread::current())));
+        let waker = unparker();
         loop {
             let polled = py.detach(|| {
                 let polled = Pin::new(&mut future).poll(&mut Context::from_waker(&waker));
@@ -248,13 +248,7 @@ impl BudgetCore {
             Kind::Local(b) => b.dimensions().collect(),
             Kind::Shared(b) => b.dimensions().collect(),
         };
-        rates
-            .into_iter()
-            .map(|(n, q)| {
-                let interval = u64::try_from(q.emission_interval().as_nanos()).unwrap_or(u64::MAX);
-                (n.to_owned(), interval, q.burst())
-            })
-            .collect()
+        rate_rows(rates.into_iter())
     }
 
     /// The in-flight cap as the budget holds it.
@@ -328,35 +322,6 @@ enum Held {
     Shared(SharedTurn),
 }
 
-/// Unparks a blocked thread.
-struct Unpark(Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Calls a Python callable when woken, from whichever thread wakes it.
-struct CallBack(Py<PyAny>);
-
-impl Wake for CallBack {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        Python::attach(|py| {
-            // A loop closed meanwhile: its waiter is gone too.
-            let _ = self.0.call0(py);
-        });
-    }
-}
-
 /// A wait for a budget's turn, polled from an event loop.
 #[pyclass(frozen, module = "paceline._paceline")]
 pub(crate) struct BudgetWaiting {
@@ -392,7 +357,7 @@ impl BudgetWaiting {
                 }
             };
         }
-        let waker = Waker::from(Arc::new(CallBack(wake)));
+        let waker = calling(wake);
         match Pin::new(future).poll(&mut Context::from_waker(&waker)) {
             Poll::Ready(outcome) => {
                 *slot = None;

@@ -57,49 +57,57 @@ pub(crate) trait Cell: Send + Sync + 'static {
     }
 }
 
+/// The methods a direct limiter implements alike, in-process or shared: its booking held
+/// as `Held::$held`; `$ty`'s own `remaining`, `quota` and `hold_for`.
+macro_rules! direct_cell {
+    ($ty:ident, $held:ident) => {
+        type Key = ();
+        const DIRECT: bool = true;
+
+        fn reserve(
+            self: &Arc<Self>,
+            _: Python<'_>,
+            (): &(),
+            n: u32,
+            max: Duration,
+        ) -> Result<Held, Denied> {
+            Arc::clone(self)
+                .reserve_within_owned(n, max)
+                .map(Held::$held)
+        }
+
+        fn wait_time(&self, (): &(), n: u32) -> Duration {
+            self.peek_n(n).unwrap_or(Duration::MAX)
+        }
+
+        fn take(&self, _: Python<'_>, (): &(), n: u32) -> Took {
+            self.check_n(n).into()
+        }
+
+        fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Took {
+            self.check_n_with(exec, n).into()
+        }
+
+        fn remaining(&self, (): &()) -> u32 {
+            $ty::remaining(self)
+        }
+
+        fn quota(&self) -> Quota {
+            $ty::quota(self)
+        }
+
+        fn hold(&self, _: Python<'_>, (): &(), d: Duration) {
+            self.hold_for(d);
+        }
+    };
+}
+
 impl Cell for Limiter {
-    type Key = ();
-    const DIRECT: bool = true;
-
-    fn reserve(
-        self: &Arc<Self>,
-        _: Python<'_>,
-        (): &(),
-        n: u32,
-        max: Duration,
-    ) -> Result<Held, Denied> {
-        Arc::clone(self)
-            .reserve_within_owned(n, max)
-            .map(Held::Direct)
-    }
-
-    fn wait_time(&self, (): &(), n: u32) -> Duration {
-        self.peek_n(n).unwrap_or(Duration::MAX)
-    }
-
-    fn take(&self, _: Python<'_>, (): &(), n: u32) -> Took {
-        self.check_n(n).into()
-    }
-
-    fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Took {
-        self.check_n_with(exec, n).into()
-    }
-
-    fn remaining(&self, (): &()) -> u32 {
-        Limiter::remaining(self)
-    }
-
-    fn quota(&self) -> Quota {
-        Limiter::quota(self)
-    }
+    direct_cell!(Limiter, Direct);
 
     fn set_quota(&self, quota: Quota) -> PyResult<()> {
         Limiter::set_quota(self, quota);
         Ok(())
-    }
-
-    fn hold(&self, _: Python<'_>, (): &(), d: Duration) {
-        self.hold_for(d);
     }
 }
 
@@ -155,47 +163,10 @@ impl Cell for KeyedLimiter<TextKey> {
 }
 
 impl Cell for SharedLimiter {
-    type Key = ();
-    const DIRECT: bool = true;
-
-    fn reserve(
-        self: &Arc<Self>,
-        _: Python<'_>,
-        (): &(),
-        n: u32,
-        max: Duration,
-    ) -> Result<Held, Denied> {
-        Arc::clone(self)
-            .reserve_within_owned(n, max)
-            .map(Held::Shared)
-    }
-
-    fn wait_time(&self, (): &(), n: u32) -> Duration {
-        self.peek_n(n).unwrap_or(Duration::MAX)
-    }
-
-    fn take(&self, _: Python<'_>, (): &(), n: u32) -> Took {
-        self.check_n(n).into()
-    }
-
-    fn take_with(&self, _: Python<'_>, exec: &Self, (): &(), n: u32) -> Took {
-        self.check_n_with(exec, n).into()
-    }
-
-    fn remaining(&self, (): &()) -> u32 {
-        SharedLimiter::remaining(self)
-    }
-
-    fn quota(&self) -> Quota {
-        SharedLimiter::quota(self)
-    }
+    direct_cell!(SharedLimiter, Shared);
 
     fn set_quota(&self, quota: Quota) -> PyResult<()> {
         SharedLimiter::set_quota(self, quota).map_err(shared_error)
-    }
-
-    fn hold(&self, _: Python<'_>, (): &(), d: Duration) {
-        self.hold_for(d);
     }
 
     fn max_hold(&self) -> Option<Duration> {

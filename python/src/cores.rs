@@ -36,14 +36,36 @@ fn slow_args<'py>(
 
 /// The methods every core has, for a direct (`keyed` absent) or keyed pair.
 macro_rules! core_methods {
-    ($core:ident, direct) => {
+    (@pymethods $core:ident { $($methods:tt)* }) => {
         #[pymethods]
         impl $core {
+            $($methods)*
+
             /// The burst.
             fn burst(&self) -> u32 {
                 self.0.burst()
             }
 
+            fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
+                self.0.set_quota(count, per, burst)
+            }
+
+            /// Where an `acquire` that must wait goes (`ready.rs`): set once.
+            fn bind(&self, method: Py<PyAny>) -> PyResult<()> {
+                self.1.bind(method)
+            }
+
+            fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+                self.1.traverse(&visit)
+            }
+
+            fn __clear__(&self) {
+                self.1.clear()
+            }
+        }
+    };
+    ($core:ident, direct) => {
+        core_methods!(@pymethods $core {
             /// Seconds between cells.
             fn interval(&self) -> f64 {
                 self.0.quota().1
@@ -78,19 +100,6 @@ macro_rules! core_methods {
                     }
                 }
                 self.1.call(py, slow_args(py, None, n, timeout)?)
-            }
-
-            /// Where an `acquire` that must wait goes (`ready.rs`): set once.
-            fn bind(&self, method: Py<PyAny>) -> PyResult<()> {
-                self.1.bind(method)
-            }
-
-            fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-                self.1.traverse(&visit)
-            }
-
-            fn __clear__(&self) {
-                self.1.clear()
             }
 
             fn acquire_now(&self, py: Python<'_>, n: u32) -> PyResult<bool> {
@@ -128,10 +137,6 @@ macro_rules! core_methods {
                 self.0.acquire_blocking(py, &(), n, timeout)
             }
 
-            fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
-                self.0.set_quota(count, per, burst)
-            }
-
             fn hold(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
                 self.0.hold(py, &(), seconds)
             }
@@ -139,15 +144,10 @@ macro_rules! core_methods {
             fn reset(&self) -> PyResult<()> {
                 self.0.reset(&())
             }
-        }
+        });
     };
     ($core:ident, keyed) => {
-        #[pymethods]
-        impl $core {
-            fn burst(&self) -> u32 {
-                self.0.burst()
-            }
-
+        core_methods!(@pymethods $core {
             /// True, False, or `TABLE_FULL` (a new key with no room to store it).
             /// `KeyedLimiter.try_acquire` itself: True, False, or `TABLE_FULL` (a new key
             /// with no room to store it); the arguments checked as the Python layer does.
@@ -184,19 +184,6 @@ macro_rules! core_methods {
                     }
                 }
                 self.1.call(py, slow_args(py, Some(key), n, timeout)?)
-            }
-
-            /// Where an `acquire` that must wait goes (`ready.rs`): set once.
-            fn bind(&self, method: Py<PyAny>) -> PyResult<()> {
-                self.1.bind(method)
-            }
-
-            fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-                self.1.traverse(&visit)
-            }
-
-            fn __clear__(&self) {
-                self.1.clear()
             }
 
             fn acquire_now(&self, py: Python<'_>, key: &str, n: u32) -> PyResult<bool> {
@@ -243,10 +230,6 @@ macro_rules! core_methods {
                 self.0.acquire_blocking(py, key, n, timeout)
             }
 
-            fn set_quota(&self, count: u32, per: f64, burst: u32) -> PyResult<()> {
-                self.0.set_quota(count, per, burst)
-            }
-
             fn hold(&self, py: Python<'_>, key: &str, seconds: f64) -> PyResult<()> {
                 self.0.hold(py, key, seconds)
             }
@@ -258,7 +241,7 @@ macro_rules! core_methods {
             fn __len__(&self) -> usize {
                 self.len()
             }
-        }
+        });
     };
 }
 
@@ -327,54 +310,48 @@ pub(crate) fn new_keyed_core(
     Ok(KeyedCore(Pair::new(Arc::new(booked), exec), Slow::new()))
 }
 
-/// Opens (or makes) the shared file at `path`; the execution cell is the file's second
-/// lane, so the bound at the moment work runs holds across the processes too.
-#[pyfunction]
-#[pyo3(signature = (path, count, per, burst, execution_bound, mismatch, trust_user=None, trust_group=None))]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn new_shared_core(
-    py: Python<'_>,
-    path: std::path::PathBuf,
-    count: u32,
-    per: f64,
-    burst: u32,
-    execution_bound: bool,
-    mismatch: &str,
-    trust_user: Option<u32>,
-    trust_group: Option<u32>,
-) -> PyResult<SharedCore> {
-    let quota = quota(count, per, burst)?;
-    let options = open_options(mismatch, trust_user, trust_group, None)?;
-    let booked = py
-        .detach(|| SharedLimiter::open_with(&path, quota, options))
-        .map_err(shared_error)?;
-    let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
-    Ok(SharedCore(Pair::new(Arc::new(booked), exec), Slow::new()))
+/// A constructor of a shared core: opens (or makes) the shared file at `path` with
+/// `$open` (of the path, the quota and the options, and the constructor's own arguments);
+/// the execution cell is the file's second lane, so the bound at the moment work runs
+/// holds across the processes too.
+macro_rules! shared_core_constructor {
+    (
+        fn $name:ident($($arg:ident: $ty:ty),*) -> $core:ident
+            = |$path:ident, $quota:ident, $options:ident| $open:expr
+    ) => {
+        #[pyfunction]
+        #[pyo3(signature = (
+            path, count, per, burst, execution_bound, $($arg,)* mismatch, trust_user=None,
+            trust_group=None
+        ))]
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn $name(
+            py: Python<'_>,
+            $path: std::path::PathBuf,
+            count: u32,
+            per: f64,
+            burst: u32,
+            execution_bound: bool,
+            $($arg: $ty,)*
+            mismatch: &str,
+            trust_user: Option<u32>,
+            trust_group: Option<u32>,
+        ) -> PyResult<$core> {
+            let $quota = quota(count, per, burst)?;
+            let $options = open_options(mismatch, trust_user, trust_group, None)?;
+            let booked = py.detach(|| $open).map_err(shared_error)?;
+            let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
+            Ok($core(Pair::new(Arc::new(booked), exec), Slow::new()))
+        }
+    };
 }
 
-#[pyfunction]
-#[pyo3(signature = (path, count, per, burst, execution_bound, capacity, mismatch, trust_user=None, trust_group=None))]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn new_shared_keyed_core(
-    py: Python<'_>,
-    path: std::path::PathBuf,
-    count: u32,
-    per: f64,
-    burst: u32,
-    execution_bound: bool,
-    capacity: u64,
-    mismatch: &str,
-    trust_user: Option<u32>,
-    trust_group: Option<u32>,
-) -> PyResult<SharedKeyedCore> {
-    let quota = quota(count, per, burst)?;
-    let options = open_options(mismatch, trust_user, trust_group, None)?;
-    let booked = py
-        .detach(|| SharedKeyedLimiter::open_with(&path, quota, capacity, options))
-        .map_err(shared_error)?;
-    let exec = execution_bound.then(|| Arc::new(booked.execution_lane()));
-    Ok(SharedKeyedCore(
-        Pair::new(Arc::new(booked), exec),
-        Slow::new(),
-    ))
+shared_core_constructor! {
+    fn new_shared_core() -> SharedCore
+        = |path, quota, options| SharedLimiter::open_with(&path, quota, options)
+}
+
+shared_core_constructor! {
+    fn new_shared_keyed_core(capacity: u64) -> SharedKeyedCore
+        = |path, quota, options| SharedKeyedLimiter::open_with(&path, quota, capacity, options)
 }

@@ -16,7 +16,7 @@ use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::args::{max_wait, quota};
+use crate::args::{max_wait, quota, rate_rows};
 use crate::budget::{budget_error, hold_seconds};
 
 create_exception!(
@@ -85,221 +85,221 @@ pub(crate) fn new_fleet_budget(
     Ok(FleetCore { rules })
 }
 
+/// Where a decision is made: the budget's value as read, the server's time in
+/// nanoseconds, and the caller's owner id.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    value: Option<&'a [u8]>,
+    now: u64,
+    owner: u64,
+}
+
 impl FleetCore {
-    /// Decides `op` on `value` at the server's time; the outcome and the write.
-    fn decide(
-        &self,
-        value: Option<&[u8]>,
-        now: u64,
-        owner: u64,
-        op: FleetOp<'_>,
-    ) -> PyResult<(FleetOutcome, Option<FleetWrite>)> {
-        let d = self.rules.decide(value, now, owner, op).map_err(foreign)?;
+    /// Decides `op` on the value at `at`; the outcome and the write.
+    fn decide(&self, at: At<'_>, op: FleetOp<'_>) -> PyResult<(FleetOutcome, Option<FleetWrite>)> {
+        let d = self
+            .rules
+            .decide(at.value, at.now, at.owner, op)
+            .map_err(foreign)?;
         Ok((d.outcome, d.write))
     }
 }
 
-#[pymethods]
-impl FleetCore {
-    /// Each dimension's cells for `costs` (a `ValueError` for costs no turn can have).
-    fn cells(&self, costs: Vec<(String, u32)>) -> PyResult<Vec<u32>> {
-        Ok(self
-            .rules
-            .cells(&named(&costs))
-            .map_err(budget_error)?
-            .into())
-    }
-
-    /// Each dimension's settled cells for `costs` (`None` where not named).
-    fn settled(&self, costs: Vec<(String, u32)>) -> PyResult<Vec<Option<u32>>> {
-        Ok(self
-            .rules
-            .settled(&named(&costs))
-            .map_err(budget_error)?
-            .into())
-    }
-
-    /// Dimension `name`'s index (a `ValueError` for a name the budget lacks).
-    fn index(&self, name: &str) -> PyResult<usize> {
-        self.rules.index(name).map_err(budget_error)
-    }
-
-    /// The dimensions, sorted by name: `(name, interval in ns, burst)`.
-    fn rates(&self) -> Vec<(String, u64, u32)> {
-        self.rules
-            .dimensions()
-            .map(|(n, q)| {
-                let interval = u64::try_from(q.emission_interval().as_nanos()).unwrap_or(u64::MAX);
-                (n.to_owned(), interval, q.burst())
-            })
-            .collect()
-    }
-
-    /// The in-flight cap.
-    fn cap(&self) -> Option<u32> {
-        self.rules.cap()
-    }
-
-    /// A turn now: its ticket, or `None` (it would wait).
-    #[allow(clippy::too_many_arguments)]
-    fn try_now(
-        &self,
-        py: Python<'_>,
-        value: Option<&[u8]>,
-        secs: u64,
-        micros: u64,
-        owner: u64,
-        cells: Vec<u32>,
-    ) -> PyResult<(Option<u64>, Write)> {
-        let op = FleetOp::TryNow { cells: &cells };
-        let (outcome, w) = self.decide(value, server_ns(secs, micros), owner, op)?;
-        let ticket = match outcome {
-            FleetOutcome::Admitted { ticket } => Some(ticket),
-            FleetOutcome::Refused(BudgetError::WouldWait) => None,
-            FleetOutcome::Refused(e) => return Err(budget_error(e)),
-            FleetOutcome::Full => return Err(full()),
-            other => unreachable!("a try is admitted or refused: {other:?}"),
-        };
-        Ok((ticket, write(py, w)))
-    }
-
-    /// Ends caller `ticket` of `owner`: settled (`actual`) or closed at its estimate.
-    /// Whether it was on record.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (value, secs, micros, owner, ticket, charged, actual=None))]
-    fn end(
-        &self,
-        py: Python<'_>,
-        value: Option<&[u8]>,
-        secs: u64,
-        micros: u64,
-        owner: u64,
-        ticket: u64,
-        charged: Vec<u32>,
-        actual: Option<Vec<Option<u32>>>,
-    ) -> PyResult<(bool, Write)> {
-        let op = FleetOp::End {
-            ticket,
-            charged: &charged,
-            actual: actual.as_deref(),
-        };
-        let (outcome, w) = self.decide(value, server_ns(secs, micros), owner, op)?;
-        Ok((outcome == FleetOutcome::Ended(true), write(py, w)))
-    }
-
-    /// Renews `owner`'s lease.
-    fn renew(
-        &self,
-        py: Python<'_>,
-        value: Option<&[u8]>,
-        secs: u64,
-        micros: u64,
-        owner: u64,
-    ) -> PyResult<Write> {
-        let (_, w) = self.decide(value, server_ns(secs, micros), owner, FleetOp::Renew)?;
-        Ok(write(py, w))
-    }
-
-    /// `(in_flight, waiting, remaining per dimension)`.
-    #[allow(clippy::type_complexity)]
-    fn look(
-        &self,
-        py: Python<'_>,
-        value: Option<&[u8]>,
-        secs: u64,
-        micros: u64,
-        owner: u64,
-    ) -> PyResult<((u32, usize, Vec<u32>), Write)> {
-        let (outcome, w) = self.decide(value, server_ns(secs, micros), owner, FleetOp::Look)?;
-        match outcome {
-            FleetOutcome::Looked {
-                in_flight,
-                waiting,
-                remaining,
-            } => Ok(((in_flight, waiting, remaining.into()), write(py, w))),
-            other => unreachable!("a look is answered by a read: {other:?}"),
-        }
-    }
-
-    /// Seconds a turn of `cells` would wait by the rates (`inf`: never).
-    fn wait_time(
-        &self,
-        py: Python<'_>,
-        value: Option<&[u8]>,
-        secs: u64,
-        micros: u64,
-        owner: u64,
-        cells: Vec<u32>,
-    ) -> PyResult<(f64, Write)> {
-        let op = FleetOp::WaitTime { cells: &cells };
-        match self.decide(value, server_ns(secs, micros), owner, op)? {
-            (FleetOutcome::WaitTime(d), w) => {
-                let s = if d == Duration::MAX {
-                    f64::INFINITY
-                } else {
-                    d.as_secs_f64()
-                };
-                Ok((s, write(py, w)))
+/// A `#[pymethods]` block for `$class`: the `deciding` methods take, before their own
+/// arguments, what every decision is made at — the budget's value as redis-py read it
+/// (`value`), the server's `TIME` (`secs`, `micros`) and the caller's owner id (`owner`)
+/// — bound in their bodies as the [`At`] named in their heads; the `other` methods are
+/// as written.
+macro_rules! fleet_methods {
+    (
+        impl $class:ident {
+            deciding {
+                $(
+                    $(#[$attr:meta])*
+                    fn $name:ident(&$self:ident, $py:ident, $at:ident $(, $arg:ident: $ty:ty)* $(,)?)
+                        -> $out:ty $body:block
+                )*
             }
-            (other, _) => unreachable!("a wait time is answered by one: {other:?}"),
+            other { $($other:tt)* }
         }
-    }
-
-    /// Steers the budget by a response; how many of its dimensions it reported.
-    #[allow(clippy::too_many_arguments)]
-    fn follow(
-        &self,
-        py: Python<'_>,
-        value: Option<&[u8]>,
-        secs: u64,
-        micros: u64,
-        owner: u64,
-        status: u16,
-        headers: Vec<(String, Vec<u8>)>,
-        max_hold: f64,
-    ) -> PyResult<(usize, Write)> {
-        let max_hold = hold_seconds("max_hold", max_hold)?;
-        let fields = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
-        let signal = DimensionSignal::read(status, fields, SystemTime::now());
-        let op = FleetOp::Follow {
-            signal: &signal,
-            max_hold,
-        };
-        match self.decide(value, server_ns(secs, micros), owner, op)? {
-            (FleetOutcome::Followed(n), w) => Ok((n, write(py, w))),
-            (other, _) => unreachable!("a follow is answered by a count: {other:?}"),
+    ) => {
+        #[pymethods]
+        impl $class {
+            $(
+                $(#[$attr])*
+                #[allow(clippy::too_many_arguments)]
+                fn $name(
+                    &$self,
+                    $py: Python<'_>,
+                    value: Option<&[u8]>,
+                    secs: u64,
+                    micros: u64,
+                    owner: u64,
+                    $($arg: $ty,)*
+                ) -> PyResult<$out> {
+                    let $at = At {
+                        value,
+                        now: server_ns(secs, micros),
+                        owner,
+                    };
+                    $body
+                }
+            )*
+            $($other)*
         }
-    }
+    };
+}
 
-    /// Holds every turn for `seconds`.
-    fn hold(
-        &self,
-        py: Python<'_>,
-        value: Option<&[u8]>,
-        secs: u64,
-        micros: u64,
-        owner: u64,
-        seconds: f64,
-    ) -> PyResult<Write> {
-        let duration = hold_seconds("seconds", seconds)?;
-        let op = FleetOp::Hold { duration };
-        let (_, w) = self.decide(value, server_ns(secs, micros), owner, op)?;
-        Ok(write(py, w))
-    }
+fleet_methods! {
+    impl FleetCore {
+        deciding {
+            /// A turn now: its ticket, or `None` (it would wait).
+            fn try_now(&self, py, at, cells: Vec<u32>) -> (Option<u64>, Write) {
+                let (outcome, w) = self.decide(at, FleetOp::TryNow { cells: &cells })?;
+                let ticket = match outcome {
+                    FleetOutcome::Admitted { ticket } => Some(ticket),
+                    FleetOutcome::Refused(BudgetError::WouldWait) => None,
+                    FleetOutcome::Refused(e) => return Err(budget_error(e)),
+                    FleetOutcome::Full => return Err(full()),
+                    other => unreachable!("a try is admitted or refused: {other:?}"),
+                };
+                Ok((ticket, write(py, w)))
+            }
 
-    /// A waiter for `cells`, accepting at most `timeout` seconds (`None`: any wait).
-    #[pyo3(signature = (cells, timeout=None))]
-    fn waiter(slf: Py<Self>, cells: Vec<u32>, timeout: Option<f64>) -> PyResult<FleetWaiter> {
-        let max = max_wait(timeout)?;
-        let max = (max != Duration::MAX).then_some(max);
-        Ok(FleetWaiter {
-            core: slf,
-            cells,
-            state: Mutex::new(Waiter {
-                wait: FleetWait::new(max),
-                pending: None,
-            }),
-        })
+            /// Ends caller `ticket` of `owner`: settled (`actual`) or closed at its
+            /// estimate. Whether it was on record.
+            #[pyo3(signature = (value, secs, micros, owner, ticket, charged, actual=None))]
+            fn end(
+                &self,
+                py,
+                at,
+                ticket: u64,
+                charged: Vec<u32>,
+                actual: Option<Vec<Option<u32>>>,
+            ) -> (bool, Write) {
+                let op = FleetOp::End {
+                    ticket,
+                    charged: &charged,
+                    actual: actual.as_deref(),
+                };
+                let (outcome, w) = self.decide(at, op)?;
+                Ok((outcome == FleetOutcome::Ended(true), write(py, w)))
+            }
+
+            /// Renews `owner`'s lease.
+            fn renew(&self, py, at) -> Write {
+                let (_, w) = self.decide(at, FleetOp::Renew)?;
+                Ok(write(py, w))
+            }
+
+            /// `(in_flight, waiting, remaining per dimension)`.
+            fn look(&self, py, at) -> ((u32, usize, Vec<u32>), Write) {
+                match self.decide(at, FleetOp::Look)? {
+                    (
+                        FleetOutcome::Looked {
+                            in_flight,
+                            waiting,
+                            remaining,
+                        },
+                        w,
+                    ) => Ok(((in_flight, waiting, remaining.into()), write(py, w))),
+                    (other, _) => unreachable!("a look is answered by a read: {other:?}"),
+                }
+            }
+
+            /// Seconds a turn of `cells` would wait by the rates (`inf`: never).
+            fn wait_time(&self, py, at, cells: Vec<u32>) -> (f64, Write) {
+                match self.decide(at, FleetOp::WaitTime { cells: &cells })? {
+                    (FleetOutcome::WaitTime(d), w) => {
+                        let s = if d == Duration::MAX {
+                            f64::INFINITY
+                        } else {
+                            d.as_secs_f64()
+                        };
+                        Ok((s, write(py, w)))
+                    }
+                    (other, _) => unreachable!("a wait time is answered by one: {other:?}"),
+                }
+            }
+
+            /// Steers the budget by a response; how many of its dimensions it reported.
+            fn follow(
+                &self,
+                py,
+                at,
+                status: u16,
+                headers: Vec<(String, Vec<u8>)>,
+                max_hold: f64,
+            ) -> (usize, Write) {
+                let max_hold = hold_seconds("max_hold", max_hold)?;
+                let fields = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
+                let signal = DimensionSignal::read(status, fields, SystemTime::now());
+                let op = FleetOp::Follow {
+                    signal: &signal,
+                    max_hold,
+                };
+                match self.decide(at, op)? {
+                    (FleetOutcome::Followed(n), w) => Ok((n, write(py, w))),
+                    (other, _) => unreachable!("a follow is answered by a count: {other:?}"),
+                }
+            }
+
+            /// Holds every turn for `seconds`.
+            fn hold(&self, py, at, seconds: f64) -> Write {
+                let duration = hold_seconds("seconds", seconds)?;
+                let (_, w) = self.decide(at, FleetOp::Hold { duration })?;
+                Ok(write(py, w))
+            }
+        }
+        other {
+            /// Each dimension's cells for `costs` (a `ValueError` for costs no turn can have).
+            fn cells(&self, costs: Vec<(String, u32)>) -> PyResult<Vec<u32>> {
+                Ok(self
+                    .rules
+                    .cells(&named(&costs))
+                    .map_err(budget_error)?
+                    .into())
+            }
+
+            /// Each dimension's settled cells for `costs` (`None` where not named).
+            fn settled(&self, costs: Vec<(String, u32)>) -> PyResult<Vec<Option<u32>>> {
+                Ok(self
+                    .rules
+                    .settled(&named(&costs))
+                    .map_err(budget_error)?
+                    .into())
+            }
+
+            /// Dimension `name`'s index (a `ValueError` for a name the budget lacks).
+            fn index(&self, name: &str) -> PyResult<usize> {
+                self.rules.index(name).map_err(budget_error)
+            }
+
+            /// The dimensions, sorted by name: `(name, interval in ns, burst)`.
+            fn rates(&self) -> Vec<(String, u64, u32)> {
+                rate_rows(self.rules.dimensions())
+            }
+
+            /// The in-flight cap.
+            fn cap(&self) -> Option<u32> {
+                self.rules.cap()
+            }
+
+            /// A waiter for `cells`, accepting at most `timeout` seconds (`None`: any wait).
+            #[pyo3(signature = (cells, timeout=None))]
+            fn waiter(slf: Py<Self>, cells: Vec<u32>, timeout: Option<f64>) -> PyResult<FleetWaiter> {
+                let max = max_wait(timeout)?;
+                let max = (max != Duration::MAX).then_some(max);
+                Ok(FleetWaiter {
+                    core: slf,
+                    cells,
+                    state: Mutex::new(Waiter {
+                        wait: FleetWait::new(max),
+                        pending: None,
+                    }),
+                })
+            }
+        }
     }
 }
 
@@ -324,75 +324,71 @@ impl FleetWaiter {
     }
 }
 
-#[pymethods]
-impl FleetWaiter {
-    /// Decides this caller's next ask on `value` at the server's time: the write it
-    /// needs (`None`: nothing to write; `answer` next either way).
-    fn decide(
-        &self,
-        py: Python<'_>,
-        value: Option<&[u8]>,
-        secs: u64,
-        micros: u64,
-        owner: u64,
-    ) -> PyResult<Write> {
-        let now = server_ns(secs, micros);
-        let mut state = self.state();
-        let op = state.wait.op(&self.cells, now);
-        let (outcome, w) = self.core.get().decide(value, now, owner, op)?;
-        state.pending = Some((outcome, now));
-        Ok(write(py, w))
-    }
-
-    /// The ticket this caller may be on record with (to leave the queue with, or to end
-    /// an admission never handed over).
-    fn ticket(&self) -> Option<u64> {
-        let state = self.state();
-        match &state.pending {
-            Some((FleetOutcome::Admitted { ticket } | FleetOutcome::Waiting { ticket, .. }, _)) => {
-                Some(*ticket)
+fleet_methods! {
+    impl FleetWaiter {
+        deciding {
+            /// Decides this caller's next ask on `value` at the server's time: the write it
+            /// needs (`None`: nothing to write; `answer` next either way).
+            fn decide(&self, py, at) -> Write {
+                let mut state = self.state();
+                let op = state.wait.op(&self.cells, at.now);
+                let (outcome, w) = self.core.get().decide(at, op)?;
+                state.pending = Some((outcome, at.now));
+                Ok(write(py, w))
             }
-            _ => state.wait.ticket(),
         }
-    }
+        other {
+            /// The ticket this caller may be on record with (to leave the queue with, or to end
+            /// an admission never handed over).
+            fn ticket(&self) -> Option<u64> {
+                let state = self.state();
+                match &state.pending {
+                    Some((FleetOutcome::Admitted { ticket } | FleetOutcome::Waiting { ticket, .. }, _)) => {
+                        Some(*ticket)
+                    }
+                    _ => state.wait.ticket(),
+                }
+            }
 
-    /// The decision, written: the ticket once admitted, `None` while waiting (`look`
-    /// says when to ask again); `TimeoutError` past a deadline, `RuntimeError` for a
-    /// budget full of callers.
-    fn answer(&self, head: u64, queue: u64, local_ns: u64) -> PyResult<Option<u64>> {
-        let mut state = self.state();
-        let Some((outcome, now)) = state.pending.take() else {
-            return Err(PyRuntimeError::new_err("answer() before decide()"));
-        };
-        match state.wait.answer(outcome, (head, queue), now, local_ns) {
-            FleetNext::Admitted { ticket } => Ok(Some(ticket)),
-            FleetNext::Waiting => Ok(None),
-            FleetNext::Failed(FleetOutcome::Refused(e)) => Err(budget_error(e)),
-            FleetNext::Failed(FleetOutcome::Full) => Err(full()),
-            FleetNext::Failed(other) => unreachable!("a wait fails refused or full: {other:?}"),
-            _ => unreachable!("FleetNext has no other outcome"),
+            /// The decision, written: the ticket once admitted, `None` while waiting (`look`
+            /// says when to ask again); `TimeoutError` past a deadline, `RuntimeError` for a
+            /// budget full of callers.
+            fn answer(&self, head: u64, queue: u64, local_ns: u64) -> PyResult<Option<u64>> {
+                let mut state = self.state();
+                let Some((outcome, now)) = state.pending.take() else {
+                    return Err(PyRuntimeError::new_err("answer() before decide()"));
+                };
+                match state.wait.answer(outcome, (head, queue), now, local_ns) {
+                    FleetNext::Admitted { ticket } => Ok(Some(ticket)),
+                    FleetNext::Waiting => Ok(None),
+                    FleetNext::Failed(FleetOutcome::Refused(e)) => Err(budget_error(e)),
+                    FleetNext::Failed(FleetOutcome::Full) => Err(full()),
+                    FleetNext::Failed(other) => unreachable!("a wait fails refused or full: {other:?}"),
+                    _ => unreachable!("FleetNext has no other outcome"),
+                }
+            }
+
+            /// With the epochs just read (`None`: none since the answer) at the local clock:
+            /// `None` to ask again now, else seconds to sleep before reading them again.
+            #[pyo3(signature = (epochs, local_ns))]
+            fn look(&self, epochs: Option<(u64, u64)>, local_ns: u64) -> Option<f64> {
+                match self.state().wait.look(epochs, local_ns) {
+                    FleetLook::Ask => None,
+                    FleetLook::Sleep(d) => Some(d.as_secs_f64()),
+                    _ => None,
+                }
+            }
+
+            /// Whether its next ask is urgent (it was the head or the next in line).
+            fn urgent(&self) -> bool {
+                self.state().wait.urgent()
+            }
+
+            /// Its cells.
+            fn cells(&self) -> Vec<u32> {
+                self.cells.clone()
+            }
         }
-    }
-
-    /// With the epochs just read (`None`: none since the answer) at the local clock:
-    /// `None` to ask again now, else seconds to sleep before reading them again.
-    #[pyo3(signature = (epochs, local_ns))]
-    fn look(&self, epochs: Option<(u64, u64)>, local_ns: u64) -> Option<f64> {
-        match self.state().wait.look(epochs, local_ns) {
-            FleetLook::Ask => None,
-            FleetLook::Sleep(d) => Some(d.as_secs_f64()),
-            _ => None,
-        }
-    }
-
-    /// Whether its next ask is urgent (it was the head or the next in line).
-    fn urgent(&self) -> bool {
-        self.state().wait.urgent()
-    }
-
-    /// Its cells.
-    fn cells(&self) -> Vec<u32> {
-        self.cells.clone()
     }
 }
 

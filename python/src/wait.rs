@@ -116,15 +116,38 @@ impl Ticket {
 pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(20);
 
 /// Unparks the blocked thread when its turn is fired.
-pub(crate) struct Unpark(Thread);
+struct Unpark(Thread);
 
 impl Wake for Unpark {
+    // `wake_by_ref` is the trait's: a reference count more, once per wake-up.
     fn wake(self: Arc<Self>) {
         self.0.unpark();
     }
+}
+
+/// A waker that unparks this thread (a blocked caller parks between polls).
+pub(crate) fn unparker() -> Waker {
+    Waker::from(Arc::new(Unpark(thread::current())))
+}
+
+/// A waker that calls the Python callable `wake`, from whichever thread wakes it: an
+/// event loop's way to be told to poll again.
+pub(crate) fn calling(wake: Py<PyAny>) -> Waker {
+    Waker::from(Arc::new(CallBack(wake)))
+}
+
+struct CallBack(Py<PyAny>);
+
+impl Wake for CallBack {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
+        Python::attach(|py| {
+            // A loop closed meanwhile: its waiter is gone too.
+            let _ = self.0.call0(py);
+        });
     }
 }
 
@@ -133,7 +156,7 @@ impl Wake for Unpark {
 /// (Ctrl-C's `KeyboardInterrupt`) ends the wait with its exception, and `held` is dropped,
 /// which gives the cells back if the turn has not come.
 pub(crate) fn block(py: Python<'_>, mut held: Held) -> PyResult<()> {
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let waker = unparker();
     let mut cx = Context::from_waker(&waker);
     loop {
         if held.poll(&mut cx).is_ready() {
@@ -155,7 +178,7 @@ pub(crate) fn block_until(
     mut held: Held,
     deadline: Option<std::time::Instant>,
 ) -> PyResult<()> {
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let waker = unparker();
     let mut cx = Context::from_waker(&waker);
     loop {
         if held.poll(&mut cx).is_ready() {

@@ -89,6 +89,27 @@ pub use future::Acquire;
 pub use ledger::LOG_CAPACITY;
 pub use turn::Turn;
 
+/// A budget builder's `rate` and `in_flight`, each with that builder's documentation:
+/// every builder (in-process, shared, Redis) gathers its dimensions in a `rates` field
+/// and its cap in an `in_flight` field, alike.
+macro_rules! rate_and_in_flight {
+    ($(#[$rate_doc:meta])* fn rate; $(#[$cap_doc:meta])* fn in_flight;) => {
+        $(#[$rate_doc])*
+        pub fn rate(mut self, name: impl Into<String>, quota: $crate::Quota) -> Self {
+            self.rates.push((name.into(), quota));
+            self
+        }
+
+        $(#[$cap_doc])*
+        pub fn in_flight(mut self, cap: u32) -> Self {
+            self.in_flight = Some(cap);
+            self
+        }
+    };
+}
+#[cfg(any(feature = "shared", feature = "redis"))]
+pub(crate) use rate_and_in_flight;
+
 /// Several rates and an in-flight cap that admit a caller together, in one FIFO turn.
 ///
 /// Built by [`Budget::builder`]. Clones share one budget (one queue, one state), so a
@@ -288,25 +309,21 @@ impl Budget {
 }
 
 impl<C: Clock> BudgetBuilder<C> {
-    /// Adds a dimension: `quota` of `name` (its burst is how many may go at once).
-    ///
-    /// # Examples
-    ///
-    /// See [`BudgetBuilder`].
-    pub fn rate(mut self, name: impl Into<String>, quota: Quota) -> Self {
-        self.rates.push((name.into(), quota));
-        self
-    }
+    rate_and_in_flight! {
+        /// Adds a dimension: `quota` of `name` (its burst is how many may go at once).
+        ///
+        /// # Examples
+        ///
+        /// See [`BudgetBuilder`].
+        fn rate;
 
-    /// Caps the calls in flight: turns admitted and not yet settled or dropped. `0` is an
-    /// error at [`BudgetBuilder::build`].
-    ///
-    /// # Examples
-    ///
-    /// See [`BudgetBuilder`].
-    pub fn in_flight(mut self, cap: u32) -> Self {
-        self.in_flight = Some(cap);
-        self
+        /// Caps the calls in flight: turns admitted and not yet settled or dropped. `0` is an
+        /// error at [`BudgetBuilder::build`].
+        ///
+        /// # Examples
+        ///
+        /// See [`BudgetBuilder`].
+        fn in_flight;
     }
 
     /// Uses `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests, a runtime's

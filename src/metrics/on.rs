@@ -118,21 +118,25 @@ fn describe() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
         use ::metrics::Unit;
-        ::metrics::describe_counter!(
-            "paceline_admitted_total",
-            Unit::Count,
-            "Requests admitted at once"
-        );
-        ::metrics::describe_counter!(
-            "paceline_waited_total",
-            Unit::Count,
-            "Requests admitted after waiting their turn"
-        );
-        ::metrics::describe_counter!(
-            "paceline_refused_total",
-            Unit::Count,
-            "Requests this limit refused"
-        );
+        const COUNTERS: [(&str, &str); 5] = [
+            ("paceline_admitted_total", "Requests admitted at once"),
+            (
+                "paceline_waited_total",
+                "Requests admitted after waiting their turn",
+            ),
+            ("paceline_refused_total", "Requests this limit refused"),
+            (
+                "paceline_redis_failures_total",
+                "Redis calls that failed, by kind",
+            ),
+            (
+                "paceline_redis_policy_total",
+                "Decisions the failure policy made while Redis could not answer",
+            ),
+        ];
+        for (name, description) in COUNTERS {
+            ::metrics::describe_counter!(name, Unit::Count, description);
+        }
         ::metrics::describe_histogram!(
             "paceline_wait_seconds",
             Unit::Seconds,
@@ -142,16 +146,6 @@ fn describe() {
             "paceline_keys",
             Unit::Count,
             "Keys the limit stores (read at most once a second)"
-        );
-        ::metrics::describe_counter!(
-            "paceline_redis_failures_total",
-            Unit::Count,
-            "Redis calls that failed, by kind"
-        );
-        ::metrics::describe_counter!(
-            "paceline_redis_policy_total",
-            Unit::Count,
-            "Decisions the failure policy made while Redis could not answer"
         );
     });
 }

@@ -1,10 +1,13 @@
 //! The connection a [`RedisLimiter`](super::RedisLimiter) talks through: one Redis
 //! server, or (feature `redis-cluster`) a Redis Cluster routing each call by its key.
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use core::time::Duration;
 
-use super::limiter::CONNECT_TIMEOUT;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+/// How long connecting (and each answer while connecting) may take.
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Cheap to clone: every clone shares the underlying multiplexed connection(s).
 #[derive(Clone)]
@@ -63,7 +66,7 @@ pub(super) async fn load_scripts(conn: &Conn, scripts: &[&str]) -> redis::RedisR
         }
         Ok(())
     };
-    super::limiter::within(CONNECT_TIMEOUT, load).await
+    within(CONNECT_TIMEOUT, load).await
 }
 
 /// A connection to one server at `url`, reconnecting in the background, that has
@@ -77,6 +80,21 @@ pub(super) async fn node(url: &str) -> redis::RedisResult<Conn> {
         .set_number_of_retries(1);
     let mut conn = Conn::Node(ConnectionManager::new_with_config(client, config).await?);
     let ping = async { redis::cmd("PING").query_async::<String>(&mut conn).await };
-    super::limiter::within(CONNECT_TIMEOUT, ping).await?;
+    within(CONNECT_TIMEOUT, ping).await?;
     Ok(conn)
+}
+
+/// `call`'s answer, or a timeout error once `limit` has passed.
+pub(super) async fn within<T>(
+    limit: Duration,
+    call: impl core::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "timed out",
+            format!("no answer within {limit:?}"),
+        ))),
+    }
 }

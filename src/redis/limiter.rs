@@ -1,6 +1,7 @@
 //! The fleet limiter: connecting, deciding through the script, the local refusal cache,
 //! waiting booked turns.
 
+use super::conn::{within, CONNECT_TIMEOUT};
 use super::*;
 
 /// A limiter whose state lives in Redis, shared by every process that uses the same
@@ -47,9 +48,6 @@ impl fmt::Debug for RedisLimiter {
     }
 }
 
-/// How long connecting (and each answer while connecting) may take.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Redis time is in microseconds: a quota finer than that cannot be kept; and the script
 /// keeps windows up to `MAX_WINDOW` exact.
 pub(super) fn check_quota(quota: Quota) -> Result<(), RedisLimitError> {
@@ -74,21 +72,6 @@ pub(super) fn nanos(d: Duration) -> u64 {
 pub(super) fn nonce() -> u64 {
     use core::hash::BuildHasher;
     std::hash::RandomState::new().hash_one(Instant::now())
-}
-
-/// `call`'s answer, or a timeout error once `limit` has passed.
-pub(super) async fn within<T>(
-    limit: Duration,
-    call: impl core::future::Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(redis::RedisError::from((
-            redis::ErrorKind::Io,
-            "timed out",
-            format!("no answer within {limit:?}"),
-        ))),
-    }
 }
 
 /// Refused keys remembered locally at most (the map is cleared when it fills).

@@ -1,8 +1,10 @@
 //! What can go wrong opening or changing a shared file.
 
 use core::fmt;
-use std::path::PathBuf;
+use std::io;
+use std::path::{Path, PathBuf};
 
+use super::users::user_name;
 use crate::Quota;
 
 /// Why a shared file could not be opened (or its quota changed). Nothing was changed in a
@@ -423,31 +425,6 @@ impl fmt::Display for User {
     }
 }
 
-/// The name of user `uid` in the system's user database, if it has one.
-fn user_name(uid: u32) -> Option<String> {
-    let mut buffer = vec![0 as libc::c_char; 4096];
-    // SAFETY: an all-zero `passwd` is a valid value of that plain C struct.
-    let mut entry: libc::passwd = unsafe { core::mem::zeroed() };
-    let mut found: *mut libc::passwd = core::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call: `entry` and `found` for writes,
-    // `buffer` for `buffer.len()` bytes; the strings `entry` points to live in `buffer`.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut entry,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut found,
-        )
-    };
-    if rc != 0 || found.is_null() || entry.pw_name.is_null() {
-        return None;
-    }
-    // SAFETY: `pw_name` points to a NUL-terminated string inside `buffer`, alive here.
-    let name = unsafe { core::ffi::CStr::from_ptr(entry.pw_name) };
-    Some(name.to_string_lossy().into_owned())
-}
-
 /// A quota in words: "1 cell every 10ms, bursts of 5".
 struct Describe(Quota);
 
@@ -471,5 +448,14 @@ impl std::error::Error for SharedError {
             SharedError::Io { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+/// [`SharedError::Io`]: `doing` on `path` failed with `source`.
+pub(crate) fn io_error(path: &Path, doing: &'static str, source: io::Error) -> SharedError {
+    SharedError::Io {
+        path: path.to_owned(),
+        doing,
+        source,
     }
 }

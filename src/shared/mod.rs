@@ -87,6 +87,7 @@ mod quota;
 mod reservation;
 mod table;
 mod trust;
+mod users;
 
 use core::time::Duration;
 

@@ -28,8 +28,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
-use super::error::SharedError;
+use super::error::{io_error, SharedError};
 use super::options::OpenOptions;
+use super::users::member;
 
 /// This process's effective user id.
 fn me() -> u32 {
@@ -81,17 +82,7 @@ pub(super) fn check_file(
     } else {
         None
     };
-    match why {
-        None => Ok(()),
-        Some(why) => Err(SharedError::Untrusted {
-            path: path.to_owned(),
-            owner,
-            group,
-            mode,
-            user: me(),
-            why,
-        }),
-    }
+    untrusted(meta, path, why)
 }
 
 /// Refuses a directory that someone the caller does not trust owns or can swap files in
@@ -99,7 +90,7 @@ pub(super) fn check_file(
 pub(super) fn check_dir(dir: &File, path: &Path, options: &OpenOptions) -> Result<(), SharedError> {
     let meta = dir
         .metadata()
-        .map_err(|e| super::file::io_error(path, "read the directory's owner", e))?;
+        .map_err(|e| io_error(path, "read the directory's owner", e))?;
     let acl = grants_others(dir, meta.mode());
     let why = swappable(&meta, acl, options).map(|why| match why {
         Swap::Owner => "it is the file's directory, and another user owns it",
@@ -116,8 +107,8 @@ pub(super) fn check_way(file: &Path, options: &OpenOptions) -> Result<(), Shared
     let Some(dir) = file.parent() else {
         return Ok(());
     };
-    let resolved = std::fs::canonicalize(dir)
-        .map_err(|e| super::file::io_error(dir, "resolve the file's directory", e))?;
+    let resolved =
+        std::fs::canonicalize(dir).map_err(|e| io_error(dir, "resolve the file's directory", e))?;
     for way in [dir, resolved.as_path()] {
         // Every directory above the file's own (which `check_dir` checks).
         for above in way.ancestors().skip(1) {
@@ -128,7 +119,7 @@ pub(super) fn check_way(file: &Path, options: &OpenOptions) -> Result<(), Shared
         for part in way.components() {
             prefix.push(part);
             let meta = std::fs::symlink_metadata(&prefix)
-                .map_err(|e| super::file::io_error(&prefix, "read a directory on the way", e))?;
+                .map_err(|e| io_error(&prefix, "read a directory on the way", e))?;
             if meta.file_type().is_symlink() && !trusted_user(meta.uid(), options) {
                 return untrusted(
                     &meta,
@@ -143,11 +134,10 @@ pub(super) fn check_way(file: &Path, options: &OpenOptions) -> Result<(), Shared
 
 /// Refuses `dir`, a directory above the file's, if someone untrusted could swap it.
 fn check_step(dir: &Path, options: &OpenOptions) -> Result<(), SharedError> {
-    let opened = File::open(dir)
-        .map_err(|e| super::file::io_error(dir, "open a directory on the way", e))?;
+    let opened = File::open(dir).map_err(|e| io_error(dir, "open a directory on the way", e))?;
     let meta = opened
         .metadata()
-        .map_err(|e| super::file::io_error(dir, "read a directory on the way", e))?;
+        .map_err(|e| io_error(dir, "read a directory on the way", e))?;
     let acl = grants_others(&opened, meta.mode());
     let why = swappable(&meta, acl, options).map(|why| match why {
         Swap::Owner => "it is a directory on the way to the file, and another user owns it",
@@ -206,47 +196,6 @@ fn untrusted(meta: &Metadata, path: &Path, why: Option<&'static str>) -> Result<
             why,
         }),
     }
-}
-
-/// Whether user `uid` belongs to group `gid` (as its primary group or a supplementary one).
-fn member(uid: u32, gid: u32) -> bool {
-    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
-    // SAFETY: an all-zero `passwd` is a valid value of that plain C struct.
-    let mut entry: libc::passwd = unsafe { core::mem::zeroed() };
-    let mut found: *mut libc::passwd = core::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call: `entry` and `found` for writes,
-    // `buffer` for `buffer.len()` bytes.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut entry,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut found,
-        )
-    };
-    if rc != 0 || found.is_null() || entry.pw_name.is_null() {
-        return false;
-    }
-    if entry.pw_gid == gid {
-        return true;
-    }
-    let mut groups = vec![0 as libc::gid_t; 256];
-    let mut count = groups.len() as libc::c_int;
-    #[allow(clippy::unnecessary_cast)] // the argument's type differs between C libraries
-    let primary = entry.pw_gid as _;
-    // SAFETY: `pw_name` points into `buffer` (alive); `groups` holds `count` entries.
-    let rc = unsafe {
-        libc::getgrouplist(
-            entry.pw_name,
-            primary,
-            groups.as_mut_ptr().cast(),
-            &mut count,
-        )
-    };
-    #[allow(clippy::unnecessary_cast)] // `gid_t` differs between C libraries
-    let listed = |g: &libc::gid_t| *g as u32 == gid;
-    rc >= 0 && groups[..count.max(0) as usize].iter().any(listed)
 }
 
 /// The name of the extended attribute that holds a file's access ACL (Linux).

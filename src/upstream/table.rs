@@ -237,15 +237,16 @@ mod tests {
         pub(super) static SWEEPS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
     }
 
+    /// A table of at most `max` hosts configured at `quota`, on a clock set by hand.
+    fn table(quota: Quota, max: usize) -> (Followers<ManualClock>, ManualClock) {
+        let clock = ManualClock::new();
+        let hosts = Followers::with_clock(quota, FollowerConfig::default(), clock.clone());
+        (hosts.max_hosts(max), clock)
+    }
+
     #[test]
     fn a_table_full_of_busy_hosts_looks_for_idle_ones_only_as_it_doubles() {
-        let clock = ManualClock::new();
-        let hosts = Followers::with_clock(
-            Quota::per_second(1),
-            FollowerConfig::default(),
-            clock.clone(),
-        )
-        .max_hosts(64);
+        let (hosts, clock) = table(Quota::per_second(1), 64);
         SWEEPS.with(|n| n.set(0));
         for i in 0..10_000 {
             // Busy: a request taken, its quota not whole again for a second.
@@ -264,13 +265,7 @@ mod tests {
 
     #[test]
     fn idle_hosts_are_forgotten_oldest_first_and_busy_ones_never() {
-        let clock = ManualClock::new();
-        let hosts = Followers::with_clock(
-            Quota::per_second(10),
-            FollowerConfig::default(),
-            clock.clone(),
-        )
-        .max_hosts(4);
+        let (hosts, clock) = table(Quota::per_second(10), 4);
         let held = hosts.get("held");
         held.limiter().hold_for(Duration::from_secs(60));
         drop(held);

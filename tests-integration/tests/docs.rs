@@ -51,32 +51,30 @@ fn slug(heading: &str) -> String {
         .collect()
 }
 
-/// The anchors of a page's headings (outside code blocks).
-fn anchors(page: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
+/// A page's lines outside code blocks (their fences left out too).
+fn prose(page: &str) -> impl Iterator<Item = &str> {
     let mut in_code = false;
-    for line in page.lines() {
+    page.lines().filter(move |line| {
         if line.starts_with("```") {
             in_code = !in_code;
-        } else if !in_code && line.starts_with('#') {
-            out.insert(slug(line.trim_start_matches('#')));
+            return false;
         }
-    }
-    out
+        !in_code
+    })
+}
+
+/// The anchors of a page's headings (outside code blocks).
+fn anchors(page: &str) -> BTreeSet<String> {
+    prose(page)
+        .filter(|line| line.starts_with('#'))
+        .map(|line| slug(line.trim_start_matches('#')))
+        .collect()
 }
 
 /// Every `](target)` of a page outside code blocks.
 fn links(page: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut in_code = false;
-    for line in page.lines() {
-        if line.starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            continue;
-        }
+    for line in prose(page) {
         let mut rest = line;
         while let Some(at) = rest.find("](") {
             rest = &rest[at + 2..];

@@ -16,7 +16,7 @@ use paceline::Quota;
 
 #[path = "support/http_server.rs"]
 mod http_server;
-use http_server::{client, get_plain, per_ip, send, serve, serve_router, Reply};
+use http_server::{api_key, client, get_plain, per_ip, per_key, send, serve, serve_router, Reply};
 
 /// Asserts that `refused` is the `per-ip` limit's default 429 (no cell left) for
 /// `Retry-After: retry_after` and `t` seconds until full, under the policy item `policy`
@@ -123,12 +123,7 @@ async fn cached_refusals_carry_their_own_wait_and_time_until_full() {
 #[tokio::test]
 async fn each_key_has_its_own_budget() {
     let clock = ManualClock::new();
-    let by_key = Limit::with_clock(
-        "per-key",
-        Quota::per_hour(1),
-        KeySource::header(http::HeaderName::from_static("x-api-key")),
-        clock.clone(),
-    );
+    let by_key = per_key(&clock, Quota::per_hour(1));
     let addr = serve(RateLimitLayer::default().limit(by_key)).await;
     let with_key = |key: &'static str| move |b: http::request::Builder| b.header("x-api-key", key);
     assert_eq!(send(addr, with_key("a")).await.status, StatusCode::OK);
@@ -145,17 +140,19 @@ async fn each_key_has_its_own_budget() {
 #[tokio::test]
 async fn a_request_without_a_key_can_be_refused_instead() {
     let clock = ManualClock::new();
-    let by_key = Limit::with_clock(
-        "per-key",
-        Quota::per_hour(1),
-        KeySource::header(http::HeaderName::from_static("x-api-key")),
-        clock,
-    );
+    let by_key = per_key(&clock, Quota::per_hour(1));
     let layer = RateLimitLayer::default()
         .limit(by_key)
         .on_missing_key(MissingKey::Refuse(StatusCode::BAD_REQUEST));
     let addr = serve(layer).await;
     assert_eq!(get_plain(addr).await.status, StatusCode::BAD_REQUEST);
+}
+
+/// The status of a request to `addr` that says it was forwarded for `chain`
+/// (`X-Forwarded-For`).
+async fn forwarded_for(addr: std::net::SocketAddr, chain: &'static str) -> StatusCode {
+    let header = move |b: http::request::Builder| b.header("x-forwarded-for", chain);
+    send(addr, header).await.status
 }
 
 #[tokio::test]
@@ -172,17 +169,16 @@ async fn only_trusted_proxies_are_believed_and_the_spoofed_left_is_ignored() {
         clock.clone(),
     );
     let addr = serve(RateLimitLayer::default().limit(behind_lb)).await;
-    let xff = |v: &'static str| move |b: http::request::Builder| b.header("x-forwarded-for", v);
     assert_eq!(
-        send(addr, xff("6.6.6.6, 1.2.3.4, 10.0.0.9")).await.status,
+        forwarded_for(addr, "6.6.6.6, 1.2.3.4, 10.0.0.9").await,
         StatusCode::OK
     );
     // The client rewrote its left-most entry: still 1.2.3.4, still limited.
     assert_eq!(
-        send(addr, xff("7.7.7.7, 1.2.3.4")).await.status,
+        forwarded_for(addr, "7.7.7.7, 1.2.3.4").await,
         StatusCode::TOO_MANY_REQUESTS
     );
-    assert_eq!(send(addr, xff("1.2.3.5")).await.status, StatusCode::OK);
+    assert_eq!(forwarded_for(addr, "1.2.3.5").await, StatusCode::OK);
     // These proxies write X-Forwarded-For: a `Forwarded` header is the client's own, and
     // naming another address in it changes nothing (1.2.3.4 is still limited).
     let both = |b: http::request::Builder| {
@@ -202,9 +198,9 @@ async fn only_trusted_proxies_are_believed_and_the_spoofed_left_is_ignored() {
     // is the key and its claims change nothing.
     let direct = per_ip(&clock, Quota::per_hour(1));
     let addr = serve(RateLimitLayer::default().limit(direct)).await;
-    assert_eq!(send(addr, xff("1.1.1.1")).await.status, StatusCode::OK);
+    assert_eq!(forwarded_for(addr, "1.1.1.1").await, StatusCode::OK);
     assert_eq!(
-        send(addr, xff("2.2.2.2")).await.status,
+        forwarded_for(addr, "2.2.2.2").await,
         StatusCode::TOO_MANY_REQUESTS
     );
 }
@@ -219,20 +215,13 @@ async fn ipv6_clients_are_grouped_by_prefix() {
         clock.clone(),
     );
     let addr = serve(RateLimitLayer::default().limit(by_64)).await;
-    let xff = |v: &'static str| move |b: http::request::Builder| b.header("x-forwarded-for", v);
-    assert_eq!(
-        send(addr, xff("2001:db8:1:2::a")).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(forwarded_for(addr, "2001:db8:1:2::a").await, StatusCode::OK);
     // Another address of the same /64: the same client.
     assert_eq!(
-        send(addr, xff("2001:db8:1:2:ffff::b")).await.status,
+        forwarded_for(addr, "2001:db8:1:2:ffff::b").await,
         StatusCode::TOO_MANY_REQUESTS
     );
-    assert_eq!(
-        send(addr, xff("2001:db8:1:3::a")).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(forwarded_for(addr, "2001:db8:1:3::a").await, StatusCode::OK);
     // With /128, every address is its own client.
     let by_128 = Limit::with_clock(
         "per-ip",
@@ -241,19 +230,14 @@ async fn ipv6_clients_are_grouped_by_prefix() {
         clock,
     );
     let addr = serve(RateLimitLayer::default().limit(by_128)).await;
-    assert_eq!(send(addr, xff("2001:db8::a")).await.status, StatusCode::OK);
-    assert_eq!(send(addr, xff("2001:db8::b")).await.status, StatusCode::OK);
+    assert_eq!(forwarded_for(addr, "2001:db8::a").await, StatusCode::OK);
+    assert_eq!(forwarded_for(addr, "2001:db8::b").await, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn a_refusal_by_a_later_limit_spends_nothing_from_the_earlier() {
     let clock = ManualClock::new();
-    let per_key = Limit::with_clock(
-        "per-key",
-        Quota::per_hour(1),
-        KeySource::header(http::HeaderName::from_static("x-api-key")),
-        clock.clone(),
-    );
+    let per_key = per_key(&clock, Quota::per_hour(1));
     let global = Limit::with_clock(
         "global",
         Quota::per_second(1),
@@ -276,7 +260,7 @@ async fn a_refusal_by_a_later_limit_spends_nothing_from_the_earlier() {
 #[tokio::test]
 async fn in_wait_mode_a_refusal_by_a_later_limit_gives_the_earlier_cells_back() {
     let clock = ManualClock::new();
-    let header = KeySource::header(http::HeaderName::from_static("x-api-key"));
+    let header = api_key();
     // Per key: 10 per second, burst 1 (a second request books 100 ms ahead); then the
     // whole service: 1 per hour. Requests may wait up to 5 s.
     let per_key = Limit::with_clock(

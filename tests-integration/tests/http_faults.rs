@@ -12,11 +12,7 @@ use paceline::Quota;
 
 #[path = "support/http_server.rs"]
 mod http_server;
-use http_server::{get_plain, per_ip, send, serve, serve_router};
-
-fn api_key() -> KeySource {
-    KeySource::header(http::HeaderName::from_static("x-api-key"))
-}
+use http_server::{api_key, get_plain, per_ip, send, serve, serve_router};
 
 fn with_key(key: String) -> impl FnOnce(http::request::Builder) -> http::request::Builder {
     move |b| b.header("x-api-key", key)

@@ -123,15 +123,7 @@ async fn retry_after_and_t_are_never_shorter_than_the_wait() {
         // Three requests every 37 ms (81/s), more than any of these allows.
         let mut refusals = 0;
         for i in 0..600 {
-            let fields_or_ok = {
-                let service = layer.layer(tower::service_fn(|_: Request<Body>| async {
-                    Ok::<_, Infallible>(Response::new(Body::empty()))
-                }));
-                service
-                    .oneshot(Request::get("/").body(Body::empty()).unwrap())
-                    .await
-                    .unwrap()
-            };
+            let fields_or_ok = respond(&layer).await;
             if fields_or_ok.status() == 429 {
                 refusals += 1;
                 let header = |name: &str| fields_or_ok.headers()[name].to_str().unwrap().to_owned();
@@ -153,7 +145,8 @@ async fn retry_after_and_t_are_never_shorter_than_the_wait() {
     }
 }
 
-async fn call_with(layer: &RateLimitLayer<ManualClock>) -> u16 {
+/// The answer of `layer` around an empty `200` to a `GET /`.
+async fn respond(layer: &RateLimitLayer<ManualClock>) -> Response<Body> {
     let service = layer.layer(tower::service_fn(|_: Request<Body>| async {
         Ok::<_, Infallible>(Response::new(Body::empty()))
     }));
@@ -161,6 +154,8 @@ async fn call_with(layer: &RateLimitLayer<ManualClock>) -> u16 {
         .oneshot(Request::get("/").body(Body::empty()).unwrap())
         .await
         .unwrap()
-        .status()
-        .as_u16()
+}
+
+async fn call_with(layer: &RateLimitLayer<ManualClock>) -> u16 {
+    respond(layer).await.status().as_u16()
 }

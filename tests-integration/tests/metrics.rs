@@ -8,19 +8,17 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::routing::get;
-use axum::Router;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use paceline::clock::ManualClock;
 use paceline::http::{KeySource, Limit, RateLimitLayer};
-use paceline::redis::{FailurePolicy, RedisDenied, RedisLimiter};
+use paceline::redis::{FailurePolicy, RedisDenied};
 use paceline::Quota;
 
 #[path = "support/http_server.rs"]
 mod http_server;
-use http_server::{client, send, serve_router};
+use http_server::{client, send, serve, serve_real, serve_router};
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -116,12 +114,7 @@ async fn counts_follow_a_known_sequence_of_admissions_and_refusals() {
             KeySource::global(),
             clock.clone(),
         ));
-    let addr = serve_router(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(layer).await;
     let mut statuses = Vec::new();
     for _ in 0..5 {
         statuses.push(send(addr, |b| b).await.status);
@@ -154,12 +147,7 @@ async fn the_key_gauge_is_read_at_most_once_a_second() {
         header_key(),
         clock.clone(),
     ));
-    let addr = serve_router(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(layer).await;
     for client_name in ["x", "y", "z"] {
         assert_eq!(get_as(addr, client_name).await, StatusCode::OK);
     }
@@ -182,12 +170,7 @@ async fn waiting_requests_are_counted_with_their_waits() {
             KeySource::global(),
         ))
         .wait_up_to(Duration::from_secs(2));
-    let addr = serve_router(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(waits),
-    )
-    .await;
+    let addr = serve_real(waits).await;
     let requests: Vec<_> = (0..5).map(|_| tokio::spawn(send(addr, |b| b))).collect();
     for request in requests {
         assert_eq!(request.await.unwrap().status, StatusCode::OK);
@@ -214,12 +197,7 @@ async fn waiting_requests_are_counted_with_their_waits() {
             KeySource::global(),
         ))
         .wait_up_to(Duration::from_millis(100));
-    let addr = serve_router(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(refusing),
-    )
-    .await;
+    let addr = serve_real(refusing).await;
     assert_eq!(send(addr, |b| b).await.status, StatusCode::OK);
     assert_eq!(
         send(addr, |b| b).await.status,
@@ -236,13 +214,10 @@ async fn a_redis_limiter_counts_decisions_failures_and_what_its_policy_decided()
     let prometheus = prometheus();
     let server = Server::start();
     let quota = Quota::per_minute(2);
-    let closed = RedisLimiter::connect(&server.url(), quota)
+    let closed = server.limiter(quota).await.with_prefix("metrics-closed");
+    let open = server
+        .limiter(quota)
         .await
-        .unwrap()
-        .with_prefix("metrics-closed");
-    let open = RedisLimiter::connect(&server.url(), quota)
-        .await
-        .unwrap()
         .with_prefix("metrics-open")
         .on_failure(FailurePolicy::FailOpen)
         .with_timeout(Duration::from_millis(200));

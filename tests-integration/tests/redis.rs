@@ -41,9 +41,9 @@ fn decisions_equal_the_reference_model_at_the_same_time() {
             let quota = Quota::try_new(1, Duration::from_micros(interval_us))
                 .unwrap()
                 .with_burst(burst);
-            let limiter = RedisLimiter::connect(&server.url(), quota)
+            let limiter = server
+                .limiter(quota)
                 .await
-                .unwrap()
                 .with_prefix(&format!("model{case}"));
             let mut model = Model::new(quota);
             let start_us = 1_000_000_000u64;
@@ -78,8 +78,8 @@ fn two_clients_sharing_a_key_admit_exactly_the_bound() {
         // 0, 10 ms, ..., 990 ms: the bound for that second is 5 + 9 = 14 (cells at 0,
         // then one per 100 ms up to 900 ms).
         let quota = Quota::per_second(10).with_burst(5);
-        let a = RedisLimiter::connect(&server.url(), quota).await.unwrap();
-        let b = RedisLimiter::connect(&server.url(), quota).await.unwrap();
+        let a = server.limiter(quota).await;
+        let b = server.limiter(quota).await;
         let mut admitted = 0;
         for tick in 0..100u64 {
             let t = 5_000_000 + tick * 10_000;
@@ -100,9 +100,7 @@ fn two_clients_sharing_a_key_admit_exactly_the_bound() {
 fn the_real_clock_paces_and_a_refused_key_is_refused_locally() {
     let server = Server::start();
     runtime().block_on(async {
-        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(2))
-            .await
-            .unwrap();
+        let limiter = server.limiter(Quota::per_second(2)).await;
         assert!(limiter.check_key_n("k", 2).await.is_ok());
         let wait = match limiter.check_key("k").await {
             Err(RedisDenied::NotUntil(e)) => e.wait_time(),
@@ -171,9 +169,9 @@ fn the_server_going_away_applies_the_policy_and_service_resumes() {
 fn a_slow_server_times_out_and_a_flushed_script_cache_is_reloaded() {
     let server = Server::start();
     runtime().block_on(async {
-        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(100))
+        let limiter = server
+            .limiter(Quota::per_second(100))
             .await
-            .unwrap()
             .with_timeout(Duration::from_millis(100));
         assert!(limiter.check_key("k").await.is_ok());
         let client = redis::Client::open(server.url()).unwrap();
@@ -223,9 +221,7 @@ fn bad_input_gets_clear_errors() {
             RedisLimiter::connect(&server.url(), Quota::per_second(2_000_000)).await,
             Err(RedisLimitError::IntervalBelowMicrosecond)
         ));
-        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(1))
-            .await
-            .unwrap();
+        let limiter = server.limiter(Quota::per_second(1)).await;
         let long = "x".repeat(paceline::redis::MAX_KEY_LEN + 1);
         assert!(matches!(
             limiter.check_key(&long).await,
@@ -248,8 +244,8 @@ fn waiters_across_clients_are_served_in_booking_order() {
     runtime().block_on(async {
         // 20 per second, burst 1: after a spent cell, bookings are 50 ms apart.
         let quota = Quota::per_second(20).with_burst(1);
-        let a = std::sync::Arc::new(RedisLimiter::connect(&server.url(), quota).await.unwrap());
-        let b = std::sync::Arc::new(RedisLimiter::connect(&server.url(), quota).await.unwrap());
+        let a = std::sync::Arc::new(server.limiter(quota).await);
+        let b = std::sync::Arc::new(server.limiter(quota).await);
         assert!(a.check_key("q").await.is_ok());
         let start = std::time::Instant::now();
         let first = tokio::spawn({
@@ -283,9 +279,7 @@ fn waiters_across_clients_are_served_in_booking_order() {
 fn a_waiter_dropped_before_its_instant_gives_its_cell_back() {
     let server = Server::start();
     runtime().block_on(async {
-        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(1).with_burst(1))
-            .await
-            .unwrap();
+        let limiter = server.limiter(Quota::per_second(1).with_burst(1)).await;
         assert!(limiter.check_key("w").await.is_ok()); // the bucket is full again in 1 s
                                                        // A waiter booked 1 s ahead gives up after 50 ms.
         let gave_up =
@@ -318,9 +312,7 @@ fn the_limiter_loads_the_scripts_redis_scripts_exports() {
     // it must be the very text the limiter loads and runs.
     let server = Server::start();
     runtime().block_on(async {
-        let limiter = RedisLimiter::connect(&server.url(), Quota::per_second(10))
-            .await
-            .unwrap();
+        let limiter = server.limiter(Quota::per_second(10)).await;
         assert!(limiter.check_key("k").await.is_ok());
         let client = redis::Client::open(server.url()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();

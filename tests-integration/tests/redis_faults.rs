@@ -44,9 +44,9 @@ fn bookings_whose_answers_never_arrive_are_given_back() {
     runtime().block_on(async {
         // One cell per 10 s, burst 1, spent.
         let quota = Quota::per_minute(6).with_burst(1);
-        let limiter = RedisLimiter::connect(&server.url(), quota)
+        let limiter = server
+            .limiter(quota)
             .await
-            .unwrap()
             .with_timeout(Duration::from_millis(100));
         limiter.check_key("k").await.unwrap();
         // The server stalls for 0.7 s: waiters time out (their calls give up
@@ -98,9 +98,7 @@ fn bookings_whose_answers_never_arrive_are_given_back() {
 fn realtime_a_refusal_of_many_cells_refuses_no_fewer_locally() {
     let server = Server::start();
     runtime().block_on(async {
-        let limiter = RedisLimiter::connect(&server.url(), Quota::per_hour(100).with_burst(10))
-            .await
-            .unwrap();
+        let limiter = server.limiter(Quota::per_hour(100).with_burst(10)).await;
         limiter.check_key_n("k", 6).await.unwrap();
         assert!(matches!(
             limiter.check_key_n("k", 5).await,
@@ -131,9 +129,9 @@ fn fractional_microsecond_intervals_decide_as_the_in_process_model() {
             let quota = Quota::try_new(1, Duration::from_nanos(interval))
                 .unwrap()
                 .with_burst(burst);
-            let limiter = RedisLimiter::connect(&server.url(), quota)
+            let limiter = server
+                .limiter(quota)
                 .await
-                .unwrap()
                 .with_prefix(&format!("frac{interval}"));
             let mut model = Model::new(quota);
             let mut now_us = 1_000_000u64;
@@ -158,11 +156,11 @@ fn errors_redis_answered_are_not_outages() {
     let server = Server::start();
     runtime().block_on(async {
         let quota = Quota::per_minute(2).with_burst(5);
-        let open = RedisLimiter::connect(&server.url(), quota)
+        let open = server
+            .limiter(quota)
             .await
-            .unwrap()
             .on_failure(FailurePolicy::FailOpen);
-        let closed = RedisLimiter::connect(&server.url(), quota).await.unwrap();
+        let closed = server.limiter(quota).await;
         let mut admin = admin(&server).await;
         // Something else wrote a hash at the limiter's key: nothing is admitted.
         redis_cmd(&mut admin, &["HSET", "paceline:{hash}", "a", "1"]).await;
@@ -308,11 +306,11 @@ fn a_server_busy_with_another_clients_script_is_an_outage() {
     };
     let outcome = runtime().block_on(async {
         let quota = Quota::per_second(10);
-        let open = RedisLimiter::connect(&server.url(), quota)
+        let open = server
+            .limiter(quota)
             .await
-            .unwrap()
             .on_failure(FailurePolicy::FailOpen);
-        let closed = RedisLimiter::connect(&server.url(), quota).await.unwrap();
+        let closed = server.limiter(quota).await;
         // Another tenant's endless script: past its time limit Redis answers BUSY to all.
         let mut blocker = cli(&["EVAL", "while true do end", "0"]).spawn().unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;

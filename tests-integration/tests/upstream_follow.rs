@@ -29,6 +29,28 @@ fn middleware_client(layer: &PaceLayer) -> reqwest_middleware::ClientWithMiddlew
         .build()
 }
 
+/// 300 GETs of `upstream` from `tasks` tasks, through a client [`too_fast`] for it: all
+/// answered, at most 3 % refused on the way, in the time 300 take at the 50/s the
+/// upstream announces, and the first hold.
+async fn three_hundred_at_fifty_per_second(upstream: &Upstream, tasks: usize) {
+    let client = middleware_client(&PaceLayer::new(too_fast()));
+    let (statuses, elapsed) = calls(
+        &client,
+        &upstream.url(),
+        300,
+        tasks,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(statuses.iter().all(|s| *s == 200));
+    let (refused, _) = measure(&upstream.take_log());
+    assert!(refused <= 0.03, "{refused}");
+    assert!(
+        elapsed < Duration::from_secs_f64(300.0 / 50.0 / 0.9 + 1.5),
+        "{elapsed:?}"
+    );
+}
+
 /// `count` GETs of `url` from `tasks` tasks; the statuses, and how long they took. Fails
 /// after `limit`.
 async fn calls(
@@ -142,17 +164,7 @@ async fn parameters_the_client_does_not_use_are_skipped() {
         "\"default\";q=50;w=1;qu=\"request\";pk=:cHsxMjM0NQ==:",
     ))
     .await;
-    let client = middleware_client(&PaceLayer::new(too_fast()));
-    let (statuses, elapsed) =
-        calls(&client, &upstream.url(), 300, 30, Duration::from_secs(30)).await;
-    assert!(statuses.iter().all(|s| *s == 200));
-    let (refused, _) = measure(&upstream.take_log());
-    assert!(refused <= 0.03, "{refused}");
-    // 300 at the announced 50/s, and the first hold.
-    assert!(
-        elapsed < Duration::from_secs_f64(300.0 / 50.0 / 0.9 + 1.5),
-        "{elapsed:?}"
-    );
+    three_hundred_at_fifty_per_second(&upstream, 30).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,17 +227,7 @@ async fn booked_turns_move_to_a_lower_adopted_pace() {
     // 300 tasks book their turns at once, at 100/s; the policy the first refusal
     // announces must space them again at the upstream's pace.
     let upstream = Upstream::start(Behavior::default()).await;
-    let client = middleware_client(&PaceLayer::new(too_fast()));
-    let (statuses, elapsed) =
-        calls(&client, &upstream.url(), 300, 300, Duration::from_secs(30)).await;
-    assert!(statuses.iter().all(|s| *s == 200));
-    let (refused, _) = measure(&upstream.take_log());
-    assert!(refused <= 0.03, "{refused}");
-    // 300 at 50/s, and the first hold.
-    assert!(
-        elapsed < Duration::from_secs_f64(300.0 / 50.0 / 0.9 + 1.5),
-        "{elapsed:?}"
-    );
+    three_hundred_at_fifty_per_second(&upstream, 300).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -95,3 +95,20 @@ pub(crate) fn poll<F: std::future::Future + ?Sized>(
 ) -> std::task::Poll<F::Output> {
     future.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
 }
+
+/// The fused two-lane check (`check_n_with` and its keyed forms) as three steps, the model
+/// it is checked against: look at the execution lane `$exec` (`$peek`), and if the cells
+/// are there take them from the booking lane `$booked`, then from `$exec` (`$check`);
+/// with the arguments `$arg`. Returns from the function it stands in.
+#[allow(unused_macros)] // each test crate uses a different part
+macro_rules! stepwise {
+    ($booked:ident, $exec:ident, $peek:ident, $check:ident, $($arg:expr),+) => {{
+        if !$exec.$peek($($arg),+)?.is_zero() {
+            return Err($exec.$check($($arg),+).unwrap_err());
+        }
+        $booked.$check($($arg),+)?;
+        $exec.$check($($arg),+)
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use stepwise;

@@ -2,8 +2,8 @@
 //! polled from the event loop.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use paceline::http::{self as layer};
@@ -84,22 +84,6 @@ pub(crate) struct Waiting {
     pub(super) future: Mutex<Option<std::pin::Pin<Box<layer::Waiting<Bytes>>>>>,
 }
 
-/// Calls a Python callable when woken (from whichever thread wakes it).
-pub(super) struct CallBack(Py<PyAny>);
-
-impl Wake for CallBack {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        Python::attach(|py| {
-            // A loop closed meanwhile: the waiter is gone too.
-            let _ = self.0.call0(py);
-        });
-    }
-}
-
 #[pymethods]
 impl Waiting {
     /// Polls the wait: its outcome (`Admitted` or `Refused`) once the turn came, or None,
@@ -109,7 +93,7 @@ impl Waiting {
         let Some(future) = slot.as_mut() else {
             return Err(PyValueError::new_err("this wait is over"));
         };
-        let waker = Waker::from(Arc::new(CallBack(wake)));
+        let waker = crate::wait::calling(wake);
         let polled = future.as_mut().poll(&mut Context::from_waker(&waker));
         settled(py, &mut slot, polled)
     }

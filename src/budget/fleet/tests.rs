@@ -44,6 +44,21 @@ fn rules(cap: Option<u32>) -> FleetRules {
     FleetRules::new([("requests", Quota::per_second(10).with_burst(2))], cap).unwrap()
 }
 
+/// Rules with a cap of one in flight, a Redis without the budget, and one turn's cells.
+fn one_permit() -> (FleetRules, Redis, Box<[u32]>) {
+    let r = rules(Some(1));
+    let cells = r.cells(&[]).unwrap();
+    (r, Redis::default(), cells)
+}
+
+/// A new caller for `cells`, with no deadline.
+fn arrive(cells: &[u32]) -> FleetOp<'_> {
+    FleetOp::Arrive {
+        cells,
+        deadline: None,
+    }
+}
+
 fn ticket(o: FleetOutcome) -> u64 {
     match o {
         FleetOutcome::Admitted { ticket } | FleetOutcome::Waiting { ticket, .. } => ticket,
@@ -57,10 +72,7 @@ fn clients_share_one_fifo_queue_and_one_cap() {
     let mut redis = Redis::default();
     let (a, b) = (1, 2);
     let cells = r.cells(&[]).unwrap();
-    let arrive = FleetOp::Arrive {
-        cells: &cells,
-        deadline: None,
-    };
+    let arrive = arrive(&cells);
     let t1 = redis.run(&r, T0, a, arrive);
     assert!(matches!(t1, FleetOutcome::Admitted { .. }));
     assert!(matches!(
@@ -116,13 +128,8 @@ fn clients_share_one_fifo_queue_and_one_cap() {
 
 #[test]
 fn a_client_whose_lease_lapses_gives_its_permits_back() {
-    let r = rules(Some(1));
-    let mut redis = Redis::default();
-    let cells = r.cells(&[]).unwrap();
-    let arrive = FleetOp::Arrive {
-        cells: &cells,
-        deadline: None,
-    };
+    let (r, mut redis, cells) = one_permit();
+    let arrive = arrive(&cells);
     let (gone, me) = (1, 2);
     assert!(matches!(
         redis.run(&r, T0, gone, arrive),
@@ -150,14 +157,9 @@ fn a_client_whose_lease_lapses_gives_its_permits_back() {
 
 #[test]
 fn renewing_keeps_a_lease_and_writes_only_when_a_third_has_passed() {
-    let r = rules(Some(1));
-    let mut redis = Redis::default();
-    let cells = r.cells(&[]).unwrap();
+    let (r, mut redis, cells) = one_permit();
     let holder = 1;
-    let arrive = FleetOp::Arrive {
-        cells: &cells,
-        deadline: None,
-    };
+    let arrive = arrive(&cells);
     assert!(matches!(
         redis.run(&r, T0, holder, arrive),
         FleetOutcome::Admitted { .. }
@@ -187,9 +189,7 @@ fn renewing_keeps_a_lease_and_writes_only_when_a_third_has_passed() {
 
 #[test]
 fn an_owner_cannot_end_another_owners_caller() {
-    let r = rules(Some(1));
-    let mut redis = Redis::default();
-    let cells = r.cells(&[]).unwrap();
+    let (r, mut redis, cells) = one_permit();
     let t = ticket(redis.run(&r, T0, 1, FleetOp::TryNow { cells: &cells }));
     let end = FleetOp::End {
         ticket: t,
@@ -373,10 +373,7 @@ fn clients_run(ops: &[(u64, u8, u64, u32)]) -> Result<(), proptest::test_runner:
         let actual = r.settled(&[("tokens", tokens)]).unwrap();
         let held = |admitted: bool| mine.iter().position(|m| m.0 == owner && m.2 == admitted);
         let op = match (kind, held(false), held(true)) {
-            (0, _, _) => FleetOp::Arrive {
-                cells: &cells,
-                deadline: None,
-            },
+            (0, _, _) => arrive(&cells),
             (1, Some(i), _) => FleetOp::AskAgain {
                 ticket: mine[i].1,
                 cells: &cells,
@@ -427,13 +424,8 @@ fn random_clients_keep_the_cap_and_the_queue_in_order() {
 
 #[test]
 fn an_ask_that_changes_nothing_writes_nothing() {
-    let r = rules(Some(1));
-    let mut redis = Redis::default();
-    let cells = r.cells(&[]).unwrap();
-    let arrive = FleetOp::Arrive {
-        cells: &cells,
-        deadline: None,
-    };
+    let (r, mut redis, cells) = one_permit();
+    let arrive = arrive(&cells);
     // Two owners on record, each with a lease: the order of the leases is kept.
     redis.run(&r, T0, 1, arrive);
     let w = ticket(redis.run(&r, T0, 2, arrive));
@@ -458,9 +450,7 @@ fn an_ask_that_changes_nothing_writes_nothing() {
 
 #[test]
 fn a_turn_of_a_lost_budget_ends_nothing_in_the_one_made_again() {
-    let r = rules(Some(1));
-    let mut redis = Redis::default();
-    let cells = r.cells(&[]).unwrap();
+    let (r, mut redis, cells) = one_permit();
     let old = ticket(redis.run(&r, T0, 1, FleetOp::TryNow { cells: &cells }));
     // Redis restarts: the budget is made again, and the same client takes the permit.
     redis.value = None;

@@ -69,6 +69,11 @@ impl<C: Clock> core::fmt::Debug for Settle<C> {
 }
 
 impl<C: Clock> Settle<C> {
+    /// The handle of `turn`, for a response's extensions.
+    pub(super) fn of(turn: Turn<C>) -> Settle<C> {
+        Settle(Arc::new(Mutex::new(Some(turn))))
+    }
+
     /// Ends the turn with the real costs of the dimensions named
     /// ([`Turn::settle`]); `Ok(false)` if it has already ended.
     ///
@@ -256,21 +261,19 @@ where
             let turn = budget.acquire(&costs).await?;
             // An error drops the turn: it ends keeping its estimate.
             let mut response = inner.call(request).await.map_err(Into::into)?;
-            let signal = DimensionSignal::read(
-                response.status().as_u16(),
-                response
-                    .headers()
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
-                SystemTime::now(),
-            );
-            budget.follow(&signal, max_hold);
-            response
-                .extensions_mut()
-                .insert(Settle(Arc::new(Mutex::new(Some(turn)))));
+            budget.follow(&signal(response.status(), response.headers()), max_hold);
+            response.extensions_mut().insert(Settle::of(turn));
             Ok(response)
         })
     }
+}
+
+/// What a response's status and fields say of each dimension, read now.
+pub(super) fn signal(status: http::StatusCode, headers: &http::HeaderMap) -> DimensionSignal {
+    let fields = headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_bytes()));
+    DimensionSignal::read(status.as_u16(), fields, SystemTime::now())
 }
 
 #[cfg(test)]

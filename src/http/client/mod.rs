@@ -3,6 +3,35 @@
 //! `reqwest`); a tower layer that books each request on a [`Budget`](crate::budget::Budget)
 //! of several rates and follows each response's per-dimension fields ([`BudgetLayer`]).
 
+/// `reqwest_middleware::Middleware::handle`, its signature as `#[async_trait]` writes it
+/// (paceline does not depend on async-trait), answering with the future `$body`.
+#[cfg(feature = "reqwest")]
+macro_rules! middleware_handle {
+    (|$self:ident, $request:ident, $extensions:ident, $next:ident| $body:expr) => {
+        fn handle<'life0, 'life1, 'life2, 'async_trait>(
+            &'life0 $self,
+            $request: reqwest::Request,
+            $extensions: &'life1 mut http::Extensions,
+            $next: reqwest_middleware::Next<'life2>,
+        ) -> core::pin::Pin<
+            Box<
+                dyn core::future::Future<
+                        Output = reqwest_middleware::Result<reqwest::Response>,
+                    > + Send
+                    + 'async_trait,
+            >,
+        >
+        where
+            Self: 'async_trait,
+            'life0: 'async_trait,
+            'life1: 'async_trait,
+            'life2: 'async_trait,
+        {
+            Box::pin($body)
+        }
+    };
+}
+
 mod budget;
 pub use self::budget::{BoxError, BudgetLayer, BudgetService, Cost, Settle};
 #[cfg(feature = "reqwest")]

@@ -1,11 +1,9 @@
 //! [`PaceMiddleware`]: the client layer for reqwest, through reqwest-middleware.
 
-use core::future::Future;
-use core::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use reqwest_middleware::{Middleware, Next};
+use reqwest_middleware::Middleware;
 
 use super::{host_key, signal_of, PaceLayer};
 use crate::upstream::Followers;
@@ -98,64 +96,45 @@ impl PaceMiddleware {
 }
 
 impl Middleware for PaceMiddleware {
-    fn handle<'life0, 'life1, 'life2, 'async_trait>(
-        &'life0 self,
-        request: reqwest::Request,
-        extensions: &'life1 mut http::Extensions,
-        next: Next<'life2>,
-    ) -> Pin<
-        Box<
-            dyn Future<Output = reqwest_middleware::Result<reqwest::Response>>
-                + Send
-                + 'async_trait,
-        >,
-    >
-    where
-        Self: 'async_trait,
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        'life2: 'async_trait,
-    {
-        Box::pin(async move {
-            let url = request.url();
-            // `url` leaves a scheme's default port out, written or not.
-            let key = host_key(
-                url.host_str().unwrap_or_default(),
-                url.port_or_known_default(),
-                Some(url.scheme()),
-            );
-            let follower = self.hosts.get(&key);
-            let retryable = self.any_method || IDEMPOTENT.contains(&request.method().as_str());
-            let deadline = request.timeout().map(|t| (Instant::now(), *t));
-            let mut request = request;
-            let mut attempt = 0;
-            loop {
-                match deadline {
-                    Some((start, timeout)) => {
-                        let left = timeout.saturating_sub(start.elapsed());
-                        follower
-                            .until_ready_within(left)
-                            .await
-                            .map_err(reqwest_middleware::Error::middleware)?;
-                        *request.timeout_mut() = Some(timeout.saturating_sub(start.elapsed()));
-                    }
-                    None => follower.until_ready().await,
+    middleware_handle!(|self, request, extensions, next| async move {
+        let url = request.url();
+        // `url` leaves a scheme's default port out, written or not.
+        let key = host_key(
+            url.host_str().unwrap_or_default(),
+            url.port_or_known_default(),
+            Some(url.scheme()),
+        );
+        let follower = self.hosts.get(&key);
+        let retryable = self.any_method || IDEMPOTENT.contains(&request.method().as_str());
+        let deadline = request.timeout().map(|t| (Instant::now(), *t));
+        let mut request = request;
+        let mut attempt = 0;
+        loop {
+            match deadline {
+                Some((start, timeout)) => {
+                    let left = timeout.saturating_sub(start.elapsed());
+                    follower
+                        .until_ready_within(left)
+                        .await
+                        .map_err(reqwest_middleware::Error::middleware)?;
+                    *request.timeout_mut() = Some(timeout.saturating_sub(start.elapsed()));
                 }
-                let again = (retryable && attempt < self.retries)
-                    .then(|| request.try_clone())
-                    .flatten();
-                let sent = follower.sent();
-                let response = next.clone().run(request, extensions).await?;
-                let status = response.status().as_u16();
-                follower.apply(&signal_of(status, response.headers()), sent);
-                match again {
-                    Some(next_try) if status == 429 => {
-                        request = next_try;
-                        attempt += 1;
-                    }
-                    _ => return Ok(response),
-                }
+                None => follower.until_ready().await,
             }
-        })
-    }
+            let again = (retryable && attempt < self.retries)
+                .then(|| request.try_clone())
+                .flatten();
+            let sent = follower.sent();
+            let response = next.clone().run(request, extensions).await?;
+            let status = response.status().as_u16();
+            follower.apply(&signal_of(status, response.headers()), sent);
+            match again {
+                Some(next_try) if status == 429 => {
+                    request = next_try;
+                    attempt += 1;
+                }
+                _ => return Ok(response),
+            }
+        }
+    });
 }

@@ -1,19 +1,13 @@
 //! [`BudgetMiddleware`]: [`BudgetLayer`](super::BudgetLayer) for reqwest, through
 //! reqwest-middleware.
 
-use core::future::Future;
-use core::pin::Pin;
 use core::time::Duration;
-use std::sync::Arc;
-use std::time::SystemTime;
 
-use reqwest_middleware::{Middleware, Next};
+use reqwest_middleware::Middleware;
 
-use super::budget::{Cost, Settle};
+use super::budget::{signal, Cost, Settle};
 use crate::budget::Budget;
 use crate::clock::{Clock, DefaultClock};
-use crate::sync::Mutex;
-use crate::upstream::DimensionSignal;
 
 /// A reqwest-middleware middleware (feature `reqwest`): what
 /// [`BudgetLayer`](super::BudgetLayer) does for a tower client. A request's cost is its
@@ -84,49 +78,21 @@ impl<C: Clock> BudgetMiddleware<C> {
 }
 
 impl<C: Clock> Middleware for BudgetMiddleware<C> {
-    fn handle<'life0, 'life1, 'life2, 'async_trait>(
-        &'life0 self,
-        request: reqwest::Request,
-        extensions: &'life1 mut http::Extensions,
-        next: Next<'life2>,
-    ) -> Pin<
-        Box<
-            dyn Future<Output = reqwest_middleware::Result<reqwest::Response>>
-                + Send
-                + 'async_trait,
-        >,
-    >
-    where
-        Self: 'async_trait,
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        'life2: 'async_trait,
-    {
-        Box::pin(async move {
-            let cost = extensions.get::<Cost>().cloned().unwrap_or_default();
-            let costs: Vec<(&str, u32)> = cost.0.iter().map(|(n, c)| (n.as_str(), *c)).collect();
-            let turn = self
-                .budget
-                .acquire(&costs)
-                .await
-                .map_err(reqwest_middleware::Error::middleware)?;
-            // An error drops the turn: it ends keeping its estimate.
-            let mut response = next.run(request, extensions).await?;
-            let signal = DimensionSignal::read(
-                response.status().as_u16(),
-                response
-                    .headers()
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
-                SystemTime::now(),
-            );
-            self.budget.follow(&signal, self.max_hold);
-            response
-                .extensions_mut()
-                .insert(Settle(Arc::new(Mutex::new(Some(turn)))));
-            Ok(response)
-        })
-    }
+    middleware_handle!(|self, request, extensions, next| async move {
+        let cost = extensions.get::<Cost>().cloned().unwrap_or_default();
+        let costs: Vec<(&str, u32)> = cost.0.iter().map(|(n, c)| (n.as_str(), *c)).collect();
+        let turn = self
+            .budget
+            .acquire(&costs)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)?;
+        // An error drops the turn: it ends keeping its estimate.
+        let mut response = next.run(request, extensions).await?;
+        let signal = signal(response.status(), response.headers());
+        self.budget.follow(&signal, self.max_hold);
+        response.extensions_mut().insert(Settle::of(turn));
+        Ok(response)
+    });
 }
 
 #[cfg(test)]

@@ -32,25 +32,21 @@ impl RedisBudget {
 }
 
 impl RedisBudgetBuilder {
-    /// Adds a dimension: `quota` of `name`.
-    ///
-    /// # Examples
-    ///
-    /// See [`RedisBudget`].
-    pub fn rate(mut self, name: impl Into<String>, quota: Quota) -> Self {
-        self.rates.push((name.into(), quota));
-        self
-    }
+    crate::budget::rate_and_in_flight! {
+        /// Adds a dimension: `quota` of `name`.
+        ///
+        /// # Examples
+        ///
+        /// See [`RedisBudget`].
+        fn rate;
 
-    /// Caps the calls in flight over every client (at most
-    /// [`MAX_CALLERS`](crate::budget::fleet::MAX_CALLERS)).
-    ///
-    /// # Examples
-    ///
-    /// See [`RedisBudget`].
-    pub fn in_flight(mut self, cap: u32) -> Self {
-        self.in_flight = Some(cap);
-        self
+        /// Caps the calls in flight over every client (at most
+        /// [`MAX_CALLERS`](crate::budget::fleet::MAX_CALLERS)).
+        ///
+        /// # Examples
+        ///
+        /// See [`RedisBudget`].
+        fn in_flight;
     }
 
     /// The prefix of the budget's Redis keys (default `paceline`): `<prefix>:{<name>}:budget`

@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use super::conn::Conn;
-use super::limiter::within;
+use super::conn::{within, Conn};
 use super::policy::Failure;
 use super::RedisDenied;
 use crate::budget::fleet::{
@@ -308,23 +307,11 @@ impl Inner {
     }
 }
 
-impl From<FleetError> for RedisBudgetError {
-    fn from(e: FleetError) -> RedisBudgetError {
-        RedisBudgetError::Foreign(e)
-    }
-}
-
-impl From<BudgetError> for RedisBudgetError {
-    fn from(e: BudgetError) -> RedisBudgetError {
-        RedisBudgetError::Budget(e)
-    }
-}
-
-impl From<BuildError> for RedisBudgetError {
-    fn from(e: BuildError) -> RedisBudgetError {
-        RedisBudgetError::Build(e)
-    }
-}
+from_variants!(RedisBudgetError {
+    Foreign(FleetError),
+    Budget(BudgetError),
+    Build(BuildError),
+});
 
 impl fmt::Debug for RedisBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

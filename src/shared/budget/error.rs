@@ -52,17 +52,10 @@ impl std::error::Error for SharedBudgetError {
     }
 }
 
-impl From<BudgetError> for SharedBudgetError {
-    fn from(e: BudgetError) -> Self {
-        SharedBudgetError::Budget(e)
-    }
-}
-
-impl From<SharedError> for SharedBudgetError {
-    fn from(e: SharedError) -> Self {
-        SharedBudgetError::File(e)
-    }
-}
+from_variants!(SharedBudgetError {
+    Budget(BudgetError),
+    File(SharedError),
+});
 
 /// A [`SharedTurn::settle`] that could not be done: why, and the turn, unchanged.
 ///

@@ -42,26 +42,22 @@ impl SharedBudget {
 }
 
 impl SharedBudgetBuilder {
-    /// Adds a dimension: `quota` of `name` (at most
-    /// [`MAX_DIMENSION_NAME_LEN`](crate::shared::MAX_DIMENSION_NAME_LEN) bytes; at most
-    /// [`MAX_DIMENSIONS`](crate::shared::MAX_DIMENSIONS) of them).
-    ///
-    /// # Examples
-    ///
-    /// See [`SharedBudget`].
-    pub fn rate(mut self, name: impl Into<String>, quota: Quota) -> Self {
-        self.rates.push((name.into(), quota));
-        self
-    }
+    crate::budget::rate_and_in_flight! {
+        /// Adds a dimension: `quota` of `name` (at most
+        /// [`MAX_DIMENSION_NAME_LEN`](crate::shared::MAX_DIMENSION_NAME_LEN) bytes; at most
+        /// [`MAX_DIMENSIONS`](crate::shared::MAX_DIMENSIONS) of them).
+        ///
+        /// # Examples
+        ///
+        /// See [`SharedBudget`].
+        fn rate;
 
-    /// Caps the calls in flight over every process (at most [`MAX_WAITING`]).
-    ///
-    /// # Examples
-    ///
-    /// See [`SharedBudget`].
-    pub fn in_flight(mut self, cap: u32) -> Self {
-        self.in_flight = Some(cap);
-        self
+        /// Caps the calls in flight over every process (at most [`MAX_WAITING`]).
+        ///
+        /// # Examples
+        ///
+        /// See [`SharedBudget`].
+        fn in_flight;
     }
 
     /// How to open the file: whom to trust, the budget's name, and what to do when the

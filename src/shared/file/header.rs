@@ -5,9 +5,9 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use super::super::error::SharedError;
+use super::super::error::{io_error, SharedError};
 use super::super::layout::{self, Kind};
-use super::{io_error, Mapping};
+use super::Mapping;
 use crate::clock::{HostClock, HostTime};
 use crate::sync::Ordering;
 

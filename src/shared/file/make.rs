@@ -9,11 +9,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 
 use super::super::dir::Dir;
-use super::super::error::SharedError;
+use super::super::error::{io_error, SharedError};
 use super::super::layout::{self, Kind};
 use super::super::trust;
 use super::header::boot_id;
-use super::{io_error, Mapping, New, Opened};
+use super::{Mapping, New, Opened};
 use crate::clock::{HostClock, HostTime};
 use crate::sync::Ordering;
 

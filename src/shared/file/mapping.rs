@@ -6,9 +6,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use super::super::error::SharedError;
+use super::super::error::{io_error, SharedError};
 use super::super::layout;
-use super::io_error;
 use crate::sync::{AtomicU64, Ordering};
 
 /// A shared file, mapped. The memory is only ever reached through [`Mapping::word`].

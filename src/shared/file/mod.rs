@@ -51,7 +51,7 @@ mod mapping;
 pub(crate) use mapping::Mapping;
 
 use super::dir::Dir;
-use super::error::SharedError;
+use super::error::{io_error, SharedError};
 use super::layout::{self, Kind};
 use super::options::OpenOptions;
 use super::{process, trust};
@@ -336,12 +336,4 @@ fn remake(dir: &Dir, old: &File, path: &Path, new: &New<'_>) -> Result<(), Share
 /// file was removed or replaced at its path.
 pub(crate) fn is_at(path: &Path, identity: (u64, u64)) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == identity)
-}
-
-pub(crate) fn io_error(path: &Path, doing: &'static str, source: io::Error) -> SharedError {
-    SharedError::Io {
-        path: path.to_owned(),
-        doing,
-        source,
-    }
 }

@@ -14,6 +14,17 @@ fn follower(config: FollowerConfig) -> (Follower<ManualClock>, ManualClock) {
     )
 }
 
+/// A response of `status` saying `left` remain until a reset a second from now.
+fn left_for_a_second(f: &Follower<ManualClock>, status: u16, left: &str) -> Option<Duration> {
+    let fields = [("x-ratelimit-remaining", left), ("x-ratelimit-reset", "1")];
+    respond(f, status, &fields)
+}
+
+/// A success announcing `text` as its `RateLimit-Policy`.
+fn announce(f: &Follower<ManualClock>, text: &str) -> Option<Duration> {
+    respond(f, 200, &[("ratelimit-policy", text)])
+}
+
 fn respond(f: &Follower<ManualClock>, status: u16, headers: &[(&str, &str)]) -> Option<Duration> {
     let signal = Signal::read(
         status,
@@ -176,11 +187,7 @@ fn consecutive_bare_refusals_back_off_doubling() {
 fn refusals_in_a_row_never_back_off_past_the_reset_the_upstream_named() {
     let (f, clock) = follower(FollowerConfig::default());
     for _ in 0..12 {
-        let hold = respond(
-            &f,
-            429,
-            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
-        );
+        let hold = left_for_a_second(&f, 429, "0");
         assert!(hold.is_none_or(|h| h <= Duration::from_secs(1)), "{hold:?}");
         clock.advance(hold.unwrap_or_default());
     }
@@ -191,11 +198,7 @@ fn refusals_that_repeat_nothing_back_off_no_further_than_a_reset_named_before() 
     // A success says what is allowed is spent until 1 s from now; the refusals that
     // follow carry no fields (as upstreams that send them on successes only).
     let (f, clock) = follower(FollowerConfig::default());
-    respond(
-        &f,
-        200,
-        &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
-    );
+    left_for_a_second(&f, 200, "0");
     let start = Duration::from_nanos(crate::clock::Clock::now(&clock));
     for _ in 0..12 {
         let hold = respond(&f, 429, &[]).unwrap_or_default();
@@ -244,25 +247,10 @@ fn a_count_flickering_to_zero_cuts_once_and_only_refusals_cut_again() {
 #[test]
 fn a_count_that_falls_to_zero_is_a_cut_and_one_that_stays_there_is_not() {
     let (f, _) = follower(FollowerConfig::default());
-    respond(
-        &f,
-        200,
-        &[("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "1")],
-    );
-    assert_eq!(
-        respond(
-            &f,
-            200,
-            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")]
-        ),
-        None
-    );
+    left_for_a_second(&f, 200, "3");
+    assert_eq!(left_for_a_second(&f, 200, "0"), None);
     assert!((pace(&f) - 47.5).abs() < 0.01, "{}", pace(&f));
-    respond(
-        &f,
-        200,
-        &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
-    );
+    left_for_a_second(&f, 200, "0");
     assert!((pace(&f) - 47.5).abs() < 0.01, "{}", pace(&f));
     // A reset two seconds or more away with nothing left: a hold.
     let hold = respond(
@@ -343,28 +331,14 @@ fn hostile_values_are_capped_or_ignored() {
     // Absurd policies: a rate past the configured one is capped; a policy repeated a
     // thousand times costs what 32 do.
     let (f, _) = follower(config);
-    respond(
-        &f,
-        200,
-        &[(
-            "ratelimit-policy",
-            "\"a\";q=18446744073709551615;w=0.000000001",
-        )],
-    );
+    announce(&f, "\"a\";q=18446744073709551615;w=0.000000001");
     assert!((pace(&f) - 100.0).abs() < 0.01);
     let many = "\"a\";q=1;w=1,".repeat(1_000);
-    respond(&f, 200, &[("ratelimit-policy", &many)]);
+    announce(&f, &many);
     assert_eq!(f.announced(), Some(1.0));
     // Zero and negative values are ignored.
     let (f, _) = follower(config);
-    respond(
-        &f,
-        200,
-        &[(
-            "ratelimit-policy",
-            "\"a\";q=0;w=1, \"b\";q=5;w=0, \"c\";q=-5;w=1",
-        )],
-    );
+    announce(&f, "\"a\";q=0;w=1, \"b\";q=5;w=0, \"c\";q=-5;w=1");
     assert_eq!(f.announced(), None);
 }
 
@@ -379,7 +353,7 @@ fn a_first_refusal_of_one_rounded_second_at_a_fast_announced_pace_holds_two_inte
         ("ratelimit", "\"api\";r=0;t=1"),
         ("retry-after", "1"),
     ];
-    respond(&f, 200, &[("ratelimit-policy", "\"api\";q=50;w=1")]);
+    announce(&f, "\"api\";q=50;w=1");
     let interval = Duration::from_secs_f64(1.0 / pace(&f));
     let hold = respond(&f, 429, &fields).unwrap();
     assert!(hold <= 2 * interval + MS, "{hold:?}");
@@ -388,7 +362,7 @@ fn a_first_refusal_of_one_rounded_second_at_a_fast_announced_pace_holds_two_inte
     assert_eq!(respond(&f, 429, &fields), Some(Duration::from_secs(1)));
     // A success ends the run; a longer Retry-After, or one without an announced pace,
     // holds as it says.
-    respond(&f, 200, &[("ratelimit-policy", "\"api\";q=50;w=1")]);
+    announce(&f, "\"api\";q=50;w=1");
     assert_eq!(
         respond(
             &f,

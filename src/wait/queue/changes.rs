@@ -1,12 +1,15 @@
 //! Changes to a queue's bookings from outside: a new quota (read again, or spaced again),
 //! a hold ("nothing before X"), and an operator's reset of a shared file.
 
+use core::ptr::NonNull;
+
+use super::state::State;
 use super::{Arm, Waiters};
 use crate::cell::{Ours, TatWord, ALWAYS_OURS};
 use crate::clock::Clock;
 use crate::gcra::{self, Params};
 use crate::wait::list;
-use crate::wait::node::slot;
+use crate::wait::node::{slot, Waiter};
 
 impl<C: Clock> Waiters<C> {
     /// Re-reads the instant of every linked waiter whose instant has not come by `now`
@@ -100,24 +103,12 @@ impl<C: Clock> Waiters<C> {
         }
         // Every instant read in full (a hold is rare; O(list), like a quota change).
         state.settle(|_| ());
-        let mut first = None;
-        let mut node = state.list.front();
-        while let Some(n) = node {
-            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
-            unsafe {
-                let instant = slot(n, |s| s.instant_at(0));
-                if instant > now {
-                    first = Some(instant);
-                    break;
-                }
-                node = list::next(n);
-            }
-        }
+        let (mut node, first) = state.first_waiting(now);
         let shift = first.map_or(0, |first| until.saturating_sub(first));
         if shift > 0 {
             while let Some(n) = node {
-                // SAFETY: as above; `node` went on from the first waiting node, and every
-                // node after it waits too (instants never decrease along the list).
+                // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock; it is
+                // the first waiting node or one after it, which waits too.
                 unsafe {
                     slot(n, |s| s.tat = s.tat.saturating_add(shift));
                     node = list::next(n);
@@ -143,23 +134,12 @@ impl<C: Clock> Waiters<C> {
         let mut state = self.lock();
         // Every instant read in full (a reset is rare; O(list), like a hold).
         state.settle(|_| ());
-        let mut node = state.list.front();
-        let mut first = None;
-        while let Some(n) = node {
-            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
-            unsafe {
-                let instant = slot(n, |s| s.instant_at(0));
-                if instant > now {
-                    first = Some(instant);
-                    break;
-                }
-                node = list::next(n);
-            }
-        }
+        let (mut node, first) = state.first_waiting(now);
         let shift = first.map_or(0, |first| first - now);
         let mut last = 0;
         while let Some(n) = node {
-            // SAFETY: as above; every node after the first waiting one waits too.
+            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock; it is the
+            // first waiting node or one after it, which waits too.
             unsafe {
                 last = slot(n, |s| {
                     s.tat = s.tat.saturating_sub(shift);
@@ -173,5 +153,25 @@ impl<C: Clock> Waiters<C> {
         }
         state.armed = None;
         Some(Arm(state.arm_front()))
+    }
+}
+
+impl State {
+    /// The first linked node whose instant (read in full: settle first) is after `now`,
+    /// and that instant; `(None, None)` when every booking's instant has come. Every node
+    /// after it waits too (instants never decrease along the list). Under the lock.
+    fn first_waiting(&self, now: u64) -> (Option<NonNull<Waiter>>, Option<u64>) {
+        let mut node = self.list.front();
+        while let Some(n) = node {
+            // SAFETY: `n` is linked, so live (list rule 3), and we hold the lock.
+            unsafe {
+                let instant = slot(n, |s| s.instant_at(0));
+                if instant > now {
+                    return (node, Some(instant));
+                }
+                node = list::next(n);
+            }
+        }
+        (None, None)
     }
 }

@@ -16,6 +16,17 @@ use paceline::clock::ManualClock;
 use paceline::http::{KeySource, Limit, RateLimitLayer};
 use paceline::Quota;
 
+/// Serves `layer` (on the real clock) around a `200 ok` route on an ephemeral loopback
+/// port.
+pub(crate) async fn serve_real(layer: RateLimitLayer) -> SocketAddr {
+    serve_router(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await
+}
+
 /// Serves `layer` around a `200 ok` route on an ephemeral loopback port.
 pub(crate) async fn serve(layer: RateLimitLayer<ManualClock>) -> SocketAddr {
     serve_router(
@@ -84,4 +95,14 @@ pub(crate) async fn get_plain(addr: SocketAddr) -> Reply {
 
 pub(crate) fn per_ip(clock: &ManualClock, quota: Quota) -> Limit<ManualClock> {
     Limit::with_clock("per-ip", quota, KeySource::peer_ip(), clock.clone())
+}
+
+/// Keyed by the `x-api-key` header.
+pub(crate) fn api_key() -> KeySource {
+    KeySource::header(http::HeaderName::from_static("x-api-key"))
+}
+
+/// A limit `per-key` ([`api_key`]) of `quota` on `clock`.
+pub(crate) fn per_key(clock: &ManualClock, quota: Quota) -> Limit<ManualClock> {
+    Limit::with_clock("per-key", quota, api_key(), clock.clone())
 }

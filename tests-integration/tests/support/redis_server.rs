@@ -35,6 +35,14 @@ impl Server {
         Server::spawn(port, &[])
     }
 
+    /// A limiter of `quota` on this server.
+    pub(crate) async fn limiter(&self, quota: paceline::Quota) -> paceline::redis::RedisLimiter {
+        let url = self.url();
+        paceline::redis::RedisLimiter::connect(&url, quota)
+            .await
+            .unwrap()
+    }
+
     /// A server on a free port started with `extra` arguments.
     pub(crate) fn with_args(extra: &[&str]) -> Server {
         Server::spawn(free_port(), extra)
