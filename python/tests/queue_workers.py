@@ -22,7 +22,7 @@ class Node:
         self.log = open(log, "wb")
         self.proc = subprocess.Popen(
             argv,
-            env={**os.environ, "PYTHONPATH": HERE, **env},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])), **env},
             cwd=HERE,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -91,7 +91,8 @@ def record_of(url):
 
 
 def dramatiq_nodes(tmp_path, broker, storage, count=2, threads=4):
-    env = {"PACELINE_TEST_BROKER": broker, "PACELINE_TEST_STORAGE": storage}
+    # A worker releases a delayed message up to this late (ms): see paceline.dramatiq.
+    env = {"PACELINE_TEST_BROKER": broker, "PACELINE_TEST_STORAGE": storage, "dramatiq_worker_timeout": "100"}
     return [
         Node(
             [os.path.join(BIN, "dramatiq"), "queue_apps", "--processes", "1", "--threads", str(threads)],

@@ -35,7 +35,7 @@ import datetime
 import functools
 import logging
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable
 
 from ._tasks.pacer import MARK, PacedKeyError, mark, marked
 from ._tasks.run import LEAD, Queue, Shell, check_early, paced_call
@@ -45,50 +45,32 @@ __all__ = ["paced", "PacedKeyError", "strategy"]
 _log = logging.getLogger("paceline.celery")
 
 
-def paced(
-    rate: Any = None,
-    *,
-    storage_uri: str,
-    key: Optional[Callable[..., str]] = None,
-    per: float = 1.0,
-    burst: Optional[int] = None,
-    name: Optional[str] = None,
-    max_sleep: float = 0.05,
-    budget: Any = None,
-    cost: Optional[Callable[..., Mapping[str, int]]] = None,
-    settle: Optional[Callable[[Any], Mapping[str, int]]] = None,
-    budget_timeout: Optional[float] = None,
-    redis_timeout: float = 0.25,
-    on_redis_failure: str = "closed",
-    retry_unavailable: float = 1.0,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def paced(rate: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Holds every execution of the decorated task to ``rate`` (see the module's text).
     Put it under ``@app.task`` (``bind=True`` tasks too: the key function then gets the
-    task first, as the body does). ``name`` names the rates in their storage (default:
-    the function's module and name, as Celery names the task). When Redis cannot be
-    reached, ``on_redis_failure="closed"`` hands the task back for ``retry_unavailable``
-    seconds later (nothing run, nothing lost), ``"open"`` runs it unlimited."""
+    task first, as the body does). Its keyword arguments, the same for every queue:
 
-    check_early(rate, storage_uri, per, burst)
+    * ``storage_uri`` (required with a rate): ``memory://`` (one process's memory, for
+      tests), ``file:///dev/shm/<app>`` (a file per rate, the workers of one host, with
+      ``?capacity=N`` keys still limited), ``redis://``, ``rediss://``,
+      ``redis+cluster://`` (a fleet);
+    * ``key``: a function of the task's arguments giving a ``str``: a bucket per value;
+    * ``per``, ``burst``: with a number for ``rate`` (a string carries its own);
+    * ``name``: names the rates in their storage (default: the function's module and
+      name, as Celery names the task);
+    * ``max_sleep`` (0.05 s): a turn at most this far is slept in the worker; further,
+      the task is handed back for it;
+    * ``budget``, ``cost``, ``settle``, ``budget_timeout``: a ``paceline.Budget`` (or a
+      ``paceline.redis.SyncRedisBudget``) turn around the body, priced by
+      ``cost(*args, **kwargs)`` and settled from ``settle(result)``;
+    * ``redis_timeout`` (0.25 s), ``on_redis_failure`` (``"closed"``: the task is
+      handed back for ``retry_unavailable`` seconds later, nothing run; ``"open"``: it
+      runs unlimited), ``retry_unavailable`` (1.0 s).
+    """
+    check_early(rate, options.get("storage_uri"), options.get("per", 1.0), options.get("burst"))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        shell = Shell.make(
-            fn,
-            rate,
-            storage_uri=storage_uri,
-            key=key,
-            per=per,
-            burst=burst,
-            name=name,
-            max_sleep=max_sleep,
-            budget=budget,
-            cost=cost,
-            settle=settle,
-            budget_timeout=budget_timeout,
-            redis_timeout=redis_timeout,
-            on_redis_failure=on_redis_failure,
-            retry_unavailable=retry_unavailable,
-        )
+        shell = Shell.make(fn, rate, **options)
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:

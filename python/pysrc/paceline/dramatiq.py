@@ -12,7 +12,11 @@ starts at it, as ``paceline.celery.paced`` does (the same arguments): a turn at 
 ``max_sleep`` seconds away is slept in the worker thread; a later one sends the message
 back to the broker with that delay (Dramatiq's ``Retry``, not counted against
 ``max_retries``), carrying its booking in the message's options. A retry of the actor for
-its own reasons books again. Decorating installs ``Pacing``, the middleware that tells a
+its own reasons books again. A Dramatiq worker releases a delayed message up to its
+timeout late (``dramatiq_worker_timeout``, 1000 ms by default), so a handed-back message
+is sent for that much before its turn and sleeps the rest in its thread: run the workers
+with ``dramatiq_worker_timeout=100`` in their environment, or a paced actor's thread
+sleeps up to a second per message. Decorating installs ``Pacing``, the middleware that tells a
 paced call which message it runs, on the broker set at that moment (set the broker
 first); without it, or without Dramatiq's ``Retries`` middleware, a paced call waits its
 turn in the thread that runs it.
@@ -23,7 +27,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable
 
 import dramatiq
 from dramatiq.middleware import Retries
@@ -48,34 +52,13 @@ class Pacing(dramatiq.Middleware):
     after_skip_message = after_process_message
 
 
-def paced(
-    rate: Any = None,
-    *,
-    storage_uri: Optional[str] = None,
-    key: Optional[Callable[..., str]] = None,
-    per: float = 1.0,
-    burst: Optional[int] = None,
-    name: Optional[str] = None,
-    max_sleep: float = 0.05,
-    budget: Any = None,
-    cost: Optional[Callable[..., Mapping[str, int]]] = None,
-    settle: Optional[Callable[[Any], Mapping[str, int]]] = None,
-    budget_timeout: Optional[float] = None,
-    redis_timeout: float = 0.25,
-    on_redis_failure: str = "closed",
-    retry_unavailable: float = 1.0,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Holds every execution of the decorated actor to ``rate`` (see the module's text
-    and ``paceline.celery.paced`` for each argument)."""
-    check_early(rate, storage_uri, per, burst)
+def paced(rate: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Holds every execution of the decorated actor to ``rate``, with
+    ``paceline.celery.paced``'s keyword arguments (see the module's text)."""
+    check_early(rate, options.get("storage_uri"), options.get("per", 1.0), options.get("burst"))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        shell = Shell.make(
-            fn, rate, storage_uri=storage_uri, key=key, per=per, burst=burst, name=name,
-            max_sleep=max_sleep, budget=budget, cost=cost, settle=settle,
-            budget_timeout=budget_timeout, redis_timeout=redis_timeout,
-            on_redis_failure=on_redis_failure, retry_unavailable=retry_unavailable,
-        )
+        shell = Shell.make(fn, rate, **options)
         _install()
 
         @functools.wraps(fn)
@@ -100,6 +83,13 @@ class _DramatiqQueue(Queue):
         self.message = None if current is None else current[1]
         self.can_hand_back = current is not None and any(isinstance(m, Retries) for m in current[0].middleware)
 
+    @property
+    def early(self) -> float:  # type: ignore[override]
+        # A worker releases a delayed message up to its timeout late.
+        from dramatiq.worker import WORKER_TIMEOUT
+
+        return WORKER_TIMEOUT / 1000 + 0.05
+
     def attempt(self) -> int:
         return int(self.message.options.get("retries", 0) or 0)
 
@@ -115,4 +105,4 @@ class _DramatiqQueue(Queue):
         if mark is not None:
             options[MARK] = mark
         options["retries"] = self.attempt() - 1
-        return dramatiq.Retry(delay=max(0, int((at - LEAD - time.time()) * 1000)))
+        return dramatiq.Retry(delay=max(0, int((at - LEAD - self.early - time.time()) * 1000)))

@@ -17,7 +17,7 @@ other jobs do not queue behind their waits.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable
 
 from ._tasks.pacer import PacedKeyError
 from ._tasks.run import Queue, Shell, check_early, paced_call
@@ -25,34 +25,19 @@ from ._tasks.run import Queue, Shell, check_early, paced_call
 __all__ = ["paced", "PacedKeyError"]
 
 
-def paced(
-    rate: Any = None,
-    *,
-    storage_uri: Optional[str] = None,
-    key: Optional[Callable[..., str]] = None,
-    per: float = 1.0,
-    burst: Optional[int] = None,
-    name: Optional[str] = None,
-    budget: Any = None,
-    cost: Optional[Callable[..., Mapping[str, int]]] = None,
-    settle: Optional[Callable[[Any], Mapping[str, int]]] = None,
-    budget_timeout: Optional[float] = None,
-    redis_timeout: float = 0.25,
-    on_redis_failure: str = "closed",
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Holds every execution of the decorated job function to ``rate`` (see the
-    module's text and ``paceline.celery.paced`` for each argument). With Redis gone and
-    ``on_redis_failure="closed"`` the job fails with ``RedisUnavailable`` (RQ's
-    ``Retry`` on enqueue runs it again)."""
-    check_early(rate, storage_uri, per, burst)
+def paced(rate: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Holds every execution of the decorated job function to ``rate``, with
+    ``paceline.celery.paced``'s keyword arguments but ``max_sleep`` and
+    ``retry_unavailable`` (see the module's text). With Redis gone and
+    ``on_redis_failure="closed"`` the job fails with ``RedisUnavailable`` (RQ's ``Retry``
+    on enqueue runs it again)."""
+    check_early(rate, options.get("storage_uri"), options.get("per", 1.0), options.get("burst"))
+    for what in ("max_sleep", "retry_unavailable"):
+        if what in options:
+            raise TypeError(f"an RQ job waits its turn in its worker: {what} does not apply")
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        shell = Shell.make(
-            fn, rate, storage_uri=storage_uri, key=key, per=per, burst=burst, name=name,
-            max_sleep=0.0, budget=budget, cost=cost, settle=settle,
-            budget_timeout=budget_timeout, redis_timeout=redis_timeout,
-            on_redis_failure=on_redis_failure, retry_unavailable=1.0,
-        )
+        shell = Shell.make(fn, rate, **options)
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:

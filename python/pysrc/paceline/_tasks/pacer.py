@@ -125,6 +125,10 @@ class Booked:
         except BaseException:
             self.cancel()
             raise
+        self.taken()
+
+    def taken(self) -> None:
+        """Every turn has come and is used (none is given back)."""
         for ticket in self._tickets:
             ticket.done()
         self._tickets, self._refunds = [], []

@@ -34,6 +34,9 @@ class Queue:
     #: Whether the task can be sent back to its queue for a later instant (false for a
     #: direct or eager call: those wait their turn in the caller).
     can_hand_back = False
+    #: How much before its turn a handed-back task is sent for (seconds): how late the
+    #: queue may release it; the task sleeps the rest.
+    early = 0.0
 
     def attempt(self) -> int:
         """Which attempt of the task this is (its retries so far)."""
@@ -77,26 +80,29 @@ class Shell:
         fn: Callable[..., Any],
         rate: Any,
         *,
-        storage_uri: Optional[str],
-        key: Optional[Callable[..., str]],
-        per: float,
-        burst: Optional[int],
-        name: Optional[str],
-        max_sleep: float,
-        budget: Any,
-        cost: Any,
-        settle: Any,
-        budget_timeout: Optional[float],
-        redis_timeout: float,
-        on_redis_failure: str,
-        retry_unavailable: float,
+        storage_uri: Optional[str] = None,
+        key: Optional[Callable[..., str]] = None,
+        per: float = 1.0,
+        burst: Optional[int] = None,
+        name: Optional[str] = None,
+        max_sleep: float = 0.05,
+        budget: Any = None,
+        cost: Any = None,
+        settle: Any = None,
+        budget_timeout: Optional[float] = None,
+        redis_timeout: float = 0.25,
+        on_redis_failure: str = "closed",
+        retry_unavailable: float = 1.0,
+        asynchronous: bool = False,
     ) -> "Shell":
         if not callable(fn):
             raise TypeError(f"paced decorates a function, got {type(fn).__name__}")
-        if inspect.iscoroutinefunction(fn):
+        if inspect.iscoroutinefunction(fn) != asynchronous:
             raise TypeError(
                 f"{fn.__qualname__} is async: this queue runs plain functions (for async "
                 "bodies use paceline.arq.paced)"
+                if not asynchronous
+                else f"{fn.__qualname__} is not async: arq runs `async def` job functions"
             )
         if rate is None and budget is None:
             raise ValueError("paced needs a rate, a budget, or both")
@@ -122,10 +128,11 @@ class Shell:
         _seconds("retry_unavailable", retry_unavailable, 0.001)
         if budget_timeout is not None:
             _seconds("budget_timeout", budget_timeout, 0.0)
-        if budget is not None and not callable(getattr(budget, "acquire_blocking", None)):
+        wanted = "acquire" if asynchronous else "acquire_blocking"
+        if budget is not None and not callable(getattr(budget, wanted, None)):
             raise TypeError(
-                f"budget must be a paceline.Budget or paceline.redis.SyncRedisBudget (a "
-                f"worker blocks for its turn), got {type(budget).__name__}"
+                f"budget must be a paceline.Budget or a paceline.redis budget with "
+                f"{wanted}(), got {type(budget).__name__}"
             )
         if (cost is not None or settle is not None) and budget is None:
             raise ValueError("cost and settle price a budget's turn: give budget= too")
@@ -160,7 +167,7 @@ def paced_call(shell: Shell, queue: Queue, fn: Callable[..., Any], args: tuple, 
     if pacer is not None:
         at = marked(pacer, queue.mark(), queue.attempt()) if queue.can_hand_back else None
         if at is not None and time.time() - at <= LATE:
-            sleep_until(at, LEAD + shell.max_sleep)
+            sleep_until(at, LEAD + shell.max_sleep + queue.early)
         else:
             # Unbooked, or run too late for its turn (the queue held it while its workers
             # were busy): started now it would bunch with the turns after it, so it books
@@ -204,23 +211,36 @@ def _take_turn(shell: Shell, pacer: Pacer, queue: Queue, args: tuple, kwargs: Di
     raise ending
 
 
+def costs_of(shell: Shell, args: tuple, kwargs: Dict[str, Any]) -> Dict[str, int]:
+    """What a paced call's budget turn is priced at (one request when there is no
+    ``cost`` function)."""
+    if shell.cost is None:
+        return {}
+    costs = shell.cost(*args, **kwargs)
+    if not isinstance(costs, Mapping):
+        raise TypeError(f"a paced task's cost function must return a mapping of dimension names to counts, got {costs!r}")
+    return dict(costs)
+
+
+def settle_from(shell: Shell, turn: Any, result: Any) -> None:
+    """Settles ``turn`` at what ``result`` says it cost; a settle function that fails
+    leaves the turn at its estimate (the task ran: its result is not lost for that)."""
+    if shell.settle is None:
+        return
+    try:
+        actual = shell.settle(result)
+        if not isinstance(actual, Mapping):
+            raise TypeError(f"settle must return a mapping of dimension names to counts, got {actual!r}")
+        turn.settle(**dict(actual))
+    except Exception as e:  # noqa: BLE001 - the task ran; its turn keeps the estimate
+        _log.warning("paceline: a paced task's settle failed, its turn keeps the estimate: %s", e)
+
+
 def _in_budget(shell: Shell, fn: Callable[..., Any], args: tuple, kwargs: Dict[str, Any]) -> Any:
-    costs: Mapping[str, int] = {}
-    if shell.cost is not None:
-        costs = shell.cost(*args, **kwargs)
-        if not isinstance(costs, Mapping):
-            raise TypeError(f"a paced task's cost function must return a mapping of dimension names to counts, got {costs!r}")
-    turn = shell.budget.acquire_blocking(timeout=shell.budget_timeout, **dict(costs))
+    turn = shell.budget.acquire_blocking(timeout=shell.budget_timeout, **costs_of(shell, args, kwargs))
     try:
         result = fn(*args, **kwargs)
-        if shell.settle is not None:
-            try:
-                actual = shell.settle(result)
-                if not isinstance(actual, Mapping):
-                    raise TypeError(f"settle must return a mapping of dimension names to counts, got {actual!r}")
-                turn.settle(**dict(actual))
-            except Exception as e:  # noqa: BLE001 - the task ran; its turn keeps the estimate
-                _log.warning("paceline: a paced task's settle failed, its turn keeps the estimate: %s", e)
+        settle_from(shell, turn, result)
         return result
     finally:
         turn.release()
