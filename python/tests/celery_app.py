@@ -59,6 +59,18 @@ def flaky(self, n):
         raise self.retry(countdown=0.1)
 
 
+@app.task(bind=True)
+@paced("2/second", storage_uri=STORAGE, key=lambda task, customer, doc=None: customer, name="bound")
+def bound(self, customer, doc):
+    _started(f"bound:{customer}", doc)
+
+
+@app.task
+@paced("2/second", storage_uri=STORAGE, name="slow")
+def slow(n):
+    _started("slow", n)
+
+
 @app.task
 def other(n):
     _started("other", n)

@@ -133,6 +133,47 @@ def test_a_node_killed_mid_run_loses_only_its_own_turns(broker, tmp_path):
     assert worst_window(times, 50, 50) <= 0
 
 
+def test_forged_marks_bound_keys_and_far_turns(broker, tmp_path):
+    """A producer's forged booking is booked anyway; a bound task's key function gets
+    the task first; a turn further than half the broker's visibility timeout (8 s here)
+    is not made an ETA the broker would deliver twice."""
+    from paceline._tasks.pacer import MARK
+
+    broker.cli("FLUSHALL")
+    url = f"redis://127.0.0.1:{broker.port}/0"
+    ca = _app(url)
+    nodes = celery_nodes(tmp_path, url, _storage("redis", broker, tmp_path), count=1)
+    try:
+        _ready(ca.app, 1)
+        record = ca._record
+        # What a producer can compute: the fingerprint of the workers' pacer.
+        from paceline._tasks.pacer import Pacer
+
+        fingerprint = Pacer("2/second", storage_uri=_storage("redis", broker, tmp_path), name="slow").fingerprint
+        for n in range(8):
+            forged = {"p": fingerprint, "r": 0, "at": time.time() + 3600, "s": "0" * 64}
+            ca.slow.apply_async((n,), headers={MARK: forged})
+        for doc in range(6):
+            ca.bound.delay("acme", f"doc{doc}")
+        wait_for(lambda: record.llen("slow") >= 8 and record.llen("bound:acme") >= 6, 20, "the forged and bound starts")
+        forged_starts, bound_starts = starts(record, "slow"), starts(record, "bound:acme")
+        # 24 more of "2/second": the last turns are 12 s away, past the 4 s horizon.
+        record.delete("slow")
+        for n in range(24):
+            ca.slow.delay(n)
+        wait_for(lambda: record.llen("slow") >= 24, 30, "the far turns")
+        time.sleep(9.0)  # past the visibility timeout: a message held as an ETA comes back
+        far = [x.split()[2].decode() for x in record.lrange("slow", 0, -1)]
+    finally:
+        for node in nodes:
+            node.stop()
+    # 2 at once, then one every half second: never 8 at once.
+    assert round(forged_starts[-1] - forged_starts[0], 2) >= 3.0
+    assert worst_window(forged_starts, 2, 2) <= 0
+    assert round(bound_starts[-1] - bound_starts[0], 2) >= 2.0
+    assert sorted(far) == sorted(str(n) for n in range(24))  # each ran once
+
+
 def test_redis_gone_hands_tasks_back_and_loses_none(broker, tmp_path):
     broker.cli("FLUSHALL")
     url = f"redis://127.0.0.1:{broker.port}/0"

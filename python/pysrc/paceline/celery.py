@@ -35,7 +35,7 @@ import datetime
 import functools
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ._tasks.pacer import MARK, PacedKeyError, mark, marked
 from ._tasks.run import LEAD, Queue, Shell, check_early, paced_call
@@ -100,6 +100,13 @@ class _CeleryQueue(Queue):
             and getattr(request, "id", None) is not None
         )
 
+    def task_id(self) -> Any:
+        return getattr(self.request, "id", None)
+
+    @property
+    def horizon(self) -> Optional[float]:  # type: ignore[override]
+        return _horizon(getattr(self.task, "app", None))
+
     def attempt(self) -> int:
         return int(getattr(self.request, "retries", 0) or 0)
 
@@ -146,7 +153,7 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     def paced_handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> Any:
         if time.monotonic() - failed[0] >= 1.0:
             try:
-                _book_on_arrival(shell, message)
+                _book_on_arrival(shell, message, task)
             except Exception as e:  # noqa: BLE001 - the child books (and reports) instead
                 failed[0] = time.monotonic()
                 _log.debug("paceline: a paced task's turn is left to its child: %s", e)
@@ -155,7 +162,21 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     return paced_handler
 
 
-def _book_on_arrival(shell: Shell, message: Any) -> None:
+def _horizon(app: Any) -> Optional[float]:
+    """Half the broker's visibility timeout, for a broker that delivers again a message
+    held unacknowledged that long (Redis, SQS: an ETA past it runs twice); ``None`` for
+    one that does not."""
+    if app is None:
+        return None
+    url = app.conf.broker_url
+    scheme = str(url[0] if isinstance(url, (list, tuple)) and url else url or "").split("://")[0].lower()
+    if scheme not in ("redis", "rediss", "sentinel", "sqs", "redis+socket"):
+        return None
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout", 3600)) / 2
+
+
+def _book_on_arrival(shell: Shell, message: Any, task: Any) -> None:
     """Books the turn of a paced task's message (protocol 2, no ETA of its own, no turn
     booked for this attempt yet) and writes it into the message's headers: the mark,
     and the turn as its ETA when it is further than ``max_sleep``."""
@@ -163,15 +184,26 @@ def _book_on_arrival(shell: Shell, message: Any) -> None:
     headers = getattr(message, "headers", None)
     if pacer is None or not isinstance(headers, dict) or "task" not in headers:
         return
-    attempt = headers.get("retries") or 0
-    if headers.get("eta") or marked(pacer, headers.get(MARK), attempt) is not None:
+    attempt, task_id = headers.get("retries") or 0, headers.get("id")
+    if headers.get("eta") or marked(pacer, headers.get(MARK), task_id, attempt) is not None:
         return
     args, kwargs = message.decode()[:2]
+    # A bound task's key function gets the task first, as its body does.
+    bound = getattr(getattr(task, "run", None), "__self__", None) is task
+    key = pacer.key_of((task, *args) if bound else tuple(args), dict(kwargs))
+    horizon = _horizon(getattr(task, "app", None))
+    if horizon is not None:
+        ahead = pacer.ahead(key)
+        if ahead > horizon:
+            # Not booked: held until the turns ahead come within reach, then booked.
+            due = time.time() + min(ahead - horizon / 2, horizon)
+            headers["eta"] = datetime.datetime.fromtimestamp(due, tz=datetime.timezone.utc).isoformat()
+            return
     # Every turn starts a fixed ``LEAD`` after its instant: the message is due at the
     # instant, and the child it is handed to sleeps the rest, so that the time Celery
     # takes to hand it over does not move one start closer to the next.
-    booked = pacer.book(pacer.key_of(tuple(args), dict(kwargs)), LEAD)
-    headers[MARK] = mark(pacer, attempt, booked.at)
+    booked = pacer.book(key, LEAD)
+    headers[MARK] = mark(pacer, task_id, attempt, booked.at)
     if booked.wait() > shell.max_sleep + LEAD:
         due = booked.at - LEAD
         headers["eta"] = datetime.datetime.fromtimestamp(due, tz=datetime.timezone.utc).isoformat()

@@ -16,7 +16,8 @@ its own reasons books again. A Dramatiq worker releases a delayed message up to 
 timeout late (``dramatiq_worker_timeout``, 1000 ms by default), so a handed-back message
 is sent for that much before its turn and sleeps the rest in its thread: run the workers
 with ``dramatiq_worker_timeout=100`` in their environment, or a paced actor's thread
-sleeps up to a second per message. Decorating installs ``Pacing``, the middleware that tells a
+sleeps up to a second per message. An actor with a ``retry_when`` or ``throws`` of its own
+(which could refuse a hand-back's ``Retry``) waits its turn in its thread. Decorating installs ``Pacing``, the middleware that tells a
 paced call which message it runs, on the broker set at that moment (set the broker
 first); without it, or without Dramatiq's ``Retries`` middleware, a paced call waits its
 turn in the thread that runs it.
@@ -77,11 +78,25 @@ def _install() -> None:
         broker.add_middleware(Pacing())
 
 
+def _hands_back(broker: Any, message: Any) -> bool:
+    """Whether a hand-back (a ``Retry``) is sure to be sent again: the ``Retries``
+    middleware is there, and no ``retry_when`` or ``throws`` of the actor's could refuse
+    it."""
+    retries = [m for m in broker.middleware if isinstance(m, Retries)]
+    if not retries or retries[0].retry_when is not None:
+        return False
+    try:
+        options = broker.get_actor(message.actor_name).options
+    except Exception:  # noqa: BLE001 - an actor this broker does not know: no hand-back
+        return False
+    return not any(source.get(name) for source in (options, message.options) for name in ("retry_when", "throws"))
+
+
 class _DramatiqQueue(Queue):
     def __init__(self) -> None:
         current = _MESSAGE.get()
         self.message = None if current is None else current[1]
-        self.can_hand_back = current is not None and any(isinstance(m, Retries) for m in current[0].middleware)
+        self.can_hand_back = current is not None and _hands_back(*current)
 
     @property
     def early(self) -> float:  # type: ignore[override]
@@ -89,6 +104,9 @@ class _DramatiqQueue(Queue):
         from dramatiq.worker import WORKER_TIMEOUT
 
         return WORKER_TIMEOUT / 1000 + 0.05
+
+    def task_id(self) -> Any:
+        return self.message.message_id
 
     def attempt(self) -> int:
         return int(self.message.options.get("retries", 0) or 0)

@@ -11,7 +11,9 @@ Each execution books a turn in the function's rates (kept where ``storage_uri`` 
 and starts at it, with ``paceline.celery.paced``'s arguments. An RQ worker process runs
 one job at a time, so a job waits its turn in the worker that runs it (there is no
 cheaper place for it to wait): give paced jobs a queue and workers of their own, so that
-other jobs do not queue behind their waits.
+other jobs do not queue behind their waits. ``memory://`` counts per process, and RQ's
+default worker forks a process per job: there it limits nothing; use ``file://`` or
+``redis://``.
 """
 
 from __future__ import annotations

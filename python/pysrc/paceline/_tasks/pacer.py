@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import heapq
+import hmac
 import logging
 import math
 import os
@@ -25,6 +26,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .._http.limit import _rates, limit_name
+from .._paceline import NoRoom
 from .._http.storage import _file_safe
 from .._http.storage import parse as parse_storage
 
@@ -36,6 +38,19 @@ WHOLE_TASK = "*"
 
 class PacedKeyError(ValueError):
     """A paced task's key function raised, or gave something that is not a key."""
+
+
+class TableFull(Exception):
+    """A shared file's table of keys has no room for a new key yet: ``wait`` is the
+    seconds until a slot frees (a key whose quota has refilled gives its slot up)."""
+
+    def __init__(self, name: str, wait: float) -> None:
+        super().__init__(
+            f"paced task {name!r}: the shared file's table of keys is full (no limited key is "
+            f"evicted); a slot frees in {wait:.3g} s. Give the storage URI a larger "
+            "?capacity=N for more keys at once"
+        )
+        self.wait = wait
 
 
 def _leak(obj: Any) -> Any:
@@ -195,6 +210,14 @@ class Pacer:
                 f"paced task {self.name!r}: its key function raised {type(e).__name__}: {e} "
                 "(the task was not run)"
             ) from e
+        if isinstance(key, str) and key:
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                raise PacedKeyError(
+                    f"paced task {self.name!r}: its key function returned text with a lone "
+                    "surrogate, which no storage can hold (the task was not run)"
+                ) from None
         if not isinstance(key, str) or not key:
             raise PacedKeyError(
                 f"paced task {self.name!r}: its key function must return a non-empty str, "
@@ -215,7 +238,10 @@ class Pacer:
                 if kind == "redis":
                     wait = _book_redis(limiter, key, self.on_redis_failure, booked)
                 else:
-                    ticket = limiter._core.book(key, 1, None)
+                    try:
+                        ticket = limiter._core.book(key, 1, None)
+                    except NoRoom as e:
+                        raise TableFull(self.name, float(e.args[0]) if e.args else 1.0) from None
                     booked._tickets.append(ticket)
                     wait = ticket.ready_in()
                 latest = max(latest, wait)
@@ -224,6 +250,23 @@ class Pacer:
             raise
         booked.at = time.time() + latest + lead
         return booked
+
+    def ahead(self, key: str) -> float:
+        """Seconds until a turn of ``key`` would come in every rate; spends nothing."""
+        latest = 0.0
+        for kind, limiter in self._limiters():
+            latest = max(latest, limiter.wait_time(key))
+        return latest
+
+    def secret(self) -> bytes:
+        """The key that signs this storage's turns (made once, kept in the storage: a
+        Redis key, a file beside the rates' files, this process's memory), so that only
+        a process that can book in the storage can mark a task as booked."""
+        cached = _secrets.get((self.storage.uri, os.getpid()))
+        if cached is None:
+            cached = _load_secret(self.storage, self.redis_timeout)
+            _secrets[(self.storage.uri, os.getpid())] = cached
+        return cached
 
     def warm(self) -> None:
         """Opens the rates' storage now (a Redis connection made and its script loaded),
@@ -307,24 +350,85 @@ def _sync_client(storage: Any, timeout: float) -> Any:
     return client
 
 
-# What a handed-back task carries: the pacer it was booked by, the attempt it belongs to
-# and the instant it was booked for.
+# What a handed-back task carries: the pacer it was booked by, the attempt it belongs to,
+# the instant it was booked for, and a signature over those and the task's id by the
+# storage's secret: a producer cannot mark a task booked, nor move a mark to another.
 MARK = "paceline_turn"
 
 
-def mark(pacer: Pacer, attempt: int, at: float) -> Dict[str, Any]:
-    return {"p": pacer.fingerprint, "r": attempt, "at": at}
+def _signature(pacer: Pacer, task_id: Any, attempt: int, at: float) -> str:
+    text = f"{pacer.fingerprint}|{task_id}|{attempt}|{at!r}".encode()
+    return hmac.new(pacer.secret(), text, hashlib.sha256).hexdigest()
 
 
-def marked(pacer: Pacer, value: Any, attempt: int) -> Optional[float]:
-    """The instant a task handed back by ``pacer`` for this ``attempt`` was booked for;
-    ``None`` when ``value`` is no such mark (a retry of the task's own books again)."""
+def mark(pacer: Pacer, task_id: Any, attempt: int, at: float) -> Dict[str, Any]:
+    return {"p": pacer.fingerprint, "r": attempt, "at": at, "s": _signature(pacer, task_id, attempt, at)}
+
+
+def marked(pacer: Pacer, value: Any, task_id: Any, attempt: int) -> Optional[float]:
+    """The instant a task handed back by ``pacer`` for this ``attempt`` of the task
+    ``task_id`` was booked for; ``None`` when ``value`` is no such mark (a retry of the
+    task's own, or a mark it was not given, books again)."""
     if not isinstance(value, dict) or value.get("p") != pacer.fingerprint or value.get("r") != attempt:
         return None
-    at = value.get("at")
+    at, signature = value.get("at"), value.get("s")
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
         return None
+    try:
+        expected = _signature(pacer, task_id, attempt, float(at))
+    except Exception as e:  # noqa: BLE001 - the storage cannot be read: book again
+        _log.debug("paceline: a mark could not be checked: %s", e)
+        return None
+    if not isinstance(signature, str) or not hmac.compare_digest(signature, expected):
+        return None
     return float(at)
+
+
+#: The secrets of the storages this process uses (by URI and process).
+_secrets: Dict[Tuple[str, int], bytes] = {}
+#: The secret of ``memory://`` turns: this process's (a forked worker child shares it).
+_MEMORY_SECRET = os.urandom(32)
+_SECRET_KEY = "paceline-task:secret"
+
+
+def _load_secret(storage: Any, timeout: float) -> bytes:
+    if storage.kind == "memory":
+        return _MEMORY_SECRET
+    if storage.kind == "redis":
+        client = _sync_client(storage, timeout)
+        client.set(_SECRET_KEY, os.urandom(32).hex(), nx=True)
+        value = client.get(_SECRET_KEY)
+        if not isinstance(value, bytes) or len(value) < 32:
+            raise ValueError(f"the task secret at {_SECRET_KEY!r} in {storage.uri!r} is not one paceline wrote")
+        return value
+    return _file_secret(f"{storage.path}.paceline-secret")
+
+
+def _file_secret(path: str) -> bytes:
+    """The secret in ``path``, made (readable by its owner only) when missing; refused
+    when another user owns it or others may read or write it."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+    for _ in range(100):
+        fd = os.open(path, flags)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise ValueError(
+                    f"the task secret {path!r} is not this user's own, readable by it alone: "
+                    "remove it, and let a worker make it anew"
+                )
+            value = f.read()
+        if len(value) >= 64:
+            return value
+        time.sleep(0.01)  # its maker is writing it
+    raise ValueError(f"the task secret {path!r} is empty")
 
 
 def sleep_until(at: float, most: float) -> None:

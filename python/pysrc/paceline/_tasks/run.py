@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Optional
 
-from .pacer import Pacer, marked, sleep_until
+from .pacer import Pacer, TableFull, marked, sleep_until
 
 _log = logging.getLogger("paceline.tasks")
 
@@ -37,6 +37,14 @@ class Queue:
     #: How much before its turn a handed-back task is sent for (seconds): how late the
     #: queue may release it; the task sleeps the rest.
     early = 0.0
+
+    #: How far ahead a task may be handed back for (seconds; ``None``: any): a broker
+    #: that delivers a message held past its visibility timeout again needs a bound.
+    horizon: Optional[float] = None
+
+    def task_id(self) -> Any:
+        """The running task's id (a mark is valid for that task only)."""
+        return None
 
     def attempt(self) -> int:
         """Which attempt of the task this is (its retries so far)."""
@@ -95,8 +103,8 @@ class Shell:
         retry_unavailable: float = 1.0,
         asynchronous: bool = False,
     ) -> "Shell":
-        if not callable(fn):
-            raise TypeError(f"paced decorates a function, got {type(fn).__name__}")
+        if not inspect.isfunction(fn) and not inspect.ismethod(fn):
+            raise TypeError(f"paced decorates a function (def or async def), got {type(fn).__name__}")
         if inspect.iscoroutinefunction(fn) != asynchronous:
             raise TypeError(
                 f"{fn.__qualname__} is async: this queue runs plain functions (for async "
@@ -165,7 +173,7 @@ def paced_call(shell: Shell, queue: Queue, fn: Callable[..., Any], args: tuple, 
     """Runs ``fn`` at its turn (and in its budget), or hands the task back for it."""
     pacer = shell.pacer
     if pacer is not None:
-        at = marked(pacer, queue.mark(), queue.attempt()) if queue.can_hand_back else None
+        at = marked(pacer, queue.mark(), queue.task_id(), queue.attempt()) if queue.can_hand_back else None
         if at is not None and time.time() - at <= LATE:
             sleep_until(at, LEAD + shell.max_sleep + queue.early)
         else:
@@ -182,8 +190,18 @@ def _take_turn(shell: Shell, pacer: Pacer, queue: Queue, args: tuple, kwargs: Di
     from .._redis.core import RedisUnavailable
 
     key = pacer.key_of(args, kwargs)
+    horizon = queue.horizon if queue.can_hand_back else None
     try:
+        if horizon is not None:
+            ahead = pacer.ahead(key)
+            if ahead > horizon:
+                # Not booked: handed back for when the turns ahead come within reach.
+                raise queue.send_back(args, kwargs, time.time() + min(ahead - horizon / 2, horizon), None)
         booked = pacer.book(key, LEAD)
+    except TableFull as e:
+        if not queue.can_hand_back:
+            raise
+        raise queue.send_back(args, kwargs, time.time() + max(e.wait, 0.05), None) from None
     except RedisUnavailable as e:
         if not queue.can_hand_back:
             raise
@@ -203,7 +221,7 @@ def _take_turn(shell: Shell, pacer: Pacer, queue: Queue, args: tuple, kwargs: Di
     from .pacer import mark
 
     try:
-        ending = queue.send_back(args, kwargs, booked.at, mark(pacer, queue.attempt(), booked.at))
+        ending = queue.send_back(args, kwargs, booked.at, mark(pacer, queue.task_id(), queue.attempt(), booked.at))
     except BaseException:
         booked.cancel()
         raise
