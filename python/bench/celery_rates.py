@@ -94,11 +94,11 @@ def main():
         time.sleep(2.0)
         run(with_rate_limit, "rate_limit")
     finally:
-        for node in nodes:
-            node.terminate()
-        for node in nodes:
-            node.wait(20)
-        server.terminate()
+        everything = [*nodes, server]
+        for process in everything:
+            process.terminate()
+        for process in everything:
+            process.wait(20)
 
 
 if __name__ == "__main__":

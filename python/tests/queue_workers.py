@@ -3,6 +3,7 @@
 and the starts the test apps record in Redis, checked against the rate."""
 
 import bisect
+import contextlib
 import os
 import signal
 import subprocess
@@ -109,3 +110,22 @@ def rq_workers(tmp_path, broker, storage, queues, count=2):
         Node([os.path.join(BIN, "rq"), "worker", "--url", broker, *queues], env, tmp_path / f"rq{i}.log")
         for i in range(count)
     ]
+
+
+@contextlib.contextmanager
+def stopping(nodes):
+    """``nodes``, stopped however the block ends."""
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def assert_paced(times, count, burst, rate):
+    """``count`` starts that kept ``burst`` and ``rate``: ``burst`` at once, the rest at
+    ``rate`` a second (the first start may come a few ms after its turn), and no window
+    past ``burst + rate * w``."""
+    assert len(times) == count
+    assert times[-1] - times[0] >= (count - burst) / rate - 0.05
+    assert worst_window(times, burst, rate) <= 0

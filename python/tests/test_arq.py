@@ -13,28 +13,19 @@ import pytest
 arq = pytest.importorskip("arq")
 
 from paceline.arq import paced  # noqa: E402
-from queue_workers import BIN, Node, record_of, starts, wait_for, worst_window  # noqa: E402
-from redis_servers import Server  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def broker():
-    server = Server()
-    yield server
-    server.stop()
+from queue_workers import BIN, Node, assert_paced, record_of, starts, stopping, wait_for  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", ["redis", "file"])
-def test_arq_workers_hold_one_rate(broker, tmp_path, kind):
+def test_arq_workers_hold_one_rate(fresh, tmp_path, kind):
     from arq import create_pool
     from arq.connections import RedisSettings
 
-    broker.cli("FLUSHALL")
-    url = f"redis://127.0.0.1:{broker.port}/0"
-    storage = f"redis://127.0.0.1:{broker.port}/1" if kind == "redis" else f"file://{tmp_path}/paced-{uuid.uuid4().hex[:8]}"
+    url = f"redis://127.0.0.1:{fresh.port}/0"
+    storage = f"redis://127.0.0.1:{fresh.port}/1" if kind == "redis" else f"file://{tmp_path}/paced-{uuid.uuid4().hex[:8]}"
     env = {"PACELINE_TEST_BROKER": url, "PACELINE_TEST_STORAGE": storage}
     nodes = [Node([os.path.join(BIN, "arq"), "arq_app.WorkerSettings"], env, tmp_path / f"arq{i}.log") for i in range(2)]
-    try:
+    with stopping(nodes):
         time.sleep(2.0)
 
         async def send():
@@ -47,13 +38,7 @@ def test_arq_workers_hold_one_rate(broker, tmp_path, kind):
         record = record_of(url)
         wait_for(lambda: record.llen("arq") >= 60, 30, "the paced job's starts")
         times = starts(record, "arq")
-    finally:
-        for node in nodes:
-            node.stop()
-    # 20 at once, then 40 at 20 a second.
-    assert len(times) == 60
-    assert round(times[-1] - times[0], 2) >= 2.0
-    assert worst_window(times, 20, 20) <= 0
+    assert_paced(times, 60, 20, 20)
 
 
 def test_a_cancelled_job_gives_its_turn_back():

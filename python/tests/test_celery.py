@@ -2,6 +2,7 @@
 broker: one rate across nodes for both storages, other tasks not starved, per-key
 buckets, retries that book again, a node SIGKILLed mid-run, Redis gone; and bad input."""
 
+import contextlib
 import os
 import time
 import uuid
@@ -14,13 +15,6 @@ from paceline import Budget, Rate  # noqa: E402
 from paceline.celery import PacedKeyError, paced  # noqa: E402
 from queue_workers import celery_nodes, record_of, starts, wait_for, worst_window  # noqa: E402
 from redis_servers import Server  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def broker():
-    server = Server()
-    yield server
-    server.stop()
 
 
 def _app(url):
@@ -36,20 +30,30 @@ def _ready(app, nodes):
     wait_for(lambda: len(app.control.ping(timeout=0.5) or []) >= nodes, 30, f"{nodes} celery nodes answering")
 
 
-def _storage(kind, broker, tmp_path):
+@contextlib.contextmanager
+def _running(broker, tmp_path, count=2, storage=None):
+    """The test app on ``broker`` (flushed) and ``count`` worker nodes answering,
+    stopped at the end: yields the app's module and the nodes."""
+    url = f"redis://127.0.0.1:{broker.port}/0"
+    ca = _app(url)
+    nodes = celery_nodes(tmp_path, url, storage or _storage("redis", broker, tmp_path), count=count)
+    try:
+        _ready(ca.app, count)
+        yield ca, nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _storage(kind, server, tmp_path):
     if kind == "redis":
-        return f"redis://127.0.0.1:{broker.port}/1"
+        return f"redis://127.0.0.1:{server.port}/1"
     return f"file://{tmp_path}/paced-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.mark.parametrize("kind", ["redis", "file"])
-def test_two_nodes_hold_one_rate_and_other_tasks_still_run(broker, tmp_path, kind):
-    broker.cli("FLUSHALL")
-    url = f"redis://127.0.0.1:{broker.port}/0"
-    ca = _app(url)
-    nodes = celery_nodes(tmp_path, url, _storage(kind, broker, tmp_path))
-    try:
-        _ready(ca.app, 2)
+def test_two_nodes_hold_one_rate_and_other_tasks_still_run(fresh, tmp_path, kind):
+    with _running(fresh, tmp_path, 2, _storage(kind, fresh, tmp_path)) as (ca, nodes):
         record = ca._record
         for n in range(250):
             ca.call_api.delay(n)
@@ -60,9 +64,6 @@ def test_two_nodes_hold_one_rate_and_other_tasks_still_run(broker, tmp_path, kin
         time.sleep(0.3)
         times = starts(record, "starts")
         others = starts(record, "other")
-    finally:
-        for node in nodes:
-            node.stop()
     assert len(times) == 250
     span = times[-1] - times[0]
     # 50 at once (the burst), then 200 at 50 a second.
@@ -73,13 +74,8 @@ def test_two_nodes_hold_one_rate_and_other_tasks_still_run(broker, tmp_path, kin
     assert max(others) - sent_other <= 2.0, [t - sent_other for t in others]
 
 
-def test_keys_and_retries_book_their_own_turns(broker, tmp_path):
-    broker.cli("FLUSHALL")
-    url = f"redis://127.0.0.1:{broker.port}/0"
-    ca = _app(url)
-    nodes = celery_nodes(tmp_path, url, _storage("redis", broker, tmp_path), count=1)
-    try:
-        _ready(ca.app, 1)
+def test_keys_and_retries_book_their_own_turns(fresh, tmp_path):
+    with _running(fresh, tmp_path, 1, _storage("redis", fresh, tmp_path)) as (ca, nodes):
         record = ca._record
         for n in range(15):
             ca.per_customer.delay("acme", n)
@@ -93,9 +89,6 @@ def test_keys_and_retries_book_their_own_turns(broker, tmp_path):
             "the keyed and the retried starts",
         )
         acme, globex, flaky = starts(record, "starts:acme"), starts(record, "starts:globex"), starts(record, "flaky")
-    finally:
-        for node in nodes:
-            node.stop()
     for customer in (acme, globex):
         # Each customer its own "5/second": 5 at once, 10 more at 5 a second (the first
         # start may come a little after its turn: the first child takes longest).
@@ -109,13 +102,8 @@ def test_keys_and_retries_book_their_own_turns(broker, tmp_path):
     assert worst_window(flaky, 4, 4) <= 0
 
 
-def test_a_node_killed_mid_run_loses_only_its_own_turns(broker, tmp_path):
-    broker.cli("FLUSHALL")
-    url = f"redis://127.0.0.1:{broker.port}/0"
-    ca = _app(url)
-    nodes = celery_nodes(tmp_path, url, _storage("redis", broker, tmp_path))
-    try:
-        _ready(ca.app, 2)
+def test_a_node_killed_mid_run_loses_only_its_own_turns(fresh, tmp_path):
+    with _running(fresh, tmp_path, 2, _storage("redis", fresh, tmp_path)) as (ca, nodes):
         record = ca._record
         for n in range(200):
             ca.call_api.delay(n)
@@ -126,31 +114,23 @@ def test_a_node_killed_mid_run_loses_only_its_own_turns(broker, tmp_path):
         wait_for(lambda: record.llen("starts") >= 190, 45, f"the paced starts after a node was killed ({record.llen('starts')})")
         time.sleep(1.0)
         times = starts(record, "starts")
-    finally:
-        for node in nodes:
-            node.stop()
     # Those the killed node had started when it died are gone with it (Celery acks early).
     assert 190 <= len(times) <= 200
     assert worst_window(times, 50, 50) <= 0
 
 
-def test_forged_marks_bound_keys_and_far_turns(broker, tmp_path):
+def test_forged_marks_bound_keys_and_far_turns(fresh, tmp_path):
     """A producer's forged booking is booked anyway; a bound task's key function gets
     the task first; a turn further than half the broker's visibility timeout (8 s here)
     is not made an ETA the broker would deliver twice."""
     from paceline._tasks.pacer import MARK
 
-    broker.cli("FLUSHALL")
-    url = f"redis://127.0.0.1:{broker.port}/0"
-    ca = _app(url)
-    nodes = celery_nodes(tmp_path, url, _storage("redis", broker, tmp_path), count=1)
-    try:
-        _ready(ca.app, 1)
+    with _running(fresh, tmp_path, 1, _storage("redis", fresh, tmp_path)) as (ca, nodes):
         record = ca._record
         # What a producer can compute: the fingerprint of the workers' pacer.
         from paceline._tasks.pacer import Pacer
 
-        fingerprint = Pacer("2/second", storage_uri=_storage("redis", broker, tmp_path), name="slow").fingerprint
+        fingerprint = Pacer("2/second", storage_uri=_storage("redis", fresh, tmp_path), name="slow").fingerprint
         for n in range(8):
             forged = {"p": fingerprint, "r": 0, "at": time.time() + 3600, "s": "0" * 64}
             ca.slow.apply_async((n,), headers={MARK: forged})
@@ -165,9 +145,6 @@ def test_forged_marks_bound_keys_and_far_turns(broker, tmp_path):
         wait_for(lambda: record.llen("slow") >= 24, 30, "the far turns")
         time.sleep(9.0)  # past the visibility timeout: a message held as an ETA comes back
         far = [x.split()[2].decode() for x in record.lrange("slow", 0, -1)]
-    finally:
-        for node in nodes:
-            node.stop()
     # 2 at once, then one every half second: never 8 at once.
     assert forged_starts[-1] - forged_starts[0] >= 2.95
     assert worst_window(forged_starts, 2, 2) <= 0
@@ -175,26 +152,20 @@ def test_forged_marks_bound_keys_and_far_turns(broker, tmp_path):
     assert sorted(far) == sorted(str(n) for n in range(24))  # each ran once
 
 
-def test_redis_gone_hands_tasks_back_and_loses_none(broker, tmp_path):
-    broker.cli("FLUSHALL")
-    url = f"redis://127.0.0.1:{broker.port}/0"
+def test_redis_gone_hands_tasks_back_and_loses_none(fresh, tmp_path):
     storage = Server()
-    ca = _app(url)
-    nodes = celery_nodes(tmp_path, url, f"redis://127.0.0.1:{storage.port}/0", count=1)
     try:
-        _ready(ca.app, 1)
-        record = ca._record
-        storage.stop()
-        for n in range(20):
-            ca.call_api.delay(n)
-        time.sleep(2.0)
-        assert record.llen("starts") == 0  # failing closed: nothing ran unlimited
-        storage.start()
-        wait_for(lambda: record.llen("starts") >= 20, 20, "the tasks handed back while Redis was gone")
-        assert worst_window(starts(record, "starts"), 50, 50) <= 0
+        with _running(fresh, tmp_path, 1, f"redis://127.0.0.1:{storage.port}/0") as (ca, nodes):
+            record = ca._record
+            storage.stop()
+            for n in range(20):
+                ca.call_api.delay(n)
+            time.sleep(2.0)
+            assert record.llen("starts") == 0  # failing closed: nothing ran unlimited
+            storage.start()
+            wait_for(lambda: record.llen("starts") >= 20, 20, "the tasks handed back while Redis was gone")
+            assert worst_window(starts(record, "starts"), 50, 50) <= 0
     finally:
-        for node in nodes:
-            node.stop()
         storage.stop()
 
 

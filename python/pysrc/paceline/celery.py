@@ -32,13 +32,12 @@ with the turns after it. A task called directly, or run eagerly
 from __future__ import annotations
 
 import datetime
-import functools
 import logging
 import time
 from typing import Any, Callable, Optional
 
 from ._tasks.pacer import MARK, PacedKeyError, mark, marked
-from ._tasks.run import LEAD, Queue, Shell, check_early, paced_call
+from ._tasks.run import LEAD, Queue, Shell, decorator
 
 __all__ = ["paced", "PacedKeyError", "strategy"]
 
@@ -67,19 +66,7 @@ def paced(rate: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Ca
       handed back for ``retry_unavailable`` seconds later, nothing run; ``"open"``: it
       runs unlimited), ``retry_unavailable`` (1.0 s).
     """
-    check_early(rate, options.get("storage_uri"), options.get("per", 1.0), options.get("burst"))
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        shell = Shell.make(fn, rate, **options)
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return paced_call(shell, _CeleryQueue(), fn, args, kwargs)
-
-        run.__paceline__ = shell  # type: ignore[attr-defined]
-        return run
-
-    return decorate
+    return decorator(rate, options, _CeleryQueue)
 
 
 class _CeleryQueue(Queue):

@@ -26,7 +26,6 @@ turn in the thread that runs it.
 from __future__ import annotations
 
 import contextvars
-import functools
 import time
 from typing import Any, Callable
 
@@ -34,7 +33,7 @@ import dramatiq
 from dramatiq.middleware import Retries
 
 from ._tasks.pacer import MARK, PacedKeyError
-from ._tasks.run import LEAD, Queue, Shell, check_early, paced_call
+from ._tasks.run import LEAD, Queue, decorator
 
 __all__ = ["paced", "Pacing", "PacedKeyError"]
 
@@ -56,20 +55,7 @@ class Pacing(dramatiq.Middleware):
 def paced(rate: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Holds every execution of the decorated actor to ``rate``, with
     ``paceline.celery.paced``'s keyword arguments (see the module's text)."""
-    check_early(rate, options.get("storage_uri"), options.get("per", 1.0), options.get("burst"))
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        shell = Shell.make(fn, rate, **options)
-        _install()
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return paced_call(shell, _DramatiqQueue(), fn, args, kwargs)
-
-        run.__paceline__ = shell  # type: ignore[attr-defined]
-        return run
-
-    return decorate
+    return decorator(rate, options, _DramatiqQueue, _install)
 
 
 def _install() -> None:

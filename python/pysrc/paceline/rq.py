@@ -18,11 +18,10 @@ default worker forks a process per job: there it limits nothing; use ``file://``
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 from ._tasks.pacer import PacedKeyError
-from ._tasks.run import Queue, Shell, check_early, paced_call
+from ._tasks.run import Queue, decorator
 
 __all__ = ["paced", "PacedKeyError"]
 
@@ -33,19 +32,7 @@ def paced(rate: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Ca
     ``retry_unavailable`` (see the module's text). With Redis gone and
     ``on_redis_failure="closed"`` the job fails with ``RedisUnavailable`` (RQ's ``Retry``
     on enqueue runs it again)."""
-    check_early(rate, options.get("storage_uri"), options.get("per", 1.0), options.get("burst"))
     for what in ("max_sleep", "retry_unavailable"):
         if what in options:
             raise TypeError(f"an RQ job waits its turn in its worker: {what} does not apply")
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        shell = Shell.make(fn, rate, **options)
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return paced_call(shell, Queue(), fn, args, kwargs)
-
-        run.__paceline__ = shell  # type: ignore[attr-defined]
-        return run
-
-    return decorate
+    return decorator(rate, options, Queue)

@@ -227,8 +227,8 @@ class Pacer:
 
     def book(self, key: str, lead: float = 0.0) -> Booked:
         """Books a turn in every rate for ``key``; the caller waits for ``at`` (the latest
-        turn, plus ``lead`` when it has not come yet: a task that is handed to its worker
-        ahead of its turn starts that long after it), hands the task back for it, or
+        turn, plus ``lead``: every start of the task comes that long after its turn, so
+        that none comes early against another's), hands the task back for it, or
         cancels. Raises ``RedisUnavailable`` when Redis cannot be
         reached and the policy is ``"closed"`` (nothing booked), ``RedisRejected`` when
         Redis refused what it was sent."""
@@ -249,9 +249,7 @@ class Pacer:
         except BaseException:
             booked.cancel()
             raise
-        # A turn that has come starts now; a later one ``lead`` after it (the spacing
-        # between starts only ever grows by that).
-        booked.at = time.time() + latest + (lead if latest > 0 else 0.0)
+        booked.at = time.time() + latest + lead
         return booked
 
     def ahead(self, key: str) -> float:

@@ -4,6 +4,8 @@ running task (``Queue``); everything else is here."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -17,12 +19,12 @@ _log = logging.getLogger("paceline.tasks")
 
 #: How late a handed-back task may start on its booked turn (seconds); later, it books
 #: a new one. Starts keep to the rates within this much.
-LATE = 0.1
+LATE = 0.15
 
 #: How long after its turn a task booked as its message arrived starts: what the queue
 #: takes to hand the task to a worker process comes out of this, and the rest is slept,
 #: so that every start keeps its turn's spacing (seconds).
-LEAD = 0.05
+LEAD = 0.1
 
 #: How often one paced task logs that Redis could not be reached (seconds).
 _LOG_AGAIN = 60.0
@@ -60,27 +62,19 @@ class Queue:
         raise NotImplementedError
 
 
+@dataclasses.dataclass
 class Shell:
     """A paced task's settings, checked when the task is decorated (at import)."""
 
-    def __init__(
-        self,
-        pacer: Optional[Pacer],
-        max_sleep: float,
-        budget: Any,
-        cost: Optional[Callable[..., Mapping[str, int]]],
-        settle: Optional[Callable[[Any], Mapping[str, int]]],
-        budget_timeout: Optional[float],
-        retry_unavailable: float,
-    ) -> None:
-        self.pacer = pacer
-        self.max_sleep = max_sleep
-        self.budget = budget
-        self.cost = cost
-        self.settle = settle
-        self.budget_timeout = budget_timeout
-        self.retry_unavailable = retry_unavailable
-        self.logged = -math.inf
+    pacer: Optional[Pacer]
+    max_sleep: float
+    budget: Any
+    cost: Optional[Callable[..., Mapping[str, int]]]
+    settle: Optional[Callable[[Any], Mapping[str, int]]]
+    budget_timeout: Optional[float]
+    retry_unavailable: float
+    #: When this task last logged that Redis could not be reached (``time.monotonic()``).
+    logged: float = -math.inf
 
     @classmethod
     def make(
@@ -148,6 +142,32 @@ class Shell:
             if fn_ is not None and not callable(fn_):
                 raise TypeError(f"{what} must be a function, got {type(fn_).__name__}")
         return cls(pacer, float(max_sleep), budget, cost, settle, budget_timeout, float(retry_unavailable))
+
+
+def decorator(
+    rate: Any,
+    options: Dict[str, Any],
+    queue: Callable[[], Queue],
+    made: Optional[Callable[[], None]] = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A queue shell's ``paced``: checks what it can now, and decorates a plain function
+    whose calls ask ``queue()`` about the running task (``made`` runs once the shell
+    is made)."""
+    check_early(rate, options.get("storage_uri"), options.get("per", 1.0), options.get("burst"))
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        shell = Shell.make(fn, rate, **options)
+        if made is not None:
+            made()
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return paced_call(shell, queue(), fn, args, kwargs)
+
+        run.__paceline__ = shell  # type: ignore[attr-defined]
+        return run
+
+    return decorate
 
 
 def check_early(rate: Any, storage_uri: Optional[str], per: float, burst: Optional[int]) -> None:
