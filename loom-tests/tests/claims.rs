@@ -23,14 +23,17 @@ fn refilled() -> Arc<KeySlot> {
     Arc::new(KeySlot::new(OLD.0, OLD.1, [NOW - 50, 0]))
 }
 
+/// The old key's check of `COST` at `NOW`, on a thread of its own.
+fn old_key_checks(slot: &Arc<KeySlot>) -> thread::JoinHandle<Option<Result<u64, u64>>> {
+    let slot = slot.clone();
+    thread::spawn(move || slot.spend(OLD, 0, NOW, COST, ROOM))
+}
+
 #[test]
 fn a_check_racing_a_claim_of_its_refilled_slot_is_never_lost() {
     loom::model(|| {
         let slot = refilled();
-        let checker = {
-            let slot = slot.clone();
-            thread::spawn(move || slot.spend(OLD, 0, NOW, COST, ROOM))
-        };
+        let checker = old_key_checks(&slot);
         let claimed = slot.claim(NEW, NOW, u8::MAX);
         let checked = checker.join().unwrap();
         match checked {
@@ -57,10 +60,7 @@ fn a_claimer_killed_after_any_step_leaves_a_slot_the_next_claimer_repairs() {
         loom::model(move || {
             let slot = refilled();
             // The old key's check races the claimer that dies.
-            let checker = {
-                let slot = slot.clone();
-                thread::spawn(move || slot.spend(OLD, 0, NOW, COST, ROOM))
-            };
+            let checker = old_key_checks(&slot);
             assert!(!slot.claim(NEW, NOW, stop), "a killed claimer claimed");
             let checked = checker.join().unwrap();
             // The next claimer (the lock passes to it once the dead one's is released)
@@ -95,10 +95,7 @@ fn a_check_in_flight_across_a_repair_is_never_lost() {
     // claimer repairs the slot while the check is still in flight.
     loom::model(|| {
         let slot = refilled();
-        let checker = {
-            let slot = slot.clone();
-            thread::spawn(move || slot.spend(OLD, 0, NOW, COST, ROOM))
-        };
+        let checker = old_key_checks(&slot);
         assert!(!slot.claim(NEW, NOW, 1));
         let claimed = slot.claim(NEW, NOW, u8::MAX);
         let checked = checker.join().unwrap();
@@ -115,10 +112,7 @@ fn a_check_in_flight_across_a_repair_is_never_lost() {
 fn a_check_racing_a_sweep_of_its_refilled_slot_is_never_lost() {
     loom::model(|| {
         let slot = refilled();
-        let checker = {
-            let slot = slot.clone();
-            thread::spawn(move || slot.spend(OLD, 0, NOW, COST, ROOM))
-        };
+        let checker = old_key_checks(&slot);
         let swept = slot.sweep(NOW);
         match checker.join().unwrap() {
             Some(Ok(tat)) => {

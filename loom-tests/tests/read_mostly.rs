@@ -38,17 +38,32 @@ fn spawn_writer(lock: &Arc<ReadMostly<Pair>>) -> thread::JoinHandle<()> {
     thread::spawn(move || write_once(&lock))
 }
 
+/// Every interleaving of `body` on a fresh lock with `slots` reader slots: the threads it
+/// returns are joined in order, then the pair must show `writes` whole writes.
+fn model_writes(
+    slots: usize,
+    writes: u64,
+    body: fn(&Arc<ReadMostly<Pair>>) -> Vec<thread::JoinHandle<()>>,
+) {
+    loom::model(move || {
+        let lock = Arc::new(ReadMostly::new(
+            (AtomicU64::new(0), AtomicU64::new(0)),
+            slots,
+        ));
+        for t in body(&lock) {
+            t.join().unwrap();
+        }
+        assert_eq!(read_pair(&lock), (writes, writes));
+    });
+}
+
 #[test]
 fn two_readers_and_a_writer_on_one_slot() {
     // One slot: the readers contend for it with each other and with the writer.
-    loom::model(|| {
-        let lock = Arc::new(ReadMostly::new((AtomicU64::new(0), AtomicU64::new(0)), 1));
-        let readers: Vec<_> = (0..2).map(|_| spawn_reader(&lock)).collect();
-        write_once(&lock);
-        for r in readers {
-            r.join().unwrap();
-        }
-        assert_eq!(read_pair(&lock), (1, 1));
+    model_writes(1, 1, |lock| {
+        let readers = (0..2).map(|_| spawn_reader(lock)).collect();
+        write_once(lock);
+        readers
     });
 }
 
@@ -56,16 +71,13 @@ fn two_readers_and_a_writer_on_one_slot() {
 fn readers_moving_to_a_second_slot_and_two_writers() {
     // Two slots, both readers start at slot 0 (the loom hint), so the second moves on;
     // two writers serialize and both writes land.
-    loom::model(|| {
-        let lock = Arc::new(ReadMostly::new((AtomicU64::new(0), AtomicU64::new(0)), 2));
-        let reader = spawn_reader(&lock);
-        let writer = spawn_writer(&lock);
-        let (a, b) = read_pair(&lock);
+    model_writes(2, 2, |lock| {
+        let reader = spawn_reader(lock);
+        let writer = spawn_writer(lock);
+        let (a, b) = read_pair(lock);
         assert_eq!(a, b, "a read saw half a write");
-        write_once(&lock);
-        reader.join().unwrap();
-        writer.join().unwrap();
-        assert_eq!(read_pair(&lock), (2, 2));
+        write_once(lock);
+        vec![reader, writer]
     });
 }
 
@@ -74,15 +86,8 @@ fn a_reader_in_the_shared_count_and_a_writer() {
     // The main thread holds the only slot while a reader and a writer start: the reader
     // then counts itself in the shared word (or, later, takes the slot), and the writer
     // must wait for it either way.
-    loom::model(|| {
-        let lock = Arc::new(ReadMostly::new((AtomicU64::new(0), AtomicU64::new(0)), 1));
-        let (reader, writer) = lock.read(|_| {
-            let reader = spawn_reader(&lock);
-            let writer = spawn_writer(&lock);
-            (reader, writer)
-        });
-        reader.join().unwrap();
-        writer.join().unwrap();
-        assert_eq!(read_pair(&lock), (1, 1));
+    model_writes(1, 1, |lock| {
+        let (reader, writer) = lock.read(|_| (spawn_reader(lock), spawn_writer(lock)));
+        vec![reader, writer]
     });
 }

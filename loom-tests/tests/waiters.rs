@@ -57,12 +57,16 @@ fn waiter(limiter: &Arc<Limiter<ManualClock>>) -> Boxed {
     Box::pin(async move { limiter.until_ready().await })
 }
 
+/// A waiter and the count of its wake-ups.
+fn counted_waiter(limiter: &Arc<Limiter<ManualClock>>) -> (Boxed, Arc<Count>) {
+    (waiter(limiter), Arc::new(Count::default()))
+}
+
 #[test]
 fn booking_races_firing_without_losing_the_wake_up() {
     loom::model(|| {
         let (clock, limiter) = setup();
-        let mut future = waiter(&limiter);
-        let wakes = Arc::new(Count::default());
+        let (mut future, wakes) = counted_waiter(&limiter);
         let booker = {
             let wakes = wakes.clone();
             thread::spawn(move || {
@@ -156,8 +160,7 @@ fn two_bookers_and_a_firer() {
 fn a_poll_racing_the_fire_completes_at_most_once_and_frees_the_node_after_it() {
     loom::model(|| {
         let (clock, limiter) = setup();
-        let mut future = waiter(&limiter);
-        let wakes = Arc::new(Count::default());
+        let (mut future, wakes) = counted_waiter(&limiter);
         assert!(!poll(&mut future, &wakes)); // booked for 100 ms
         let firer = {
             let clock = clock.clone();
