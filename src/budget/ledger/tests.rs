@@ -18,6 +18,19 @@ fn admit(ledger: &mut Ledger, now: u64, cells: &[u32]) -> u64 {
     ledger.admit(now, cells.into())
 }
 
+/// A ledger of the one dimension `params` with a turn of `cells` booked at 0 s.
+fn booked(params: Params, cells: u32) -> (Ledger, u64) {
+    let mut ledger = Ledger::new(&[params]);
+    let id = admit(&mut ledger, 0, &[cells]);
+    (ledger, id)
+}
+
+/// Closes the turn `id`, after which the ledger must still add up.
+fn close_consistent(ledger: &mut Ledger, id: u64) {
+    ledger.close(id);
+    assert!(ledger.consistent());
+}
+
 /// How many one-cell admissions of dimension 0 fit at `now`.
 fn fits_now(ledger: &Ledger, now: u64) -> u64 {
     ledger.remaining(0, now)
@@ -32,8 +45,7 @@ fn refund_gives_back_only_what_no_later_admission_relied_on() {
     // Subtracting 10 s from the TAT (a naive refund) would move it from 101 s to 91 s,
     // behind now: a whole burst of 20 admissible at 100 s besides the cell just spent,
     // 21 in one instant against a burst of 20.
-    let mut ledger = Ledger::new(&[params(1, 20)]);
-    let first = admit(&mut ledger, 0, &[10]);
+    let (mut ledger, first) = booked(params(1, 20), 10);
     admit(&mut ledger, 100 * SEC, &[1]);
     assert_eq!(fits_now(&ledger, 100 * SEC), 19);
     ledger.settle(first, &[10], &[Some(0)]);
@@ -47,8 +59,7 @@ fn refund_gives_back_only_what_no_later_admission_relied_on() {
 
 #[test]
 fn refund_before_anyone_relied_on_it_comes_back_whole() {
-    let mut ledger = Ledger::new(&[params(1, 20)]);
-    let first = admit(&mut ledger, 0, &[10]);
+    let (mut ledger, first) = booked(params(1, 20), 10);
     admit(&mut ledger, SEC, &[1]);
     // At 1 s: 20 - 10 - 1 + 1 (one second refilled) = 10 left.
     assert_eq!(fits_now(&ledger, SEC), 10);
@@ -59,8 +70,7 @@ fn refund_before_anyone_relied_on_it_comes_back_whole() {
 
 #[test]
 fn charge_raises_the_tat_and_delays_the_next_turn() {
-    let mut ledger = Ledger::new(&[params(1, 10)]);
-    let first = admit(&mut ledger, 0, &[5]);
+    let (mut ledger, first) = booked(params(1, 10), 5);
     assert_eq!(ledger.ready(&[5], 0), Ready::Now);
     ledger.settle(first, &[5], &[Some(8)]);
     assert_eq!(ledger.ready(&[5], 0), Ready::At(3 * SEC));
@@ -120,14 +130,12 @@ fn absurd_costs_saturate_instead_of_wrapping() {
 
 #[test]
 fn forgetting_the_log_keeps_every_charge() {
-    let mut ledger = Ledger::new(&[params(1, 10)]);
-    let id = admit(&mut ledger, 0, &[4]);
+    let (mut ledger, id) = booked(params(1, 10), 4);
     ledger.forget_log();
     assert_eq!(ledger.logged(), 0);
     ledger.settle(id, &[4], &[Some(0)]);
     assert_eq!(ledger.tat(0), 4 * SEC);
-    ledger.close(id);
-    assert!(ledger.consistent());
+    close_consistent(&mut ledger, id);
 }
 
 #[test]
@@ -135,8 +143,7 @@ fn a_floor_survives_the_replay_of_an_earlier_refund() {
     // 1 cell a second, burst 10. A turn books 8 at 0 s; the upstream then says the
     // dimension is whole again only at 20 s (a floor); the turn settles at 1 cell. The
     // refund must not pull the TAT back below the floor.
-    let mut ledger = Ledger::new(&[params(1, 10)]);
-    let first = admit(&mut ledger, 0, &[8]);
+    let (mut ledger, first) = booked(params(1, 10), 8);
     ledger.floor(0, 20 * SEC);
     assert_eq!(ledger.tat(0), 20 * SEC);
     ledger.settle(first, &[8], &[Some(1)]);
@@ -156,8 +163,7 @@ fn a_floor_below_the_tat_still_binds_after_a_refund() {
     // 2 cells a second, burst 12. A turn books 7 (TAT 3.5 s); the upstream says the
     // dimension is whole no sooner than 1.001 s, which is below the TAT now, but the turn
     // then settles at 0: the TAT falls to the floor, not to 0.
-    let mut ledger = Ledger::new(&[params(2, 12)]);
-    let first = admit(&mut ledger, 0, &[7]);
+    let (mut ledger, first) = booked(params(2, 12), 7);
     ledger.floor(0, 1_001_000_000);
     assert_eq!(ledger.tat(0), 3_500_000_000);
     ledger.settle(first, &[7], &[Some(0)]);
@@ -171,8 +177,7 @@ fn a_rate_change_keeps_logged_cells_at_their_old_price() {
     // drops to 1 a second at 0: the backlog of 10 cells is 10 cells of 1 s (10 s), so no
     // cell is freed by the slower rate. The turn settles at 5: 5 cells come back, of the
     // new interval, as the backlog they were past the change.
-    let mut ledger = Ledger::new(&[params(10, 10)]);
-    let first = admit(&mut ledger, 0, &[10]);
+    let (mut ledger, first) = booked(params(10, 10), 10);
     ledger.set_params(0, &params(1, 10), 0);
     assert_eq!(ledger.tat(0), 10 * SEC);
     assert_eq!(ledger.remaining(0, 0), 0);
@@ -181,16 +186,14 @@ fn a_rate_change_keeps_logged_cells_at_their_old_price() {
     // New admissions are priced at the new interval.
     let second = admit(&mut ledger, 5 * SEC, &[2]);
     assert_eq!(ledger.tat(0), 7 * SEC);
-    ledger.close(second);
-    assert!(ledger.consistent());
+    close_consistent(&mut ledger, second);
 }
 
 #[test]
 fn a_faster_rate_keeps_the_backlog_in_cells_and_a_floor_below_the_base_still_binds() {
     // 1 a second, burst 10: 10 cells spent at 0 (a backlog of 10 s). Back to 10 a
     // second at 0: the same 10 cells are 1 s, so one cell waits 100 ms, not 9.1 s.
-    let mut ledger = Ledger::new(&[params(1, 10)]);
-    let first = admit(&mut ledger, 0, &[10]);
+    let (mut ledger, first) = booked(params(1, 10), 10);
     ledger.set_params(0, &params(10, 10), 0);
     assert_eq!(ledger.tat(0), SEC);
     assert_eq!(ledger.ready(&[1], 0), Ready::At(SEC / 10));
