@@ -173,29 +173,23 @@ fn x_ratelimit_reset_as_seconds_or_a_unix_time_in_seconds_or_milliseconds() {
             reset: Some(reset),
         }]
     };
-    assert_eq!(
-        reset("0", "30"),
-        one(0, Reset::Rounded(Duration::from_secs(30)))
-    );
-    assert_eq!(
-        reset("0", "1700000045"),
-        one(0, Reset::Exact(Duration::from_secs(45)))
-    );
-    assert_eq!(
-        reset("0", "1700000002500"),
-        one(0, Reset::Exact(Duration::from_millis(2500)))
-    );
-    assert_eq!(
-        reset("1", "1.25"),
-        one(1, Reset::Exact(Duration::from_millis(1250)))
-    );
-    assert_eq!(
-        reset("0", "-3"),
-        vec![Left {
-            remaining: 0,
-            reset: None
-        }]
-    );
+    let (secs, millis) = (Duration::from_secs, Duration::from_millis);
+    for (remaining, field, want) in [
+        ("0", "30", one(0, Reset::Rounded(secs(30)))),
+        ("0", "1700000045", one(0, Reset::Exact(secs(45)))),
+        ("0", "1700000002500", one(0, Reset::Exact(millis(2500)))),
+        ("1", "1.25", one(1, Reset::Exact(millis(1250)))),
+        (
+            "0",
+            "-3",
+            vec![Left {
+                remaining: 0,
+                reset: None,
+            }],
+        ),
+    ] {
+        assert_eq!(reset(remaining, field), want, "X-RateLimit-Reset: {field}");
+    }
 }
 
 #[test]
