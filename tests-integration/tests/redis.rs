@@ -17,11 +17,10 @@ use redis_server::Server;
 #[path = "../../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
-use reference_model::Model;
 
 #[path = "support/redis_common.rs"]
 mod redis_common;
-use redis_common::{outcome, runtime};
+use redis_common::{modelled, outcome, runtime, stall};
 
 #[test]
 fn decisions_equal_the_reference_model_at_the_same_time() {
@@ -41,11 +40,7 @@ fn decisions_equal_the_reference_model_at_the_same_time() {
             let quota = Quota::try_new(1, Duration::from_micros(interval_us))
                 .unwrap()
                 .with_burst(burst);
-            let limiter = server
-                .limiter(quota)
-                .await
-                .with_prefix(&format!("model{case}"));
-            let mut model = Model::new(quota);
+            let (limiter, mut model) = modelled(&server, quota, &format!("model{case}")).await;
             let start_us = 1_000_000_000u64;
             let mut now_us = start_us;
             for step in 0..150 {
@@ -185,11 +180,7 @@ fn a_slow_server_times_out_and_a_flushed_script_cache_is_reloaded() {
         // The server sleeps 1 s: the call gives up after 100 ms and fails closed.
         let sleeper = tokio::spawn(async move {
             let mut admin = client.get_multiplexed_async_connection().await.unwrap();
-            let _: redis::RedisResult<()> = redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg("1")
-                .query_async(&mut admin)
-                .await;
+            stall(&mut admin, "1").await;
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         let start = std::time::Instant::now();

@@ -24,6 +24,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Runs `test` on a runtime of its own with the URL of a fresh server, which outlives the
+/// runtime.
+fn on_server<F: std::future::Future<Output = ()>>(test: impl FnOnce(String) -> F) {
+    let server = Server::start();
+    runtime().block_on(test(server.url()));
+}
+
 async fn budget(url: &str, name: &str, rates: &[(&str, Quota)], cap: Option<u32>) -> RedisBudget {
     let mut builder = RedisBudget::builder();
     for (n, q) in rates {
@@ -51,11 +58,10 @@ async fn set(url: &str, key: &str, value: &str) {
 
 #[test]
 fn clients_share_the_cap_and_every_caller_gets_its_turn() {
-    let server = Server::start();
-    runtime().block_on(async {
+    on_server(|url| async move {
         let clients = [
-            budget(&server.url(), "cap", &[], Some(2)).await,
-            budget(&server.url(), "cap", &[], Some(2)).await,
+            budget(&url, "cap", &[], Some(2)).await,
+            budget(&url, "cap", &[], Some(2)).await,
         ];
         let now = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
@@ -89,13 +95,12 @@ fn clients_share_the_cap_and_every_caller_gets_its_turn() {
 
 #[test]
 fn clients_together_keep_to_the_rates() {
-    let server = Server::start();
-    runtime().block_on(async {
+    on_server(|url| async move {
         let rates = [("requests", Quota::per_second(50).with_burst(5))];
         let clients = [
-            budget(&server.url(), "rate", &rates, None).await,
-            budget(&server.url(), "rate", &rates, None).await,
-            budget(&server.url(), "rate", &rates, None).await,
+            budget(&url, "rate", &rates, None).await,
+            budget(&url, "rate", &rates, None).await,
+            budget(&url, "rate", &rates, None).await,
         ];
         let started = Instant::now();
         let tasks: Vec<_> = (0..45)
@@ -116,11 +121,10 @@ fn clients_together_keep_to_the_rates() {
 
 #[test]
 fn a_heavy_caller_is_not_overtaken_and_a_settle_refunds_for_every_client() {
-    let server = Server::start();
-    runtime().block_on(async {
+    on_server(|url| async move {
         let rates = [("tokens", Quota::per_second(100).with_burst(100))];
-        let a = budget(&server.url(), "settle", &rates, None).await;
-        let b = budget(&server.url(), "settle", &rates, None).await;
+        let a = budget(&url, "settle", &rates, None).await;
+        let b = budget(&url, "settle", &rates, None).await;
         let turn = a.acquire(&[("tokens", 100)]).await.unwrap();
         // b's heavy caller waits first; a's light one after it waits behind it.
         let heavy = tokio::spawn({
@@ -176,10 +180,9 @@ fn a_client_that_vanishes_with_turns_gives_their_permits_back_within_a_lease() {
 
 #[test]
 fn a_client_holding_a_turn_past_its_lease_keeps_its_permit() {
-    let server = Server::start();
-    runtime().block_on(async {
-        let a = budget(&server.url(), "renew", &[], Some(1)).await;
-        let b = budget(&server.url(), "renew", &[], Some(1)).await;
+    on_server(|url| async move {
+        let a = budget(&url, "renew", &[], Some(1)).await;
+        let b = budget(&url, "renew", &[], Some(1)).await;
         let turn = a.acquire(&[]).await.unwrap();
         // Longer than a lease: a's client renews it, so b waits for the turn's end.
         let longer = LEASE + Duration::from_secs(2);
@@ -196,10 +199,9 @@ fn a_client_holding_a_turn_past_its_lease_keeps_its_permit() {
 
 #[test]
 fn a_dropped_waiter_leaves_the_queue_and_a_deadline_too_far_off_is_refused_at_once() {
-    let server = Server::start();
-    runtime().block_on(async {
+    on_server(|url| async move {
         let rates = [("requests", Quota::per_minute(1).with_burst(1))];
-        let b = budget(&server.url(), "leave", &rates, None).await;
+        let b = budget(&url, "leave", &rates, None).await;
         let turn = b.acquire(&[]).await.unwrap();
         let gone = tokio::time::timeout(Duration::from_millis(100), b.acquire(&[])).await;
         assert!(gone.is_err());
@@ -350,18 +352,17 @@ fn the_turns_of_a_budget_lost_to_a_flushall_end_nothing_in_the_one_made_again() 
 
 #[test]
 fn a_name_that_would_split_the_keys_over_cluster_slots_is_refused() {
-    let server = Server::start();
-    runtime().block_on(async {
+    on_server(|url| async move {
         for name in ["", "}x", "a}b"] {
             let built = RedisBudget::builder()
                 .in_flight(1)
-                .connect(&server.url(), name)
+                .connect(&url, name)
                 .await;
             assert!(matches!(built, Err(RedisBudgetError::BadName)), "{name:?}");
         }
         let one_tag = RedisBudget::builder()
             .in_flight(1)
-            .connect(&server.url(), "a{b")
+            .connect(&url, "a{b")
             .await;
         assert!(one_tag.is_ok());
     });

@@ -22,6 +22,12 @@ use reference_model::Model;
 mod redis_common;
 use redis_common::{outcome, runtime};
 
+/// Runs `test` on a runtime of its own with a fresh cluster, which the test owns.
+fn on_cluster<F: std::future::Future<Output = ()>>(test: impl FnOnce(Cluster) -> F) {
+    let cluster = Cluster::start();
+    runtime().block_on(test(cluster));
+}
+
 async fn connect(cluster: &Cluster, quota: Quota) -> RedisLimiter {
     let urls = cluster.urls();
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -40,8 +46,7 @@ fn keys_on(cluster: &Cluster, i: usize) -> Vec<String> {
 
 #[test]
 fn keys_spread_over_every_master_and_decisions_equal_the_model() {
-    let cluster = Cluster::start();
-    runtime().block_on(async {
+    on_cluster(|cluster| async move {
         let quota = Quota::try_new(1, Duration::from_micros(700))
             .unwrap()
             .with_burst(3);
@@ -87,8 +92,7 @@ fn keys_spread_over_every_master_and_decisions_equal_the_model() {
 
 #[test]
 fn two_cluster_clients_sharing_keys_admit_exactly_the_bound() {
-    let cluster = Cluster::start();
-    runtime().block_on(async {
+    on_cluster(|cluster| async move {
         // 10 per second, burst 5, three keys (on different masters, as the test above
         // shows they spread): at times 0, 10 ms, ..., 990 ms each key admits 5 + 9 = 14.
         let quota = Quota::per_second(10).with_burst(5);
@@ -115,8 +119,7 @@ fn two_cluster_clients_sharing_keys_admit_exactly_the_bound() {
 
 #[test]
 fn waiting_is_booked_and_a_flushed_script_cache_is_reloaded() {
-    let cluster = Cluster::start();
-    runtime().block_on(async {
+    on_cluster(|cluster| async move {
         let quota = Quota::per_second(20).with_burst(1);
         let limiter = connect(&cluster, quota).await;
         let start = std::time::Instant::now();

@@ -16,11 +16,10 @@ use redis_server::Server;
 #[path = "../../src/testing/reference_model.rs"]
 #[allow(dead_code)]
 mod reference_model;
-use reference_model::Model;
 
 #[path = "support/redis_common.rs"]
 mod redis_common;
-use redis_common::{outcome, runtime};
+use redis_common::{modelled, outcome, runtime, stall};
 
 async fn admin(server: &Server) -> redis::aio::MultiplexedConnection {
     redis::Client::open(server.url())
@@ -55,12 +54,7 @@ fn bookings_whose_answers_never_arrive_are_given_back() {
         let sleeper = tokio::spawn({
             let mut admin = admin(&server).await;
             async move {
-                // Its own answer may time out on the client side: only the stall matters.
-                let _: redis::RedisResult<()> = redis::cmd("DEBUG")
-                    .arg("SLEEP")
-                    .arg("0.7")
-                    .query_async(&mut admin)
-                    .await;
+                stall(&mut admin, "0.7").await;
             }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -129,11 +123,7 @@ fn fractional_microsecond_intervals_decide_as_the_in_process_model() {
             let quota = Quota::try_new(1, Duration::from_nanos(interval))
                 .unwrap()
                 .with_burst(burst);
-            let limiter = server
-                .limiter(quota)
-                .await
-                .with_prefix(&format!("frac{interval}"));
-            let mut model = Model::new(quota);
+            let (limiter, mut model) = modelled(&server, quota, &format!("frac{interval}")).await;
             let mut now_us = 1_000_000u64;
             let mut seed = interval;
             for step in 0..400 {
