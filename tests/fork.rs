@@ -56,6 +56,15 @@ fn in_child(child: impl FnOnce() -> bool) -> Result<(), String> {
     }
 }
 
+/// `serve` in a forked child, which must get through it within 4 s.
+fn served_in_child(serve: impl FnOnce()) -> Result<(), String> {
+    in_child(|| {
+        let started = Instant::now();
+        serve();
+        started.elapsed() < Duration::from_secs(4)
+    })
+}
+
 /// `waits` turns of 10 ms on `limiter` from this thread finish within `within`.
 fn paced(limiter: &Limiter, waits: u32, within: Duration) -> bool {
     let started = Instant::now();
@@ -110,11 +119,7 @@ fn a_wake_up_pending_at_the_fork_is_served_in_the_child() {
     }
     // In the child the sleeper's thread is gone but its booking is not: the child's turn
     // comes after it (400 ms), and the queue relies on the wake-up it already asked for.
-    let result = in_child(|| {
-        let started = Instant::now();
-        limiter.wait();
-        started.elapsed() < Duration::from_secs(4)
-    });
+    let result = served_in_child(|| limiter.wait());
     sleeper.join().unwrap();
     result.unwrap();
 }
@@ -356,8 +361,7 @@ fn race_first_use_with_a_fork(which: &str) {
             }
         })
     };
-    let result = in_child(|| {
-        let started = Instant::now();
+    let result = served_in_child(|| {
         if which == "timer" {
             limiter.wait();
         } else {
@@ -367,7 +371,6 @@ fn race_first_use_with_a_fork(which: &str) {
                 paced.wait();
             }
         }
-        started.elapsed() < Duration::from_secs(4)
     });
     racer.join().unwrap();
     result.unwrap();
