@@ -15,6 +15,12 @@ use common::SetClock;
 
 const MS: Duration = Duration::from_millis(1);
 
+/// A clock, and `per_second` a second with a full second's burst (`wide`) or `narrow_burst`.
+fn wide_and_narrow(per_second: u32, narrow_burst: u32) -> (SetClock, Quota, Quota) {
+    let quota = Quota::per_second(per_second);
+    (SetClock::default(), quota, quota.with_burst(narrow_burst))
+}
+
 fn poll<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
     future.poll(&mut Context::from_waker(Waker::noop()))
 }
@@ -68,9 +74,7 @@ fn a_clock_stepping_back_after_a_sweep_gives_no_key_a_second_burst() {
 
 #[test]
 fn a_ready_reservation_keeps_its_cells_through_a_quota_change() {
-    let clock = SetClock::default();
-    let wide = Quota::per_second(10); // T = 100 ms, burst 10
-    let narrow = Quota::per_second(10).with_burst(5);
+    let (clock, wide, narrow) = wide_and_narrow(10, 5); // wide: T = 100 ms, burst 10
     let limiter = Limiter::with_clock(wide, clock.clone());
     limiter.check_n(10).unwrap();
     let turn = limiter.reserve(5).unwrap(); // due at 500 ms
@@ -120,9 +124,7 @@ fn assert_windows(admitted: &[(Duration, u32)], interval: Duration, max_window: 
 
 #[test]
 fn a_heavy_waiter_across_two_quota_changes_never_passes_the_larger_burst() {
-    let clock = SetClock::default();
-    let wide = Quota::per_second(1000); // T = 1 ms, burst 1000
-    let narrow = Quota::per_second(1000).with_burst(1);
+    let (clock, wide, narrow) = wide_and_narrow(1000, 1); // wide: T = 1 ms, burst 1000
     let limiter = Limiter::with_clock(wide, clock.clone());
     let mut admitted = vec![];
     limiter.check_n(1000).unwrap();
