@@ -122,27 +122,16 @@ where
     B: Default + paceline::http::RefusalBody + Send + 'static,
     Response<B>: From<tower_governor::GovernorError>,
 {
+    let by_peer = |rate| governor_layer(tower_governor::key_extractor::PeerIpKeyExtractor, rate);
     Some(match who {
         "bare" => call::<_, B>(tower::layer::util::Identity::new(), false),
         "paceline" => call::<_, B>(paceline_layer(paceline::http::KeySource::peer_ip()), false),
-        "governor" => call::<_, B>(
-            governor_layer(
-                tower_governor::key_extractor::PeerIpKeyExtractor,
-                GOVERNOR_GENEROUS,
-            ),
-            false,
-        ),
+        "governor" => call::<_, B>(by_peer(GOVERNOR_GENEROUS), false),
         "paceline-refused" => call::<_, B>(
             paceline_refusing(paceline::http::KeySource::peer_ip()),
             false,
         ),
-        "governor-refused" => call::<_, B>(
-            governor_layer(
-                tower_governor::key_extractor::PeerIpKeyExtractor,
-                GOVERNOR_SPENT,
-            ),
-            false,
-        ),
+        "governor-refused" => call::<_, B>(by_peer(GOVERNOR_SPENT), false),
         "floor-refused" => call_answering::<_, B>(
             tower::layer::util::Identity::new(),
             false,
