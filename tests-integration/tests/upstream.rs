@@ -48,6 +48,44 @@ async fn upstream() -> (SocketAddr, Log) {
     (http_server::serve_router(app).await, log)
 }
 
+/// `tasks` tasks that each make 20 calls in a row: every status they saw, and how long
+/// they took in all.
+async fn in_tasks<F>(
+    tasks: usize,
+    call: impl Fn() -> F + Clone + Send + 'static,
+) -> (Vec<u16>, Duration)
+where
+    F: std::future::Future<Output = u16> + Send + 'static,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..tasks)
+        .map(|_| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..20 {
+                    statuses.push(call().await);
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.extend(task.await.unwrap());
+    }
+    (statuses, started.elapsed())
+}
+
+/// How many requests the upstream refused.
+fn refusals(log: &Log) -> usize {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, s)| *s == 429)
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_configured_too_fast_converges_to_the_upstreams_pace() {
     let (addr, log) = upstream().await;
@@ -55,33 +93,21 @@ async fn a_client_configured_too_fast_converges_to_the_upstreams_pace() {
     let client = ServiceBuilder::new()
         .layer(layer.clone())
         .service(http_server::client());
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..50)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move {
-                let mut statuses = Vec::new();
-                for _ in 0..20 {
-                    let request = http::Request::get(format!("http://{addr}/"))
-                        .body(Body::empty())
-                        .unwrap();
-                    let mut client = client.clone();
-                    let response = client.ready().await.unwrap().call(request).await.unwrap();
-                    statuses.push(response.status().as_u16());
-                    let _ = response.into_body().collect().await;
-                }
-                statuses
-            })
-        })
-        .collect();
-    let mut answered = 0;
-    for task in tasks {
-        answered += task.await.unwrap().len();
-    }
-    let elapsed = started.elapsed();
-    let seen = log.lock().unwrap().clone();
-    let refused = seen.iter().filter(|(_, s)| *s == 429).count();
-    assert_eq!(answered, 1000);
+    let call = move || {
+        let mut client = client.clone();
+        async move {
+            let request = http::Request::get(format!("http://{addr}/"))
+                .body(Body::empty())
+                .unwrap();
+            let response = client.ready().await.unwrap().call(request).await.unwrap();
+            let status = response.status().as_u16();
+            let _ = response.into_body().collect().await;
+            status
+        }
+    };
+    let (statuses, elapsed) = in_tasks(50, call).await;
+    let refused = refusals(&log);
+    assert_eq!(statuses.len(), 1000);
     // A deaf client at 100/s would be refused about half the time.
     assert!(refused < 30, "{refused} refusals");
     // 1000 at 50/s, within 15 %, plus the one-second hold of the first refusal.
@@ -106,31 +132,15 @@ async fn reqwest_through_the_middleware_converges_and_retries_refusals() {
     let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(PaceMiddleware::new(layer.clone()))
         .build();
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move {
-                let mut statuses = Vec::new();
-                for _ in 0..20 {
-                    let response = client.get(format!("http://{addr}/")).send().await.unwrap();
-                    statuses.push(response.status().as_u16());
-                }
-                statuses
-            })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for task in tasks {
-        statuses.extend(task.await.unwrap());
-    }
-    let elapsed = started.elapsed();
-    let refused = log
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(_, s)| *s == 429)
-        .count();
+    let call = move || {
+        let client = client.clone();
+        async move {
+            let response = client.get(format!("http://{addr}/")).send().await.unwrap();
+            response.status().as_u16()
+        }
+    };
+    let (statuses, elapsed) = in_tasks(20, call).await;
+    let refused = refusals(&log);
     // Refusals were sent again in new turns: the callers saw none.
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 400);
     assert!(
