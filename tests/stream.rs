@@ -73,11 +73,7 @@ fn throttled_streams_sharing_a_limiter_are_served_in_order() {
 
 #[test]
 fn realtime_a_throttled_stream_on_tokio() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     let limiter = Arc::new(Limiter::new(Quota::per_second(200).with_burst(1)));
     let start = Instant::now();
     // An `Arc` makes the stream 'static, so it can be spawned.

@@ -48,11 +48,7 @@ fn realtime_tokio_clock_current_thread() {
 
 #[test]
 fn realtime_tokio_clock_multi_thread() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     assert!(TokioClock::from_handle(rt.handle().clone()).uses_runtime_timer());
     assert_paced(paced_on(&rt), "TokioClock, multi-thread");
 }
@@ -79,11 +75,7 @@ fn realtime_an_idle_current_thread_runtime_does_not_strand_a_blocked_thread() {
 
 #[test]
 fn realtime_tokio_clock_timeouts_racing_wake_ups_lose_no_cells() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     let limiter = rt.block_on(async {
         Arc::new(Limiter::with_clock(
             Quota::per_second(1_000).with_burst(1),

@@ -368,11 +368,7 @@ fn realtime_futures_block_on() {
 
 #[test]
 fn realtime_timeouts_racing_wake_ups_lose_no_cells() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     let limiter = Arc::new(Limiter::new(Quota::per_second(1_000).with_burst(1)));
     rt.block_on(common::timeouts_race_wake_ups(limiter, 5));
 }

@@ -1,5 +1,5 @@
-//! What the real-time waiting tests share: the 50-waiter pacing job and its bounds, and
-//! tokio timeouts racing wake-ups.
+//! What the real-time waiting tests share: the 50-waiter pacing job and its bounds, a tokio
+//! runtime, and tokio timeouts racing wake-ups.
 
 #![allow(dead_code)] // each test crate uses a different part
 
@@ -12,6 +12,15 @@ use std::time::Duration;
 
 use paceline::clock::Clock;
 use paceline::Limiter;
+
+/// A tokio runtime of two workers, with tokio's timer.
+pub(crate) fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap()
+}
 
 /// 50 waiters at 500/s, burst 1: the last is due 49 * 2 ms = 98 ms after the first.
 pub(crate) const WAITERS: usize = 50;
