@@ -21,15 +21,7 @@ fn paced_on(rt: &tokio::runtime::Runtime) -> Duration {
             clock,
         ));
         let start = Instant::now();
-        let tasks: Vec<_> = (0..WAITERS)
-            .map(|_| {
-                let limiter = limiter.clone();
-                tokio::spawn(async move { limiter.until_ready().await })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
+        common::tokio_waiters(&limiter, WAITERS).await;
         start.elapsed()
     })
 }

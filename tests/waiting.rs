@@ -394,17 +394,7 @@ fn realtime_async_waiters_are_not_starved_by_a_thread_hammering_check() {
         .build()
         .unwrap();
     let start = Instant::now();
-    rt.block_on(async {
-        let tasks: Vec<_> = (0..50)
-            .map(|_| {
-                let limiter = limiter.clone();
-                tokio::spawn(async move { limiter.until_ready().await })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
+    rt.block_on(common::tokio_waiters(&limiter, 50));
     let elapsed = start.elapsed();
     stop.store(true, Ordering::Relaxed);
     let hammered = hammer.join().unwrap();

@@ -1,5 +1,5 @@
 //! What the real-time waiting tests share: the 50-waiter pacing job and its bounds, a tokio
-//! runtime, and tokio timeouts racing wake-ups.
+//! runtime, tokio waiters, and tokio timeouts racing wake-ups.
 
 #![allow(dead_code)] // each test crate uses a different part
 
@@ -35,6 +35,20 @@ pub(crate) fn assert_paced(elapsed: Duration, what: &str) {
         "{what}: finished early, {elapsed:?}"
     );
     assert!(elapsed <= IDEAL + SLACK, "{what}: too slow, {elapsed:?}");
+}
+
+/// `waiters` tokio tasks each waiting for a cell of `limiter`, all run to the end. Runs
+/// inside a tokio runtime with timers.
+pub(crate) async fn tokio_waiters<C: Clock>(limiter: &Arc<Limiter<C>>, waiters: usize) {
+    let tasks: Vec<_> = (0..waiters)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.until_ready().await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
 }
 
 /// `rounds` rounds of 200 tokio tasks waiting on `limiter` (1000/s, burst 1: waiter i is
