@@ -511,7 +511,10 @@ def test_a_new_client_waiting_for_another_processs_claim_never_holds_the_gil(tmp
         holder.kill()
         holder.wait()
     assert statuses == [503] * 10  # refused as by a full table, for a moment
-    assert max(gaps) < 0.008, f"a thread waited {max(gaps) * 1000:.1f} ms for the GIL"
+    # Twenty claims each wait up to 10 ms: held with the GIL, each would stop the other
+    # thread that long. A loaded machine may deschedule it for as long once or twice.
+    long = [g for g in gaps if g >= 0.008]
+    assert len(long) <= 3, f"the other thread waited {len(long)} times for the GIL: {long}"
 
 
 def test_acquire_waits_for_room_at_a_full_table_instead_of_failing(tmp_path):
