@@ -66,8 +66,10 @@ def test_two_nodes_hold_one_rate_and_other_tasks_still_run(fresh, tmp_path, kind
         others = starts(record, "other")
     assert len(times) == 250
     span = times[-1] - times[0]
-    # 50 at once (the burst), then 200 at 50 a second.
-    assert round(span, 2) >= 4.0, span
+    # 50 at once (the burst), then 200 at 50 a second: 4.0 s from the first turn to the
+    # last, measured from start to start (the first may start a few ms after its turn on
+    # a loaded machine; no window may hold more than the rate allows).
+    assert span >= 4.0 - 0.02, span
     assert span <= 4.7, span
     assert worst_window(times, 50, 50) <= 0
     assert len(others) == 5
