@@ -80,10 +80,6 @@ class _Keeper:
                 self._thread.start()
             self._cond.notify()
 
-    def held(self) -> int:
-        with self._cond:
-            return len(self._heap)
-
     def _run(self) -> None:
         heap = self._heap
         while True:
